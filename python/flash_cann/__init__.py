@@ -1,0 +1,18 @@
+"""flash-cann: FlashAttention as a CANN custom operator package, with portable backends.
+
+    import flash_cann
+    out = flash_cann.flash_attn_func(q, k, v, causal=True)          # flash-attn's API
+    out = flash_cann.attention(q, k, v, layout="BNSD", key_padding_mask=mask)
+
+Both call ``torch.ops.flash_cann.fwd`` (and, through autograd, ``.bwd``), which runs on
+the backend for the tensors' device: see ``flash_cann.ops``.
+"""
+
+from .interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
+                        flash_attn_qkvpacked_func)
+from .ops import backend_for, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
+           "flash_attn_qkvpacked_func", "backend_for", "use_backend", "__version__"]

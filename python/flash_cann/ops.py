@@ -1,0 +1,167 @@
+"""``torch.ops.flash_cann``: the ops declared from the spec, and the one place a backend
+is chosen.
+
+Layers, as PyTorch's custom-op guide lays them out:
+  1. ``define``: the schemas derived from ``op_project/flash_cann_ops.yaml``.
+  2. fake kernels: allocate outputs only, after the same checks as the real kernels,
+     so ``torch.compile`` traces without graph breaks and reports bad input at trace
+     time.
+  3. ``register_autograd``: ``fwd``'s backward calls ``torch.ops.flash_cann.bwd``.
+  4. device kernels: one per torch device type; each runs the shared checks, then the
+     backend selected for that device type (the spec's first by default, see
+     :func:`use_backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Iterator
+
+import torch
+
+from .checks import accumulator_dtype, check_bwd, check_fwd
+from .spec import BackendSpec, load
+
+SPEC = load()
+_LIB = torch.library.Library(SPEC.namespace, "DEF")
+for _op in SPEC.ops.values():
+    _LIB.define(_op.schema())
+FWD = SPEC.qualname("fwd")
+BWD = SPEC.qualname("bwd")
+
+# device type -> name of the backend that serves it now.
+_selected: dict[str, str] = {}
+
+
+def backend_for(device_type: str) -> BackendSpec | None:
+    """The backend serving ``device_type`` now, or None if the spec has none."""
+    name = _selected.get(device_type)
+    if name is not None:
+        return SPEC.backends[name]
+    candidates = SPEC.backends_for_device(device_type)
+    return candidates[0] if candidates else None
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the ops of ``name``'s device type on backend ``name`` inside the block.
+
+    Example: ``with flash_cann.use_backend("twin"): ...`` runs CPU tensors through the
+    Ascend C kernel on the CPU twin instead of the default CPU backend."""
+    if name not in SPEC.backends:
+        raise ValueError(f"flash_cann: unknown backend {name!r} "
+                         f"(choose from {', '.join(SPEC.backends)})")
+    device_type = SPEC.backends[name].device_type
+    previous = _selected.get(device_type)
+    _selected[device_type] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            _selected.pop(device_type, None)
+        else:
+            _selected[device_type] = previous
+
+
+def _module(backend: BackendSpec):
+    return importlib.import_module(f"{__package__}.backends.{backend.name}")
+
+
+def is_available(backend: BackendSpec) -> bool:
+    """Whether ``backend`` can run here (its module imports and finds its device)."""
+    try:
+        module = _module(backend)
+    except ImportError:
+        return False
+    return module.available()
+
+
+def best_device() -> torch.device:
+    """The first accelerator (in spec order) whose backend is available, else the CPU."""
+    for backend in SPEC.backends.values():
+        if backend.device_type != "cpu" and is_available(backend):
+            return torch.device(backend.device_type)
+    return torch.device("cpu")
+
+
+def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+    backend = backend_for(query.device.type)
+    check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
+    return _module(backend).forward(query, key, value, key_padding_mask,
+                                    scale=scale, causal=causal, layout=layout)
+
+
+def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                grad_softmax_lse, scale, causal=False, layout="BNSD"):
+    backend = backend_for(query.device.type)
+    check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+              grad_softmax_lse, scale, causal, layout, backend)
+    return _module(backend).backward(grad_out, query, key, value, out, softmax_lse,
+                                     key_padding_mask, grad_softmax_lse,
+                                     scale=scale, causal=causal, layout=layout)
+
+
+def register_device(device_type: str) -> None:
+    """Register the device kernels for ``device_type`` (called at import for the device
+    types torch knows; the NPU shim calls it once torch_npu has named PrivateUse1)."""
+    torch.library.register_kernel(FWD, device_type, _fwd_kernel, lib=_LIB)
+    torch.library.register_kernel(BWD, device_type, _bwd_kernel, lib=_LIB)
+
+
+def _no_backend(*args, **kwargs):
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    candidates = SPEC.backends_for_device(device.type)
+    hint = "; ".join(b.install_hint for b in candidates if b.install_hint)
+    raise NotImplementedError(
+        f"flash_cann has no backend loaded for device type '{device.type}'"
+        + (f": {hint}" if hint else
+           f" (supported: {', '.join(sorted({b.device_type for b in SPEC.backends.values()}))})"))
+
+
+for _device_type in sorted({b.device_type for b in SPEC.backends.values()}):
+    try:
+        register_device(_device_type)
+    except (RuntimeError, ValueError):
+        pass  # a device type torch does not know yet (npu before torch_npu is imported)
+_LIB.impl("fwd", _no_backend, "CompositeExplicitAutograd")
+_LIB.impl("bwd", _no_backend, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(FWD, lib=_LIB)
+def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+    p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
+                  backend_for(query.device.type))
+    out = query.new_empty(query.shape)
+    lse = query.new_empty((p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
+    return out, lse
+
+
+@torch.library.register_fake(BWD, lib=_LIB)
+def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+              grad_softmax_lse, scale, causal=False, layout="BNSD"):
+    check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+              grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, key_padding_mask, scale, causal, layout = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, key_padding_mask)
+    ctx.attrs = (scale, causal, layout)
+    # Unused outputs arrive as None, so an unused lse costs nothing in backward.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, key_padding_mask = ctx.saved_tensors
+    scale, causal, layout = ctx.attrs
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.flash_cann.bwd(grad_out, query, key, value, out, lse,
+                                          key_padding_mask, grad_lse, scale, causal, layout)
+    return dq, dk, dv, None, None, None, None
+
+
+torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)

@@ -1,0 +1,201 @@
+"""The op specification (``op_project/flash_cann_ops.yaml``), loaded and validated.
+
+Everything that states the op contract -- the torch.library schemas, the argument
+checks, which backend computes which dtype -- reads it from here, so the contract is
+written once. Loading follows op-plugin's generator: ``safe_load``, then validate
+(unknown keys are errors, so a typo cannot silently drop a field), then derive.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+# Shipped inside the package (a link to op_project/ in the source tree).
+SPEC_PATH = Path(__file__).with_name("flash_cann_ops.yaml")
+
+ATTR_TYPES = ("float", "bool", "int", "str")
+# "input": the query's dtype; "accumulator": float32, or float64 for float64 inputs.
+TENSOR_DTYPES = ("input", "accumulator", "bool")
+
+
+class SpecError(ValueError):
+    """The YAML specification is malformed."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    name: str
+    dtype: str
+    optional: bool = False
+    shape: Any = None
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    type: str
+    default: Any = None
+    has_default: bool = False
+    choices: tuple = ()
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    cann_op_type: str
+    summary: str
+    inputs: tuple[TensorArg, ...]
+    attrs: tuple[Attr, ...]
+    outputs: tuple[TensorArg, ...]
+    backward: str | None = None
+
+    def schema(self) -> str:
+        """The torch.library schema string, e.g. ``fwd(Tensor query, ...) -> (...)``."""
+        # (type, name, default or None); optional tensors default to None.
+        params = [("Tensor?" if t.optional else "Tensor", t.name, "None" if t.optional else None)
+                  for t in self.inputs]
+        params += [(a.type, a.name, _schema_literal(a.type, a.default) if a.has_default else None)
+                   for a in self.attrs]
+        # A default is only legal when every later parameter has one too.
+        required_after = False
+        rendered = []
+        for type_, name, default in reversed(params):
+            if default is None:
+                required_after = True
+            elif required_after:
+                default = None
+            rendered.append(f"{type_} {name}" + (f"={default}" if default is not None else ""))
+        params = rendered[::-1]
+        returns = ", ".join(f"Tensor {t.name}" for t in self.outputs)
+        return f"{self.name}({', '.join(params)}) -> ({returns})"
+
+    def attr(self, name: str) -> Attr:
+        return next(a for a in self.attrs if a.name == name)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    device_type: str
+    dtypes: tuple[str, ...]
+    summary: str
+    install_hint: str = ""
+
+
+@dataclass(frozen=True)
+class Spec:
+    namespace: str
+    backends: Mapping[str, BackendSpec]
+    layouts: Mapping[str, tuple[str, ...]]
+    head_dim_min: int
+    head_dim_max: int
+    ops: Mapping[str, OpSpec]
+
+    def qualname(self, op: str) -> str:
+        return f"{self.namespace}::{op}"
+
+    def backends_for_device(self, device_type: str) -> list[BackendSpec]:
+        return [b for b in self.backends.values() if b.device_type == device_type]
+
+
+def _schema_literal(type_: str, value: Any) -> str:
+    if type_ == "bool":
+        return "True" if value else "False"
+    if type_ == "str":
+        return f'"{value}"'
+    return repr(value)
+
+
+def _keys(node: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+    if not isinstance(node, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(node).__name__}")
+    missing = required - node.keys()
+    unknown = node.keys() - required - optional
+    if missing:
+        raise SpecError(f"{where}: missing key(s) {sorted(missing)}")
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}")
+    return node
+
+
+def _tensor(node: Any, where: str) -> TensorArg:
+    node = _keys(node, where, {"name", "dtype"}, {"optional", "shape"})
+    if node["dtype"] not in TENSOR_DTYPES:
+        raise SpecError(f"{where}: dtype must be one of {TENSOR_DTYPES}, got {node['dtype']!r}")
+    return TensorArg(node["name"], node["dtype"], bool(node.get("optional", False)),
+                     node.get("shape"))
+
+
+_PY_TYPES = {"float": (int, float), "bool": (bool,), "int": (int,), "str": (str,)}
+
+
+def _attr(node: Any, where: str) -> Attr:
+    node = _keys(node, where, {"name", "type"}, {"default", "choices"})
+    type_ = node["type"]
+    if type_ not in ATTR_TYPES:
+        raise SpecError(f"{where}: type must be one of {ATTR_TYPES}, got {type_!r}")
+    has_default = "default" in node
+    default = node.get("default")
+    if has_default and not isinstance(default, _PY_TYPES[type_]):
+        raise SpecError(f"{where}: default {default!r} is not a {type_}")
+    choices = tuple(node.get("choices", ()))
+    if has_default and choices and default not in choices:
+        raise SpecError(f"{where}: default {default!r} is not among choices {choices}")
+    return Attr(node["name"], type_, default, has_default, choices)
+
+
+def _op(node: Any, where: str) -> OpSpec:
+    node = _keys(node, where, {"name", "cann_op_type", "summary", "inputs", "attrs", "outputs"},
+                 {"backward"})
+    return OpSpec(
+        name=node["name"],
+        cann_op_type=node["cann_op_type"],
+        summary=" ".join(str(node["summary"]).split()),
+        inputs=tuple(_tensor(t, f"{where}.inputs[{i}]") for i, t in enumerate(node["inputs"])),
+        attrs=tuple(_attr(a, f"{where}.attrs[{i}]") for i, a in enumerate(node["attrs"])),
+        outputs=tuple(_tensor(t, f"{where}.outputs[{i}]") for i, t in enumerate(node["outputs"])),
+        backward=node.get("backward"),
+    )
+
+
+def parse(doc: Any) -> Spec:
+    """Validate a loaded YAML document and build the :class:`Spec`."""
+    doc = _keys(doc, "spec", {"spec_version", "namespace", "backends", "layouts", "limits", "ops"})
+    if doc["spec_version"] != 1:
+        raise SpecError(f"spec: unsupported spec_version {doc['spec_version']!r}")
+    backends = {}
+    for name, node in doc["backends"].items():
+        node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
+                     {"install_hint"})
+        backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
+                                     " ".join(node["summary"].split()),
+                                     " ".join(node.get("install_hint", "").split()))
+    layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
+               for name, node in doc["layouts"].items()}
+    limits = _keys(doc["limits"], "limits", {"head_dim"})
+    head_dim = _keys(limits["head_dim"], "limits.head_dim", {"min", "max"})
+    ops = {}
+    for i, node in enumerate(doc["ops"]):
+        op = _op(node, f"ops[{i}]")
+        if op.name in ops:
+            raise SpecError(f"ops[{i}]: duplicate op name {op.name!r}")
+        ops[op.name] = op
+    for op in ops.values():
+        if op.backward is not None and op.backward not in ops:
+            raise SpecError(f"op {op.name!r}: backward {op.backward!r} is not a declared op")
+        layout = next((a for a in op.attrs if a.name == "layout"), None)
+        if layout is not None and set(layout.choices) != set(layouts):
+            raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be the "
+                            f"declared layouts {tuple(layouts)}")
+    return Spec(doc["namespace"], backends, layouts, head_dim["min"], head_dim["max"], ops)
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: str | Path = SPEC_PATH) -> Spec:
+    with open(path, encoding="utf-8") as f:
+        return parse(yaml.safe_load(f))

@@ -1,0 +1,41 @@
+"""Shared test helpers: input factories for every layout, fresh random inputs per case."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype,
+             layout="BNSD", device="cpu", generator=None):
+    """Random q, k, v in ``layout`` (BNSD, BSND or BSH)."""
+    def shape(heads, seqlen):
+        if layout == "BNSD":
+            return (batch, heads, seqlen, head_dim)
+        if layout == "BSND":
+            return (batch, seqlen, heads, head_dim)
+        return (batch, seqlen, heads * head_dim)  # BSH
+
+    def rand(*s):
+        return torch.randn(s, generator=generator, dtype=torch.float32).to(device, dtype)
+
+    return (rand(*shape(heads_q, seqlen_q)), rand(*shape(heads_kv, seqlen_k)),
+            rand(*shape(heads_kv, seqlen_k)))
+
+
+def random_key_padding_mask(batch, seqlen_k, generator=None, device="cpu"):
+    """Keep a random prefix of keys per sequence (at least one), plus random holes."""
+    lengths = torch.randint(1, seqlen_k + 1, (batch,), generator=generator)
+    mask = torch.arange(seqlen_k).unsqueeze(0) < lengths.unsqueeze(1)
+    holes = torch.rand(batch, seqlen_k, generator=generator) < 0.1
+    return (mask & ~holes).to(device)
+
+
+@pytest.fixture
+def gen(request):
+    """A generator seeded from the test's id: fresh inputs per case, reproducible runs."""
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,88 @@
+"""Forward and backward of torch.ops.flash_cann on the CPU backend against the float64
+oracle, over the issue's grid. Tolerances: flash_cann.accuracy (one place)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flash_cann
+from flash_cann import accuracy
+from flash_cann.backends import cpu
+
+from conftest import DTYPES, make_qkv, random_key_padding_mask
+
+HEAD_DIMS = [16, 64, 80, 128, 256]
+# (seqlen_q, seqlen_k): the sizes {1, 17, 128, 1000}, square and not.
+SEQLENS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (1, 17), (17, 128), (128, 1000),
+           (1000, 128)]
+# (heads_q, heads_kv): MHA, GQA, MQA.
+HEADS = [(2, 2), (4, 2), (4, 1)]
+
+
+def _assert_all_ok(results):
+    assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}-{h[1]}")
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_oracle(dtype, causal, masked, heads, head_dim, seqlens, gen):
+    (heads_q, heads_kv), (seqlen_q, seqlen_k) = heads, seqlens
+    batch = 1 if seqlen_q * seqlen_k > 10**5 else 2
+    layout = "BSND" if head_dim % 32 else "BNSD"  # both layouts across the grid
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, layout,
+                       generator=gen)
+    mask = random_key_padding_mask(batch, seqlen_k, gen) if masked else None
+    scale = 1.0 / math.sqrt(head_dim)
+    _assert_all_ok(accuracy.check_against_oracle(
+        lambda q_, k_, v_: flash_cann.attention(q_, k_, v_, layout=layout, causal=causal,
+                                                key_padding_mask=mask, return_lse=True),
+        q, k, v, scale=scale, causal=causal, layout=layout, key_padding_mask=mask,
+        generator=gen))
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_block_sizes_agree(layout, causal, gen):
+    """Tiling must not change the result beyond fp32 rounding."""
+    q, k, v = make_qkv(2, 4, 2, 300, 450, 64, torch.float32, layout, generator=gen)
+    mask = random_key_padding_mask(2, 450, gen)
+    d_out = torch.randn(q.shape, generator=gen)
+    args = dict(scale=0.125, causal=causal, layout=layout)
+    results = []
+    for block_q, block_k in [(16, 16), (64, 128), (128, 256), (512, 512), (7, 300)]:
+        out, lse = cpu.forward(q, k, v, mask, block_q=block_q, block_k=block_k, **args)
+        grads = cpu.backward(d_out, q, k, v, out, lse, mask, None, block_q=block_q,
+                             block_k=block_k, **args)
+        results.append((out, lse, *grads))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_gradcheck_float64(gen):
+    """torch.autograd.gradcheck through torch.ops.flash_cann in float64 (CPU backend)."""
+    q, k, v = make_qkv(1, 4, 2, 5, 7, 8, torch.float64, "BNSD", generator=gen)
+    mask = torch.tensor([[True, True, False, True, True, True, False]])
+    for causal in (False, True):
+        def fn(q_, k_, v_):
+            return flash_cann.attention(q_, k_, v_, causal=causal, key_padding_mask=mask)
+        assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_() for t in (q, k, v)))
+
+
+def test_gradcheck_float64_lse_gradient(gen):
+    """The gradient that flows into q and k through softmax_lse (dD = -dLSE) is exact."""
+    q, k, v = make_qkv(1, 2, 2, 4, 6, 8, torch.float64, "BSND", generator=gen)
+
+    def fn(q_, k_, v_):
+        out, lse = flash_cann.attention(q_, k_, v_, layout="BSND", causal=True,
+                                        return_lse=True)
+        return out, lse  # float64 inputs: the accumulator (lse) dtype is float64 too
+    assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_() for t in (q, k, v)),
+                                    atol=1e-5, rtol=1e-3)

@@ -1,0 +1,155 @@
+"""Bad input: a clear exception naming the argument and the rule, from eager calls,
+from the public API, and at torch.compile trace time (the fake kernels run the same
+checks)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flash_cann
+
+from conftest import make_qkv
+
+
+def _qkv(**kw):
+    args = dict(batch=2, heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=12, head_dim=16,
+                dtype=torch.float32, layout="BNSD")
+    args.update(kw)
+    return make_qkv(**args)
+
+
+def _op(q, k, v, mask=None, scale=0.25, causal=False, layout="BNSD"):
+    return torch.ops.flash_cann.fwd(q, k, v, mask, scale, causal, layout)
+
+
+@pytest.mark.parametrize("case, exc, pattern", [
+    ("dtype mismatch", TypeError, "same dtype.*key float16"),
+    ("device mismatch", ValueError, "key must be on the same device as query"),
+    ("rank", ValueError, r"query must be 4-D \(batch, heads, seqlen, head_dim\)"),
+    ("head_dim mismatch", ValueError, "same head_dim"),
+    ("head_dim too large", ValueError, r"head_dim must be in \[1, 256\] \(got 264\)"),
+    ("heads not divisible", ValueError, r"query heads \(3\) must be a multiple of key/value "
+                                        r"heads \(2\)"),
+    ("kv heads differ", ValueError, "key and value must have the same number of heads"),
+    ("kv seqlen differ", ValueError, "key and value must have the same seqlen"),
+    ("batch differ", ValueError, "same batch size"),
+    ("empty", ValueError, "query must not be empty"),
+    ("int dtype", TypeError, "query dtype int32 is not supported on device type 'cpu'"),
+    ("nan scale", ValueError, "softmax scale must be a finite number"),
+    ("inf scale", ValueError, "softmax scale must be a finite number"),
+    ("bad layout", ValueError, "layout must be one of BNSD, BSND"),
+    ("mask dtype", TypeError, "key_padding_mask must be torch.bool"),
+    ("mask shape", ValueError, r"key_padding_mask must have shape \(batch, seqlen_k\)"),
+    ("not a tensor", RuntimeError, "Expected a value of type 'Tensor' for argument 'value'"),
+])
+def test_op_rejects(case, exc, pattern):
+    q, k, v = _qkv()
+    kwargs = {}
+    if case == "dtype mismatch":
+        k = k.half()
+    elif case == "device mismatch":
+        k = k.to("meta")
+    elif case == "rank":
+        q = q[0]
+    elif case == "head_dim mismatch":
+        k, v = k[..., :8], v[..., :8]
+    elif case == "head_dim too large":
+        q, k, v = _qkv(head_dim=264)
+    elif case == "heads not divisible":
+        q = q[:, :3]
+    elif case == "kv heads differ":
+        v = v[:, :1]
+    elif case == "kv seqlen differ":
+        v = v[:, :, :5]
+    elif case == "batch differ":
+        k = k[:1]
+    elif case == "empty":
+        q = q[:, :, :0]
+    elif case == "int dtype":
+        q, k, v = (t.int() for t in (q, k, v))
+    elif case == "nan scale":
+        kwargs["scale"] = math.nan
+    elif case == "inf scale":
+        kwargs["scale"] = math.inf
+    elif case == "bad layout":
+        kwargs["layout"] = "SBH"
+    elif case == "mask dtype":
+        kwargs["mask"] = torch.ones(2, 12, dtype=torch.uint8)
+    elif case == "mask shape":
+        kwargs["mask"] = torch.ones(2, 11, dtype=torch.bool)
+    elif case == "not a tensor":
+        v = v.numpy()
+    with pytest.raises(exc, match=pattern):
+        _op(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("api", ["flash_attn_func", "attention"])
+def test_public_api_rejects_non_tensors(api):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="flash_cann: v must be a torch.Tensor"):
+        getattr(flash_cann, api)(q, k, v.numpy())
+
+
+def test_public_api_rejects_bad_masks():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool or integer tensor"):
+        flash_cann.attention(q, k, v, key_padding_mask=torch.ones(2, 12))
+    with pytest.raises(ValueError, match=r"\(batch, seqlen_k\) = \(2, 12\) or \(seqlen_k,\)"):
+        flash_cann.attention(q, k, v, key_padding_mask=torch.ones(3, 12, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_padding_mask must be on the same device"):
+        flash_cann.attention(q, k, v, key_padding_mask=torch.ones(12, dtype=torch.bool,
+                                                                  device="meta"))
+
+
+def test_public_api_rejects_bad_layout_arguments():
+    q, k, v = _qkv(layout="BSH", heads_q=4, heads_kv=2, head_dim=16)
+    with pytest.raises(ValueError, match="num_heads .* is required for layout 'BSH'"):
+        flash_cann.attention(q, k, v, layout="BSH")
+    with pytest.raises(ValueError, match="num_heads \\* head_dim"):
+        flash_cann.attention(q, k, v, layout="BSH", num_heads=5)
+    with pytest.raises(ValueError, match="layout must be one of BNSD, BSND, BSH"):
+        flash_cann.attention(q, k, v, layout="TND")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="num_heads=3 does not match q's 4 heads"):
+        flash_cann.attention(q, k, v, num_heads=3)
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("dropout_p", 0.1), ("window_size", (128, 0)), ("softcap", 30.0),
+    ("alibi_slopes", torch.ones(4)),
+])
+def test_flash_attn_func_refuses_unsupported_arguments(argument, value):
+    q, k, v = _qkv(layout="BSND")
+    with pytest.raises(NotImplementedError, match=f"{argument}=.* is not supported yet"):
+        flash_cann.flash_attn_func(q, k, v, **{argument: value})
+
+
+def test_packed_shapes_are_checked():
+    with pytest.raises(ValueError, match="qkv must have shape"):
+        flash_cann.flash_attn_qkvpacked_func(torch.randn(2, 8, 2, 4, 16))
+    with pytest.raises(ValueError, match="kv must have shape"):
+        flash_cann.flash_attn_kvpacked_func(torch.randn(2, 8, 4, 16), torch.randn(2, 8, 4, 16))
+
+
+def test_backward_op_rejects_mismatched_lse():
+    q, k, v = _qkv()
+    out, lse = _op(q, k, v)
+    with pytest.raises(ValueError, match=r"softmax_lse must be float32 of shape"):
+        torch.ops.flash_cann.bwd(out, q, k, v, out, lse[:, :, :4], None, None, 0.25)
+    with pytest.raises(ValueError, match=r"grad_out must match query"):
+        torch.ops.flash_cann.bwd(out.half(), q, k, v, out, lse, None, None, 0.25)
+
+
+def test_errors_surface_at_compile_time():
+    """torch.compile traces through the fake kernel, which runs the same checks."""
+    q, k, v = _qkv()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(q_, k_, v_):
+        return flash_cann.attention(q_, k_, v_)
+
+    with pytest.raises(Exception, match="query heads \\(3\\) must be a multiple"):
+        fn(q[:, :3], k, v)
