@@ -109,14 +109,33 @@ def register_device(device_type: str) -> None:
     torch.library.register_kernel(BWD, device_type, _bwd_kernel, lib=_LIB)
 
 
-def _no_backend(*args, **kwargs):
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    candidates = SPEC.backends_for_device(device.type)
-    hint = "; ".join(b.install_hint for b in candidates if b.install_hint)
-    raise NotImplementedError(
-        f"flash_cann has no backend loaded for device type '{device.type}'"
-        + (f": {hint}" if hint else
-           f" (supported: {', '.join(sorted({b.device_type for b in SPEC.backends.values()}))})"))
+def _registered_lazily(device_type: str) -> bool:
+    """Register ``device_type``'s kernels if its backend can run now (e.g. torch_npu was
+    imported after flash_cann); True if it did."""
+    backend = backend_for(device_type)
+    if backend is None or not is_available(backend):
+        return False
+    try:
+        register_device(device_type)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _fallback(op_name: str):
+    """The kernel for device types with no registered kernel: register late if the
+    device's backend became available, else say what to install."""
+    def kernel(*args, **kwargs):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if _registered_lazily(device.type):
+            return getattr(torch.ops.flash_cann, op_name)(*args, **kwargs)
+        candidates = SPEC.backends_for_device(device.type)
+        hint = "; ".join(b.install_hint for b in candidates if b.install_hint)
+        supported = ", ".join(sorted({b.device_type for b in SPEC.backends.values()}))
+        raise NotImplementedError(
+            f"flash_cann has no backend loaded for device type '{device.type}'"
+            + (f": {hint}" if hint else f" (supported: {supported})"))
+    return kernel
 
 
 for _device_type in sorted({b.device_type for b in SPEC.backends.values()}):
@@ -124,8 +143,8 @@ for _device_type in sorted({b.device_type for b in SPEC.backends.values()}):
         register_device(_device_type)
     except (RuntimeError, ValueError):
         pass  # a device type torch does not know yet (npu before torch_npu is imported)
-_LIB.impl("fwd", _no_backend, "CompositeExplicitAutograd")
-_LIB.impl("bwd", _no_backend, "CompositeExplicitAutograd")
+for _op in SPEC.ops:
+    _LIB.impl(_op, _fallback(_op), "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake(FWD, lib=_LIB)

@@ -1,0 +1,27 @@
+// C ABI of the planner, for Python (ctypes): plans are returned as JSON text.
+#ifndef FLASH_CANN_PLANNER_C_API_H
+#define FLASH_CANN_PLANNER_C_API_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Plan a forward call on SoC `soc` (see flash_cann_platforms_json). dtype: 0 float16,
+// 1 bfloat16, 2 float32; layout: 0 BNSD, 1 BSND; aic_cores > 0 overrides the SoC's AI
+// core count. Writes JSON ({"error": ...} on refusal) to `out`; returns its length, or
+// minus the size needed when `capacity` is too small.
+int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q, int64_t heads_kv,
+                             int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim,
+                             int32_t dtype, int32_t layout, int32_t causal, int32_t has_mask,
+                             double scale, int32_t aic_cores, char* out, uint64_t capacity);
+
+// The built-in platform table as JSON; same return convention.
+int64_t flash_cann_platforms_json(char* out, uint64_t capacity);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,173 @@
+#include "plan_json.h"
+
+#include <iomanip>
+#include <sstream>
+
+namespace flash_cann {
+namespace {
+
+std::string Quote(const std::string& s)
+{
+    std::ostringstream out;
+    out << '"';
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            out << '\\' << c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+            out << "\\u" << std::hex << std::setw(4) << std::setfill('0') << int(c) << std::dec;
+        } else {
+            out << c;
+        }
+    }
+    out << '"';
+    return out.str();
+}
+
+// A minimal JSON object writer: fields separated by commas.
+class Object {
+public:
+    explicit Object(std::ostringstream& out) : out_(out) { out_ << '{'; }
+    ~Object() { out_ << '}'; }
+    std::ostringstream& Key(const char* key)
+    {
+        out_ << (first_ ? "" : ",") << Quote(key) << ':';
+        first_ = false;
+        return out_;
+    }
+
+private:
+    std::ostringstream& out_;
+    bool first_ = true;
+};
+
+void WritePlatform(std::ostringstream& out, const Platform& p)
+{
+    Object o(out);
+    o.Key("name") << Quote(p.name);
+    o.Key("aic_cores") << p.aicCores;
+    o.Key("aiv_cores") << p.aivCores;
+    o.Key("ub_bytes") << p.ubBytes;
+    o.Key("l1_bytes") << p.l1Bytes;
+    o.Key("l0a_bytes") << p.l0aBytes;
+    o.Key("l0b_bytes") << p.l0bBytes;
+    o.Key("l0c_bytes") << p.l0cBytes;
+    o.Key("cube_clock_ghz") << p.cubeClockGhz;
+    o.Key("cube_peak_tflops") << CubePeakFlops(p) / 1e12;
+    o.Key("hbm_gb_per_s") << p.hbmBytesPerSecond / 1e9;
+    o.Key("l2_gb_per_s") << p.l2BytesPerSecond / 1e9;
+    o.Key("source") << Quote(p.source);
+}
+
+void WriteTiling(std::ostringstream& out, const TilingData& t)
+{
+    Object o(out);
+    o.Key("block_q") << t.blockQ;
+    o.Key("block_k") << t.blockK;
+    o.Key("head_dim_pad") << t.headDimPad;
+    o.Key("group") << t.group;
+    o.Key("causal_offset") << t.causalOffset;
+    o.Key("kv_l1_buffers") << t.kvL1Buffers;
+    o.Key("p_l1_buffers") << t.pL1Buffers;
+    o.Key("l0a_buffers") << t.l0aBuffers;
+    o.Key("l0b_buffers") << t.l0bBuffers;
+    o.Key("l0c_buffers") << t.l0cBuffers;
+    o.Key("used_cores") << t.usedCores;
+    o.Key("workspace_per_core") << t.workspacePerCore;
+    o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';
+    o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
+                        << ']';
+    o.Key("tiling_bytes") << sizeof(TilingData);
+}
+
+}  // namespace
+
+std::string ErrorJson(const std::string& message)
+{
+    std::ostringstream out;
+    {
+        Object o(out);
+        o.Key("error") << Quote(message);
+    }
+    return out.str();
+}
+
+std::string PlatformsToJson()
+{
+    std::ostringstream out;
+    out << std::setprecision(10) << '[';
+    bool first = true;
+    for (const Platform& p : KnownPlatforms()) {
+        out << (first ? "" : ",");
+        first = false;
+        WritePlatform(out, p);
+    }
+    out << ']';
+    return out.str();
+}
+
+std::string PlanToJson(const PlanResult& result, const Platform& platform)
+{
+    if (!result.ok()) {
+        return ErrorJson(result.error);
+    }
+    const Plan& plan = result.plan;
+    std::ostringstream out;
+    out << std::setprecision(10);
+    {
+        Object o(out);
+        o.Key("platform");
+        WritePlatform(out, platform);
+        o.Key("tiling_key") << plan.tilingKey;
+        o.Key("block_dim") << plan.blockDim;
+        o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
+        o.Key("tiling");
+        WriteTiling(out, plan.tiling);
+        o.Key("buffers") << '[';
+        for (size_t i = 0; i < plan.buffers.size(); ++i) {
+            const BufferUse& b = plan.buffers[i];
+            out << (i ? "," : "");
+            Object ob(out);
+            ob.Key("stage") << Quote(b.stage);
+            ob.Key("name") << Quote(b.name);
+            ob.Key("level") << Quote(MemLevelName(b.level));
+            ob.Key("bytes") << b.bytes;
+            ob.Key("copies") << b.copies;
+        }
+        out << ']';
+        o.Key("levels") << '[';
+        for (size_t i = 0; i < plan.levels.size(); ++i) {
+            const LevelUse& l = plan.levels[i];
+            out << (i ? "," : "");
+            Object ol(out);
+            ol.Key("level") << Quote(MemLevelName(l.level));
+            ol.Key("used") << l.used;
+            ol.Key("capacity") << l.capacity;
+        }
+        out << ']';
+        o.Key("cores") << '[';
+        for (size_t i = 0; i < plan.cores.size(); ++i) {
+            const CoreWork& c = plan.cores[i];
+            out << (i ? "," : "");
+            Object oc(out);
+            oc.Key("rows") << '[' << c.rowBegin << ',' << c.rowEnd << ']';
+            oc.Key("tiles") << c.tiles;
+            oc.Key("macs") << c.macs;
+        }
+        out << ']';
+        o.Key("imbalance") << plan.imbalance;
+        const Prediction& p = plan.prediction;
+        o.Key("prediction");
+        Object op(out);
+        op.Key("seconds") << p.seconds;
+        op.Key("cube_seconds") << p.cubeSeconds;
+        op.Key("vector_seconds") << p.vectorSeconds;
+        op.Key("hbm_seconds") << p.hbmSeconds;
+        op.Key("l2_seconds") << p.l2Seconds;
+        op.Key("useful_flops") << p.usefulFlops;
+        op.Key("cube_utilization") << p.cubeUtilization;
+        op.Key("bound") << Quote(p.bound);
+    }
+    return out.str();
+}
+
+}  // namespace flash_cann

@@ -1,0 +1,17 @@
+// JSON rendering of plans and platforms (for the C ABI and the planner's tests).
+#ifndef FLASH_CANN_PLANNER_PLAN_JSON_H
+#define FLASH_CANN_PLANNER_PLAN_JSON_H
+
+#include <string>
+
+#include "planner.h"
+
+namespace flash_cann {
+
+std::string PlanToJson(const PlanResult& result, const Platform& platform);
+std::string PlatformsToJson();
+std::string ErrorJson(const std::string& message);
+
+}  // namespace flash_cann
+
+#endif

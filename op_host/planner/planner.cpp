@@ -1,0 +1,279 @@
+#include "planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "cost_model.h"
+#include "work_model.h"
+
+namespace flash_cann {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+// Batch, head, row and key indices are 32-bit in the kernel.
+constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
+// K, V (and Q) rows are loaded into L1 with Nd2NzParams, whose source row pitch
+// (srcDValue) is a uint16_t.
+constexpr uint64_t kMaxNd2NzPitch = std::numeric_limits<uint16_t>::max();
+// A TPipe manages at most 64 buffers (asc-devkit QBUF_MAX_LEN).
+constexpr uint32_t kMaxBuffersPerPipe = 64;
+constexpr uint64_t kWorkspaceAlign = 512;
+
+// Block shapes the kernel supports, largest first. blockK is a multiple of 64 so that a
+// key row of fp32 is a whole number of 256-byte vector repeats (Compares needs that);
+// blockQ is even (two vector cores split a tile) and a multiple of the cube block.
+constexpr uint32_t kBlockCandidates[][2] = {
+    {128, 256}, {128, 128}, {64, 256}, {64, 128}, {128, 64}, {64, 64}, {32, 128}, {32, 64},
+};
+
+template <typename... Parts>
+std::string Message(const Parts&... parts)
+{
+    std::ostringstream out;
+    (out << ... << parts);
+    return out.str();
+}
+
+std::string Validate(const PlanRequest& r)
+{
+    const std::pair<const char*, int64_t> sizes[] = {
+        {"batch", r.batch}, {"heads_q", r.headsQ}, {"heads_kv", r.headsKv},
+        {"seqlen_q", r.seqlenQ}, {"seqlen_k", r.seqlenK}, {"head_dim", r.headDim}};
+    for (const auto& [name, value] : sizes) {
+        if (value < 1) {
+            return Message(name, " must be >= 1 (got ", value, ")");
+        }
+    }
+    if (r.dtype == DType::Float32) {
+        return "dtype float32 is not supported by the Ascend kernel (it computes float16 and "
+               "bfloat16 inputs)";
+    }
+    if (r.headDim > kMaxHeadDim) {
+        return Message("head_dim ", r.headDim, " exceeds the kernel's maximum of ", kMaxHeadDim);
+    }
+    if (r.headsQ % r.headsKv != 0) {
+        return Message("heads_q (", r.headsQ, ") must be a multiple of heads_kv (", r.headsKv,
+                       ")");
+    }
+    for (const auto& [name, value] : sizes) {
+        if (value > kMaxIndex) {
+            return Message(name, " ", value, " overflows the kernel's 32-bit indices (maximum ",
+                           kMaxIndex, ")");
+        }
+    }
+    const int64_t limit = std::numeric_limits<int64_t>::max() / kMaxHeadDim;
+    if (r.batch > limit / r.headsQ || r.batch * r.headsQ > limit / r.seqlenQ ||
+        r.batch * r.headsKv > limit / r.seqlenK) {
+        return "batch x heads x seqlen x head_dim overflows the kernel's 64-bit offsets";
+    }
+    if (r.layout == Layout::BSND) {
+        for (const auto& [name, heads] :
+             {std::pair<const char*, int64_t>{"query", r.headsQ}, {"key/value", r.headsKv}}) {
+            if (static_cast<uint64_t>(heads * r.headDim) > kMaxNd2NzPitch) {
+                return Message(name, " row stride ", heads * r.headDim, " elements (heads ",
+                               heads, " x head_dim ", r.headDim, ", layout BSND) exceeds ",
+                               kMaxNd2NzPitch, ", the limit of Nd2NzParams::srcDValue used to "
+                               "load rows into L1; use layout BNSD");
+            }
+        }
+    }
+    if (!std::isfinite(r.scale)) {
+        return "scale must be finite";
+    }
+    return "";
+}
+
+void SetProblem(TilingData& t, const PlanRequest& r)
+{
+    t.batch = static_cast<uint32_t>(r.batch);
+    t.headsQ = static_cast<uint32_t>(r.headsQ);
+    t.headsKv = static_cast<uint32_t>(r.headsKv);
+    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
+    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
+    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
+    t.headDim = static_cast<uint32_t>(r.headDim);
+    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
+    t.causalOffset = r.seqlenK - r.seqlenQ;
+    t.scale = static_cast<float>(r.scale);
+    t.layout = static_cast<uint32_t>(r.layout);
+    const uint64_t d = t.headDim;
+    if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
+        t.qStrideRow = d;
+        t.qStrideHead = d * t.seqlenQ;
+        t.qStrideBatch = t.qStrideHead * t.headsQ;
+        t.kvStrideRow = d;
+        t.kvStrideHead = d * t.seqlenK;
+        t.kvStrideBatch = t.kvStrideHead * t.headsKv;
+    } else {  // BSND: (batch, seqlen, heads, head_dim)
+        t.qStrideHead = d;
+        t.qStrideRow = d * t.headsQ;
+        t.qStrideBatch = t.qStrideRow * t.seqlenQ;
+        t.kvStrideHead = d;
+        t.kvStrideRow = d * t.headsKv;
+        t.kvStrideBatch = t.kvStrideRow * t.seqlenK;
+    }
+}
+
+std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
+{
+    const BufferBytes b = ComputeBufferBytes(t, elemBytes);
+    return {
+        {"cube: load Q tile", "q_l1", MemLevel::L1, b.qL1, 1},
+        {"cube: load K block", "k_l1", MemLevel::L1, b.kL1, t.kvL1Buffers},
+        {"cube: load V block", "v_l1", MemLevel::L1, b.vL1, t.kvL1Buffers},
+        {"cube: load P tile", "p_l1", MemLevel::L1, b.pL1, t.pL1Buffers},
+        {"cube: A operand (Q or P)", "a_l0a", MemLevel::L0A, b.l0a, t.l0aBuffers},
+        {"cube: B operand (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
+        {"cube: result (S or O), fp32", "c_l0c", MemLevel::L0C, b.l0c, t.l0cBuffers},
+        {"vector: scores S rows, fp32", "s_ub", MemLevel::UB, b.sUb, 1},
+        {"vector: probabilities P rows", "p_ub", MemLevel::UB, b.pUb, 1},
+        {"vector: row statistics", "rows_ub", MemLevel::UB, b.rowUb, kRowStats},
+        {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb, kKeyRows},
+        {"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1},
+        {"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1},
+        {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
+        {"vector: partial output O rows, fp32", "o_ub", MemLevel::UB, b.oUb, 1},
+        {"vector: running output rows, fp32", "acc_ub", MemLevel::UB, b.accUb, 1},
+        {"vector: output rows", "out_ub", MemLevel::UB, b.outUb, 1},
+    };
+}
+
+uint64_t Capacity(MemLevel level, const Platform& p)
+{
+    switch (level) {
+        case MemLevel::L1: return p.l1Bytes;
+        case MemLevel::L0A: return p.l0aBytes;
+        case MemLevel::L0B: return p.l0bBytes;
+        case MemLevel::L0C: return p.l0cBytes;
+        case MemLevel::UB: return p.ubBytes > kUbApiScratch ? p.ubBytes - kUbApiScratch : 0;
+    }
+    return 0;
+}
+
+// Per-level totals; a buffer is rounded up to 32 bytes as TPipe::InitBuffer does.
+std::vector<LevelUse> SumLevels(const std::vector<BufferUse>& buffers, const Platform& p)
+{
+    std::vector<LevelUse> levels;
+    for (MemLevel level : {MemLevel::L1, MemLevel::L0A, MemLevel::L0B, MemLevel::L0C,
+                           MemLevel::UB}) {
+        uint64_t used = 0;
+        for (const BufferUse& b : buffers) {
+            if (b.level == level) {
+                used += static_cast<uint64_t>(AlignUp(static_cast<uint32_t>(b.bytes), kByteBlock))
+                        * b.copies;
+            }
+        }
+        levels.push_back({level, used, Capacity(level, p)});
+    }
+    return levels;
+}
+
+bool Fits(const std::vector<LevelUse>& levels)
+{
+    return std::all_of(levels.begin(), levels.end(),
+                       [](const LevelUse& l) { return l.used <= l.capacity; });
+}
+
+// Pick the largest block shape whose buffers fit; within it, double-buffer every stage
+// that still fits (L0 first: it decides whether MTE1 and the cube overlap).
+bool ChooseBlocks(TilingData& t, uint32_t elemBytes, const Platform& p)
+{
+    for (const auto& candidate : kBlockCandidates) {
+        t.blockQ = candidate[0];
+        t.blockK = candidate[1];
+        t.kvL1Buffers = t.pL1Buffers = t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = 1;
+        if (!Fits(SumLevels(ListBuffers(t, elemBytes), p))) {
+            continue;
+        }
+        for (uint32_t* count : {&t.l0aBuffers, &t.l0bBuffers, &t.l0cBuffers, &t.kvL1Buffers,
+                                &t.pL1Buffers}) {
+            *count = 2;
+            if (!Fits(SumLevels(ListBuffers(t, elemBytes), p))) {
+                *count = 1;
+            }
+        }
+        return true;
+    }
+    return false;
+}
+
+uint64_t WorkspacePerCore(const TilingData& t, uint32_t elemBytes)
+{
+    auto align = [](uint64_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; };
+    const uint64_t s = align(uint64_t{t.blockQ} * t.blockK * 4);
+    const uint64_t pr = align(uint64_t{t.blockQ} * t.blockK * elemBytes);
+    const uint64_t o = align(uint64_t{t.blockQ} * t.headDimPad * 4);
+    return 2 * (s + pr + o);
+}
+
+}  // namespace
+
+const char* MemLevelName(MemLevel level)
+{
+    switch (level) {
+        case MemLevel::L1: return "L1";
+        case MemLevel::L0A: return "L0A";
+        case MemLevel::L0B: return "L0B";
+        case MemLevel::L0C: return "L0C";
+        case MemLevel::UB: return "UB";
+    }
+    return "?";
+}
+
+uint32_t ElementBytes(DType dtype)
+{
+    return dtype == DType::Float32 ? 4 : 2;
+}
+
+PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
+{
+    PlanResult result;
+    result.error = Validate(request);
+    if (!result.ok()) {
+        return result;
+    }
+    if (platform.aicCores < 1) {
+        result.error = Message("platform ", platform.name, " reports no AI cores");
+        return result;
+    }
+    Plan& plan = result.plan;
+    TilingData& t = plan.tiling;
+    const uint32_t elemBytes = ElementBytes(request.dtype);
+    SetProblem(t, request);
+    if (!ChooseBlocks(t, elemBytes, platform)) {
+        result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
+                               request.headDim);
+        return result;
+    }
+    plan.buffers = ListBuffers(t, elemBytes);
+    plan.levels = SumLevels(plan.buffers, platform);
+    uint32_t pipeBuffers = 0;
+    for (const BufferUse& b : plan.buffers) {
+        pipeBuffers += b.copies;
+    }
+    if (pipeBuffers > kMaxBuffersPerPipe) {
+        result.error = Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
+                               kMaxBuffersPerPipe);
+        return result;
+    }
+
+    SplitRows(t, request.causal, std::min(platform.aicCores, kMaxCores));
+    plan.cores = MeasureCores(t, request.causal);
+    double total = 0;
+    double busiest = 0;
+    for (const CoreWork& c : plan.cores) {
+        total += c.macs;
+        busiest = std::max(busiest, c.macs);
+    }
+    plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
+    plan.blockDim = t.usedCores;
+    t.workspacePerCore = WorkspacePerCore(t, elemBytes);
+    plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
+    plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
+    plan.prediction = Predict(plan, request, platform);
+    return result;
+}
+
+}  // namespace flash_cann

@@ -1,0 +1,106 @@
+// The tiling planner: portable C++17, no CANN headers.
+//
+// Given an attention problem and a platform, it decides what the forward kernel
+// executes -- query/key block sizes, head_dim padding, the split of the flattened
+// (batch x heads x query rows) space over AI cores, which buffers are double-buffered,
+// the workspace, the tiling key -- and proves that every buffer fits. Unsupported input
+// is refused with a message that says what and why, never planned around.
+#ifndef FLASH_CANN_PLANNER_PLANNER_H
+#define FLASH_CANN_PLANNER_PLANNER_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../../op_kernel/flash_cann_tiling.h"
+#include "platform.h"
+
+namespace flash_cann {
+
+enum class DType : uint32_t { Float16 = 0, BFloat16 = 1, Float32 = 2 };
+
+struct PlanRequest {
+    int64_t batch = 0;
+    int64_t headsQ = 0;
+    int64_t headsKv = 0;
+    int64_t seqlenQ = 0;
+    int64_t seqlenK = 0;
+    int64_t headDim = 0;
+    DType dtype = DType::Float16;
+    Layout layout = Layout::BNSD;
+    bool causal = false;
+    bool hasMask = false;
+    double scale = 0;
+};
+
+enum class MemLevel : uint32_t { L1, L0A, L0B, L0C, UB };
+const char* MemLevelName(MemLevel level);
+
+// One buffer of one kernel stage: `copies` x `bytes` at `level`, on one core
+// (AIC buffers: per cube core; UB buffers: per vector core).
+struct BufferUse {
+    std::string stage;
+    std::string name;
+    MemLevel level;
+    uint64_t bytes;
+    uint32_t copies;
+};
+
+struct LevelUse {
+    MemLevel level;
+    uint64_t used;
+    uint64_t capacity;
+};
+
+// What one AI core executes, in the cost model's unit (cube multiply-accumulates).
+struct CoreWork {
+    uint64_t rowBegin;
+    uint64_t rowEnd;
+    uint64_t tiles;
+    uint64_t scoreElements;  // padded rows x visited key columns, summed over tiles
+    uint64_t keyColumns;     // visited key columns summed over tiles (K/V traffic)
+    double macs;             // 2 x scoreElements x padded head_dim (Q.K^T and P.V)
+};
+
+// Roofline prediction (a model, not a measurement): see cost_model.h.
+struct Prediction {
+    double seconds = 0;
+    double cubeSeconds = 0;
+    double vectorSeconds = 0;
+    double hbmSeconds = 0;
+    double l2Seconds = 0;
+    double usefulFlops = 0;      // 4 * D * (visible query-key pairs), no padding
+    double cubeUtilization = 0;  // usefulFlops / (seconds * cube peak)
+    std::string bound;           // which term dominates
+};
+
+struct Plan {
+    TilingData tiling{};
+    uint64_t tilingKey = 0;
+    uint32_t blockDim = 0;             // AI cores launched
+    uint64_t userWorkspaceBytes = 0;   // excludes the API's system workspace
+    std::vector<BufferUse> buffers;
+    std::vector<LevelUse> levels;
+    std::vector<CoreWork> cores;
+    double imbalance = 0;              // max core work / (total work / platform AI cores)
+    Prediction prediction;
+};
+
+struct PlanResult {
+    Plan plan;
+    std::string error;  // empty on success: the refusal otherwise
+    bool ok() const { return error.empty(); }
+};
+
+PlanResult MakePlan(const PlanRequest& request, const Platform& platform);
+
+// Bytes per element of a supported dtype.
+uint32_t ElementBytes(DType dtype);
+
+// The reserve the plan keeps free at the top of UB: Select/Compares scalar modes use
+// the last 8 KB of UB as scratch on 910B (asc-devkit TMP_UB_OFFSET).
+constexpr uint64_t kUbApiScratch = 8 * 1024;
+
+}  // namespace flash_cann
+
+#endif

@@ -1,0 +1,43 @@
+// Platform descriptions the planner plans against.
+//
+// At run time the CANN shell (op_host/flash_cann_attention.cpp) fills a Platform from
+// platform_ascendc::PlatformAscendC (core counts, buffer sizes); the table in
+// platform.cpp holds defaults for planning off-device (`flash-cann plan`, tests), with
+// the public source of every number.
+#ifndef FLASH_CANN_PLANNER_PLATFORM_H
+#define FLASH_CANN_PLANNER_PLATFORM_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flash_cann {
+
+struct Platform {
+    std::string name;
+    // What the kernel must fit in (read at run time from the platform API).
+    uint32_t aicCores = 0;       // AI cores = cube cores; each pairs with 2 vector cores
+    uint32_t aivCores = 0;
+    uint64_t ubBytes = 0;        // per vector core, as PlatformAscendC::GetCoreMemSize reports
+    uint64_t l1Bytes = 0;        // per cube core
+    uint64_t l0aBytes = 0;
+    uint64_t l0bBytes = 0;
+    uint64_t l0cBytes = 0;
+    // For the cost model only (predictions, never used to decide correctness).
+    double cubeClockGhz = 0;     // cube frequency
+    double hbmBytesPerSecond = 0;
+    double l2BytesPerSecond = 0;
+    std::string source;          // where the numbers come from
+};
+
+// The SoC names with built-in defaults: Ascend910B1..B4, Ascend910_93.
+const std::vector<Platform>& KnownPlatforms();
+// nullptr if unknown.
+const Platform* FindPlatform(const std::string& name);
+
+// Dense fp16/bf16 cube peak: 16 x 16 x 16 MACs per cycle per AI core.
+double CubePeakFlops(const Platform& p);
+
+}  // namespace flash_cann
+
+#endif

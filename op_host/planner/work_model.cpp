@@ -1,0 +1,181 @@
+#include "work_model.h"
+
+#include <algorithm>
+
+namespace flash_cann {
+namespace {
+
+// The split works on units of 16 rows (one cube fractal), coarsened for very long
+// sequences so that the per-segment prefix table stays small.
+constexpr uint64_t kMaxUnitsPerSegment = 65536;
+
+struct Work {
+    uint64_t tiles = 0;
+    uint64_t scoreElements = 0;
+    uint64_t keyColumns = 0;
+
+    void Add(const TilingData& t, const QueryTile& tile, bool causal)
+    {
+        const uint64_t cols = VisitedColumns(t, tile, causal);
+        tiles += 1;
+        scoreElements += uint64_t{AlignUp(tile.rows, kCubeBlock)} * cols;
+        keyColumns += cols;
+    }
+
+    void Add(const Work& other, uint64_t times)
+    {
+        tiles += other.tiles * times;
+        scoreElements += other.scoreElements * times;
+        keyColumns += other.keyColumns * times;
+    }
+};
+
+// The tiles of one whole segment (a (batch, head) pair) walked from its first row: the
+// same for every segment.
+Work SegmentWork(const TilingData& t, bool causal)
+{
+    Work work;
+    uint64_t cursor = 0;
+    QueryTile tile{};
+    while (NextTile(t, cursor, t.seqlenQ, tile)) {
+        work.Add(t, tile, causal);
+    }
+    return work;
+}
+
+}  // namespace
+
+uint64_t VisitedColumns(const TilingData& t, const QueryTile& tile, bool causal)
+{
+    const uint32_t keys = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
+    if (keys == 0) {
+        return 0;
+    }
+    const uint64_t fullBlocks = (keys - 1) / t.blockK;
+    const uint32_t lastCols = keys - static_cast<uint32_t>(fullBlocks * t.blockK);
+    return fullBlocks * t.blockK + AlignUp(lastCols, kCubeBlock);
+}
+
+namespace {
+
+// Modelled work of the rows [begin, end), walking tiles as the kernel does; whole
+// segments are counted at once.
+Work MeasureRange(const TilingData& t, bool causal, const Work& segment, uint64_t begin,
+                  uint64_t end)
+{
+    const uint64_t sq = t.seqlenQ;
+    Work work;
+    uint64_t cursor = begin;
+    QueryTile tile{};
+    while (cursor < end) {
+        if (cursor % sq == 0 && end - cursor >= sq) {
+            const uint64_t whole = (end - cursor) / sq;
+            work.Add(segment, whole);
+            cursor += whole * sq;
+            continue;
+        }
+        NextTile(t, cursor, end, tile);
+        work.Add(t, tile, causal);
+    }
+    return work;
+}
+
+// Move each boundary between two cores by one split unit while that lowers the larger
+// of the two cores' exact work: the prefix model above ignores where tiles start, so
+// this settles the last few percent.
+void RefineSplit(TilingData& t, bool causal, const Work& segment, uint64_t unit)
+{
+    constexpr int kPasses = 16;
+    auto cost = [&](uint64_t begin, uint64_t end) {
+        return MeasureRange(t, causal, segment, begin, end).scoreElements;
+    };
+    for (int pass = 0; pass < kPasses; ++pass) {
+        bool moved = false;
+        for (uint32_t c = 1; c < t.usedCores; ++c) {
+            uint64_t& boundary = t.rowStart[c];
+            const uint64_t lo = t.rowStart[c - 1];
+            const uint64_t hi = t.rowStart[c + 1];
+            uint64_t best = std::max(cost(lo, boundary), cost(boundary, hi));
+            for (int64_t step : {static_cast<int64_t>(unit), -static_cast<int64_t>(unit)}) {
+                const uint64_t candidate = boundary + step;
+                if (candidate <= lo || candidate >= hi) {
+                    continue;
+                }
+                const uint64_t worse = std::max(cost(lo, candidate), cost(candidate, hi));
+                if (worse < best) {
+                    best = worse;
+                    boundary = candidate;
+                    moved = true;
+                }
+            }
+        }
+        if (!moved) {
+            return;
+        }
+    }
+}
+
+}  // namespace
+
+void SplitRows(TilingData& t, bool causal, uint32_t cores)
+{
+    const uint64_t sq = t.seqlenQ;
+    const uint64_t segments = uint64_t{t.batch} * t.headsQ;
+    uint64_t unit = kCubeBlock;
+    while ((sq + unit - 1) / unit > kMaxUnitsPerSegment) {
+        unit *= 2;
+    }
+    const uint64_t units = (sq + unit - 1) / unit;
+    // prefix[k]: modelled work of the first k units of a segment.
+    std::vector<double> prefix(units + 1, 0.0);
+    for (uint64_t k = 0; k < units; ++k) {
+        const uint64_t row0 = k * unit;
+        const QueryTile piece{0, 0, 0, static_cast<uint32_t>(row0),
+                              static_cast<uint32_t>(std::min(unit, sq - row0))};
+        prefix[k + 1] = prefix[k] + static_cast<double>(AlignUp(piece.rows, kCubeBlock)) *
+                                        static_cast<double>(VisitedColumns(t, piece, causal));
+    }
+    const double segmentWork = prefix[units];
+    const double total = segmentWork * static_cast<double>(segments);
+    const uint64_t totalRows = segments * sq;
+    cores = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(cores, segments * units)));
+
+    std::vector<uint64_t> starts{0};
+    for (uint32_t c = 1; c < cores; ++c) {
+        const double target = total * c / cores;
+        uint64_t segment = static_cast<uint64_t>(target / segmentWork);
+        segment = std::min(segment, segments - 1);
+        const double rest = target - static_cast<double>(segment) * segmentWork;
+        // The unit boundary whose prefix work is closest to the target.
+        uint64_t k = static_cast<uint64_t>(
+            std::lower_bound(prefix.begin(), prefix.end(), rest) - prefix.begin());
+        k = std::min(k, units);
+        if (k > 0 && rest - prefix[k - 1] < prefix[k] - rest) {
+            --k;
+        }
+        const uint64_t row = segment * sq + std::min(k * unit, sq);
+        if (row > starts.back() && row < totalRows) {
+            starts.push_back(row);  // skip empty ranges: every used core gets rows
+        }
+    }
+    starts.push_back(totalRows);
+    t.usedCores = static_cast<uint32_t>(starts.size() - 1);
+    std::fill(std::begin(t.rowStart), std::end(t.rowStart), 0);
+    std::copy(starts.begin(), starts.end(), t.rowStart);
+    RefineSplit(t, causal, SegmentWork(t, causal), unit);
+}
+
+std::vector<CoreWork> MeasureCores(const TilingData& t, bool causal)
+{
+    const Work segment = SegmentWork(t, causal);
+    std::vector<CoreWork> cores;
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        const Work work = MeasureRange(t, causal, segment, t.rowStart[c], t.rowStart[c + 1]);
+        const double macs = 2.0 * static_cast<double>(work.scoreElements) * t.headDimPad;
+        cores.push_back({t.rowStart[c], t.rowStart[c + 1], work.tiles, work.scoreElements,
+                         work.keyColumns, macs});
+    }
+    return cores;
+}
+
+}  // namespace flash_cann
