@@ -100,6 +100,7 @@ struct BufferBytes {
     uint32_t accUb;    // running output rows, fp32
     uint32_t outUb;    // final output rows, input dtype
     uint32_t rowUb;    // one per-row statistic (m, l, ...), fp32
+    uint32_t brcUb;    // a per-row statistic broadcast to one 32-byte block per row
     uint32_t keyUb;    // one per-key row (bias, column index, reduce scratch), fp32
     uint32_t maskUb;   // key mask bytes
     uint32_t maskHalfUb;
@@ -131,12 +132,37 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
     b.accUb = rows * d * 4u;
     b.outUb = rows * d * elemBytes;
     b.rowUb = AlignUp(rows * 4u, kByteBlock);
+    b.brcUb = AlignUp(rows, 8u) * kByteBlock;
     b.keyUb = bk * 4u;
     b.maskUb = AlignUp(bk, kByteBlock);
     b.maskHalfUb = bk * 2u;
     b.bitsUb = AlignUp(bk / 8u, kByteBlock);
     return b;
 }
+
+// The per-AI-core workspace through which the cube and vector cores exchange data: two
+// slots of each buffer, so the cube computes S of block j+1 while the vector cores turn
+// S of block j into P. Offsets in bytes from the core's part of the user workspace.
+struct Workspace {
+    uint64_t slotBytes[3];  // scores S (fp32), probabilities P (input dtype), output O (fp32)
+    uint64_t scores;
+    uint64_t probs;
+    uint64_t output;
+    uint64_t total;
+
+    __aicore__ static uint64_t Align(uint64_t bytes) { return (bytes + 511) / 512 * 512; }
+
+    __aicore__ Workspace(const TilingData& t, uint32_t elemBytes)
+    {
+        slotBytes[0] = Align(uint64_t{t.blockQ} * t.blockK * 4);
+        slotBytes[1] = Align(uint64_t{t.blockQ} * t.blockK * elemBytes);
+        slotBytes[2] = Align(uint64_t{t.blockQ} * t.headDimPad * 4);
+        scores = 0;
+        probs = 2 * slotBytes[0];
+        output = probs + 2 * slotBytes[1];
+        total = output + 2 * slotBytes[2];
+    }
+};
 
 // A query tile: `rows` consecutive query rows of one (batch, head) pair.
 struct QueryTile {

@@ -19,7 +19,6 @@ constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
 constexpr uint64_t kMaxNd2NzPitch = std::numeric_limits<uint16_t>::max();
 // A TPipe manages at most 64 buffers (asc-devkit QBUF_MAX_LEN).
 constexpr uint32_t kMaxBuffersPerPipe = 64;
-constexpr uint64_t kWorkspaceAlign = 512;
 
 // Block shapes the kernel supports, largest first. blockK is a multiple of 64 so that a
 // key row of fp32 is a whole number of 256-byte vector repeats (Compares needs that);
@@ -128,8 +127,9 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         {"cube: B operand (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
         {"cube: result (S or O), fp32", "c_l0c", MemLevel::L0C, b.l0c, t.l0cBuffers},
         {"vector: scores S rows, fp32", "s_ub", MemLevel::UB, b.sUb, 1},
-        {"vector: probabilities P rows", "p_ub", MemLevel::UB, b.pUb, 1},
+        {"vector: probabilities P rows (also row-reduction scratch)", "p_ub", MemLevel::UB, b.pUb, 1},
         {"vector: row statistics", "rows_ub", MemLevel::UB, b.rowUb, kRowStats},
+        {"vector: row statistic broadcast", "brc_ub", MemLevel::UB, b.brcUb, 1},
         {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb, kKeyRows},
         {"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1},
         {"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1},
@@ -176,36 +176,31 @@ bool Fits(const std::vector<LevelUse>& levels)
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
 
-// Pick the largest block shape whose buffers fit; within it, double-buffer every stage
-// that still fits (L0 first: it decides whether MTE1 and the cube overlap).
+// Pick the largest block shape whose cube operands and results are double-buffered
+// (so MTE1, the cube and Fixpipe overlap), or failing that the largest that fits at all;
+// then double-buffer the L1 loads that still fit.
 bool ChooseBlocks(TilingData& t, uint32_t elemBytes, const Platform& p)
 {
-    for (const auto& candidate : kBlockCandidates) {
-        t.blockQ = candidate[0];
-        t.blockK = candidate[1];
-        t.kvL1Buffers = t.pL1Buffers = t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = 1;
-        if (!Fits(SumLevels(ListBuffers(t, elemBytes), p))) {
-            continue;
-        }
-        for (uint32_t* count : {&t.l0aBuffers, &t.l0bBuffers, &t.l0cBuffers, &t.kvL1Buffers,
-                                &t.pL1Buffers}) {
-            *count = 2;
-            if (!Fits(SumLevels(ListBuffers(t, elemBytes), p))) {
-                *count = 1;
+    auto fits = [&] { return Fits(SumLevels(ListBuffers(t, elemBytes), p)); };
+    for (uint32_t l0Copies : {2u, 1u}) {
+        for (const auto& candidate : kBlockCandidates) {
+            t.blockQ = candidate[0];
+            t.blockK = candidate[1];
+            t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
+            t.kvL1Buffers = t.pL1Buffers = 1;
+            if (!fits()) {
+                continue;
             }
+            for (uint32_t* count : {&t.kvL1Buffers, &t.pL1Buffers}) {
+                *count = 2;
+                if (!fits()) {
+                    *count = 1;
+                }
+            }
+            return true;
         }
-        return true;
     }
     return false;
-}
-
-uint64_t WorkspacePerCore(const TilingData& t, uint32_t elemBytes)
-{
-    auto align = [](uint64_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; };
-    const uint64_t s = align(uint64_t{t.blockQ} * t.blockK * 4);
-    const uint64_t pr = align(uint64_t{t.blockQ} * t.blockK * elemBytes);
-    const uint64_t o = align(uint64_t{t.blockQ} * t.headDimPad * 4);
-    return 2 * (s + pr + o);
 }
 
 }  // namespace
@@ -269,7 +264,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     }
     plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
     plan.blockDim = t.usedCores;
-    t.workspacePerCore = WorkspacePerCore(t, elemBytes);
+    t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
     plan.prediction = Predict(plan, request, platform);

@@ -75,26 +75,42 @@ def forward_backward(attention_fn, q, k, v, grad_out, grad_lse):
     return out.detach(), lse.detach(), dq, dk, dv
 
 
+def _materialising(key_padding_mask, scale, causal, layout, compute_dtype):
+    from . import reference
+
+    return lambda q_, k_, v_: reference.attention(
+        q_, k_, v_, key_padding_mask, scale=scale, causal=causal, layout=layout,
+        compute_dtype=compute_dtype)
+
+
+def check_forward_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool,
+                                 layout: str, key_padding_mask=None) -> list[Comparison]:
+    """Compare the forward results (out, softmax_lse) of ``attention_fn`` with the float64
+    oracle; for backends without a backward pass."""
+    args = (key_padding_mask, scale, causal, layout)
+    with torch.no_grad():
+        got = attention_fn(q, k, v)
+        oracle = _materialising(*args, torch.float64)(q.double(), k.double(), v.double())
+        baseline = _materialising(*args, q.dtype)(q, k, v)
+    return [compare(name, kind, g, o, b, q.dtype) for name, kind, g, o, b in
+            zip(("out", "softmax_lse"), ("out", "lse"), got, oracle, baseline)]
+
+
 def check_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool, layout: str,
                          key_padding_mask=None, generator=None) -> list[Comparison]:
     """Run ``attention_fn`` forward and backward and compare every result with the
     float64 oracle (tolerance from the same-precision materialising baseline)."""
-    from . import layout as layouts, reference
+    from . import layout as layouts
 
     grad_out = torch.randn(q.shape, generator=generator, dtype=torch.float32).to(q)
     lse_shape = layouts.sizes(q, layout)[:3]
     grad_lse = torch.randn(lse_shape, generator=generator, dtype=torch.float32).to(q.device)
-
-    def materialising(compute_dtype):
-        return lambda q_, k_, v_: reference.attention(
-            q_, k_, v_, key_padding_mask, scale=scale, causal=causal, layout=layout,
-            compute_dtype=compute_dtype)
-
+    args = (key_padding_mask, scale, causal, layout)
     got = forward_backward(attention_fn, q, k, v, grad_out, grad_lse)
     # float64 leaves, so that the oracle's gradients are not rounded to the input dtype.
-    oracle = forward_backward(materialising(torch.float64), q.double(), k.double(),
+    oracle = forward_backward(_materialising(*args, torch.float64), q.double(), k.double(),
                               v.double(), grad_out, grad_lse)
-    baseline = forward_backward(materialising(q.dtype), q, k, v, grad_out, grad_lse)
+    baseline = forward_backward(_materialising(*args, q.dtype), q, k, v, grad_out, grad_lse)
     names = (("out", "out"), ("softmax_lse", "lse"), ("dq", "grad"), ("dk", "grad"),
              ("dv", "grad"))
     return [compare(name, kind, g, o, b, q.dtype)

@@ -85,6 +85,7 @@ class BackendSpec:
     dtypes: tuple[str, ...]
     summary: str
     install_hint: str = ""
+    backward: bool = True
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,11 @@ def parse(doc: Any) -> Spec:
     backends = {}
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
-                     {"install_hint"})
+                     {"install_hint", "backward"})
         backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
                                      " ".join(node["summary"].split()),
-                                     " ".join(node.get("install_hint", "").split()))
+                                     " ".join(node.get("install_hint", "").split()),
+                                     bool(node.get("backward", True)))
     layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
                for name, node in doc["layouts"].items()}
     limits = _keys(doc["limits"], "limits", {"head_dim"})

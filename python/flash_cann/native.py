@@ -1,0 +1,64 @@
+"""The native host-only build: the tiling planner and the Ascend C kernel on the CPU
+twin, built with CMake from ``op_project/`` on first use (``build.sh --host-only`` runs
+the same configuration).
+
+The build lives in ``<repo>/build/host`` (override with ``FLASH_CANN_BUILD_DIR``); it is
+incremental, so later calls cost a no-op ``cmake --build``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ROOT / "op_project"
+
+
+class NativeBuildError(RuntimeError):
+    """The host-only CMake build is unavailable or failed."""
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("FLASH_CANN_BUILD_DIR", ROOT / "build" / "host"))
+
+
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr)[-4000:]
+        raise NativeBuildError(f"flash_cann: `{' '.join(command)}` failed:\n{output}")
+
+
+@functools.lru_cache(maxsize=None)
+def build() -> Path:
+    """Configure (once) and build the host-only targets; return the build directory."""
+    if not (PROJECT / "CMakeLists.txt").is_file():
+        raise NativeBuildError(
+            f"flash_cann: the native sources ({PROJECT}) are not available; the planner and "
+            f"the CPU twin need a source checkout (pip install -e .)")
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise NativeBuildError("flash_cann: cmake (>= 3.16) and a C++17 compiler are needed "
+                               "to build the planner and the CPU twin")
+    out = build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:  # one build at a time (tests, CLI)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "CMakeCache.txt").is_file():
+            _run([cmake, "-S", str(PROJECT), "-B", str(out), "-DFLASH_CANN_HOST_ONLY=ON",
+                  "-DCMAKE_BUILD_TYPE=Release"])
+        _run([cmake, "--build", str(out), "--parallel", str(os.cpu_count() or 1)])
+    return out
+
+
+def artefact(relative: str) -> Path:
+    """Path of a built file, e.g. ``planner/libflash_cann_planner.so``."""
+    path = build() / relative
+    if not path.exists():
+        raise NativeBuildError(f"flash_cann: the build did not produce {path}")
+    return path

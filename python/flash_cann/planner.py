@@ -1,0 +1,69 @@
+"""The Ascend tiling planner (op_host/planner, C++), reached through its C ABI.
+
+``plan(...)`` returns the plan as a dict: blocks, per-core work, buffer use per memory
+level against capacity, the tiling key, and a roofline PREDICTION of time and cube
+utilisation (a model, not a measurement; nothing here has run on an NPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+
+from . import native
+
+DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2}
+LAYOUTS = {"BNSD": 0, "BSND": 1}
+
+
+class PlanRefused(ValueError):
+    """The planner refused the problem; the message says why."""
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(native.artefact("planner/libflash_cann_planner.so")))
+    lib.flash_cann_plan_json.restype = ctypes.c_int64
+    lib.flash_cann_plan_json.argtypes = (
+        [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 4 + [ctypes.c_double]
+        + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_platforms_json.restype = ctypes.c_int64
+    lib.flash_cann_platforms_json.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    return lib
+
+
+def _json_call(call) -> object:
+    capacity = 1 << 16
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        length = call(buffer, capacity)
+        if length >= 0:
+            return json.loads(buffer.value.decode())
+        capacity = -length
+
+
+def platforms() -> list[dict]:
+    """The built-in SoC table (defaults with sources; the op reads the real platform)."""
+    return _json_call(_library().flash_cann_platforms_json)
+
+
+def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
+         heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
+         layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
+         scale: float | None = None, aic_cores: int = 0) -> dict:
+    """Plan a forward call; raises PlanRefused with the planner's reason."""
+    if dtype not in DTYPES:
+        raise ValueError(f"flash_cann: dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    if layout not in LAYOUTS:
+        raise ValueError(f"flash_cann: layout must be one of {', '.join(LAYOUTS)} "
+                         f"(got {layout!r})")
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+    scale = 1.0 / head_dim ** 0.5 if scale is None else scale
+    result = _json_call(lambda buf, cap: _library().flash_cann_plan_json(
+        soc.encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+        LAYOUTS[layout], int(causal), int(has_mask), float(scale), aic_cores, buf, cap))
+    if "error" in result:
+        raise PlanRefused(f"flash_cann: the planner refused: {result['error']}")
+    return result

@@ -1,0 +1,98 @@
+// The CPU twin of the Ascend C API: the core of it.
+//
+// A kernel launch runs every AI core of the plan: per AI core one cube (AIC) thread and
+// two vector (AIV) threads, each with its own local memory (L1/L0A/L0B/L0C for the AIC,
+// a UB for each AIV). Every API call checks the hardware rules it is subject to and
+// throws twin::Violation naming the rule and the kernel's file and line (captured with
+// __builtin_FILE/__builtin_LINE default arguments at the call site).
+#ifndef FLASH_CANN_TWIN_CORE_H
+#define FLASH_CANN_TWIN_CORE_H
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace twin {
+
+// Where a kernel called the API from.
+struct Site {
+    const char* file;
+    int line;
+};
+#define TWIN_SITE ::twin::Site file_and_line = {__builtin_FILE(), __builtin_LINE()}
+#define TWIN_HERE file_and_line
+
+class Violation : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+template <typename... Parts>
+[[noreturn]] void Fail(const Site& site, const Parts&... parts)
+{
+    std::ostringstream out;
+    out << site.file << ":" << site.line << ": ";
+    (out << ... << parts);
+    throw Violation(out.str());
+}
+
+template <typename... Parts>
+void Require(bool condition, const Site& site, const Parts&... parts)
+{
+    if (!condition) {
+        Fail(site, parts...);
+    }
+}
+
+// Physical local memories and their sizes on Ascend 910B (NPU arch 2201).
+enum class Memory : uint8_t { GM, UB, L1, L0A, L0B, L0C };
+const char* MemoryName(Memory memory);
+uint32_t MemoryBytes(Memory memory);
+constexpr uint32_t kUbApiScratch = 8 * 1024;  // Select/Compares scratch at the top of UB
+constexpr uint32_t kBlockBytes = 32;
+constexpr uint32_t kRepeatBytes = 256;
+constexpr uint32_t kFractalBytes = 512;
+constexpr uint32_t kMaxRepeat = 255;
+
+enum class CoreType : int32_t { MIX = 0, AIC = 1, AIV = 2 };
+
+// One core's local memories (zero-filled so that reads of unwritten memory are at least
+// deterministic; the kernel must not rely on them: the checks below do not model that).
+struct LocalMemories {
+    std::vector<uint8_t> ub, l1, l0a, l0b, l0c;
+    uint8_t* Base(Memory memory);
+};
+
+class Pipe;
+
+// The identity and state of the core a thread is running.
+struct CoreState {
+    CoreType type = CoreType::MIX;
+    int64_t blockIdx = 0;      // AIC: AI core index; AIV: 2 * AI core + sub-block
+    int64_t blockNum = 1;
+    int64_t subBlockIdx = 0;
+    LocalMemories* memories = nullptr;
+    Pipe* pipe = nullptr;
+    bool mixDeclared = false;  // KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) ran
+    // Intra-core events: outstanding SetFlag count per (HardEvent, event id).
+    int events[64][8] = {};
+    // A violation found when the kernel's TPipe was torn down.
+    std::string pending;
+};
+
+CoreState& Core();
+uint64_t TilingKey();
+
+// GM: the tensors handed to the kernel. Every GM access must lie inside one of them.
+void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what);
+
+// Cross-core flags (mode 2: an AIC and the two AIVs of its AI core).
+void CrossCoreSet(uint16_t flag, const Site& site);
+void CrossCoreWait(uint16_t flag, const Site& site);
+
+}  // namespace twin
+
+#endif

@@ -1,0 +1,86 @@
+// The forward kernel on the twin, for Python (ctypes): plan with the real planner, lay
+// out GM as the CANN shell would (user workspace after the 16 MiB system workspace,
+// tiling data in GM), launch every AI core, report the first rule violation.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_operator.h"
+#include "planner.h"
+#include "twin/launch.h"
+
+extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                     GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
+                                     GM_ADDR workspace, GM_ADDR tiling);
+
+namespace {
+
+int Report(const std::string& message, char* error, uint64_t capacity)
+{
+    if (capacity > 0) {
+        std::strncpy(error, message.c_str(), capacity - 1);
+        error[capacity - 1] = '\0';
+    }
+    return 1;
+}
+
+}  // namespace
+
+extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
+                                       void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
+                                       int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
+                                       int64_t headDim, int32_t dtype, int32_t layout,
+                                       int32_t causal, double scale, int32_t aicCores,
+                                       char* error, uint64_t errorCapacity)
+{
+    using namespace flash_cann;
+    Platform platform = *FindPlatform("Ascend910B2");
+    if (aicCores > 0) {
+        platform.aicCores = static_cast<uint32_t>(aicCores);
+        platform.aivCores = 2 * platform.aicCores;
+    }
+    PlanRequest request;
+    request.batch = batch;
+    request.headsQ = headsQ;
+    request.headsKv = headsKv;
+    request.seqlenQ = seqlenQ;
+    request.seqlenK = seqlenK;
+    request.headDim = headDim;
+    request.dtype = static_cast<DType>(dtype);
+    request.layout = static_cast<Layout>(layout);
+    request.causal = causal != 0;
+    request.hasMask = keyPaddingMask != nullptr;
+    request.scale = scale;
+    const PlanResult result = MakePlan(request, platform);
+    if (!result.ok()) {
+        return Report("the planner refused: " + result.error, error, errorCapacity);
+    }
+    const Plan& plan = result.plan;
+    const size_t e = ElementBytes(request.dtype);
+    std::vector<uint8_t> workspace(AscendC::kSystemWorkspaceBytes + plan.userWorkspaceBytes, 0xFF);
+    std::vector<uint8_t> tiling(sizeof(TilingData));
+    std::memcpy(tiling.data(), &plan.tiling, sizeof(TilingData));
+    const size_t qBytes = size_t(batch) * headsQ * seqlenQ * headDim * e;
+    const size_t kvBytes = size_t(batch) * headsKv * seqlenK * headDim * e;
+    twin::LaunchConfig config;
+    config.blockDim = plan.blockDim;
+    config.tilingKey = plan.tilingKey;
+    config.gm = {{query, qBytes, "query"}, {key, kvBytes, "key"}, {value, kvBytes, "value"},
+                 {out, qBytes, "out"},
+                 {softmaxLse, size_t(batch) * headsQ * seqlenQ * sizeof(float), "softmax_lse"},
+                 {workspace.data(), workspace.size(), "workspace"},
+                 {tiling.data(), tiling.size(), "tiling"}};
+    if (keyPaddingMask != nullptr) {
+        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
+    }
+    const std::string violation = twin::Launch(config, [&] {
+        flash_cann_attention(static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(key),
+                             static_cast<GM_ADDR>(value), static_cast<GM_ADDR>(keyPaddingMask),
+                             static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
+                             workspace.data(), tiling.data());
+    });
+    if (!violation.empty()) {
+        return Report(violation, error, errorCapacity);
+    }
+    return 0;
+}

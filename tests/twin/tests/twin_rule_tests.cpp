@@ -1,0 +1,410 @@
+// The twin's rule checks must be able to fail: each test breaks one hardware rule and
+// expects a violation naming the rule and the file:line of the offending call. The
+// last tests run the real forward kernel: with a valid plan it passes; with a corrupted
+// tiling or a truncated input tensor the twin stops it.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernel_operator.h"
+#include "planner.h"
+#include "twin/launch.h"
+
+extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                     GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
+                                     GM_ADDR workspace, GM_ADDR tiling);
+
+namespace {
+
+using namespace AscendC;
+int g_failures = 0;
+int g_tests = 0;
+
+// Runs `body` on one AI core (AIC + 2 AIVs); `role` picks which core type runs it.
+std::string RunOn(twin::CoreType role, std::vector<float>& gm, const std::function<void()>& body)
+{
+    twin::LaunchConfig config;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    return twin::Launch(config, [&] {
+        if (twin::Core().type == role && twin::Core().subBlockIdx == 0) {
+            body();
+        }
+    });
+}
+
+void Expect(const char* name, const std::string& violation, const std::string& fragment, int line)
+{
+    ++g_tests;
+    const std::string site = "twin_rule_tests.cpp:" + std::to_string(line) + ":";
+    if (violation.find(fragment) == std::string::npos || violation.find(site) == std::string::npos) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL %s: expected '%s' at %s, got: %s\n", name, fragment.c_str(),
+                     site.c_str(), violation.empty() ? "(no violation)" : violation.c_str());
+    } else {
+        std::printf("ok   %-28s %s\n", name, violation.c_str());
+    }
+}
+
+#define AT __LINE__ + 1  // the line of the next statement
+
+void MisalignedCopy()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        line = AT;
+        DataCopy(t[3], g, 8);
+    });
+    Expect("misaligned copy", v, "is not 32-byte aligned", line);
+}
+
+void TruncatingCopy()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        line = AT;
+        DataCopy(t, g, 5);
+    });
+    Expect("copy of a partial block", v, "DataCopy of 20 bytes is not a multiple of 32", line);
+}
+
+void OverCapacity()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> a, b;
+        pipe.InitBuffer(a, 2, 64 * 1024);
+        line = AT;
+        pipe.InitBuffer(b, 1, 96 * 1024);
+    });
+    Expect("UB over capacity", v, "UB over capacity: 131072 bytes in use + 1 x 98304", line);
+}
+
+void L0OverCapacity()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::A2, 1> a;
+        line = AT;
+        pipe.InitBuffer(a, 2, 40 * 1024);
+    });
+    Expect("L0A over capacity", v, "L0A over capacity", line);
+}
+
+void UnbalancedQueue()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> que;
+        line = AT;
+        pipe.InitBuffer(que, 2, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        que.EnQue(t);
+    });
+    Expect("unbalanced queue", v, "unbalanced: buffer 0 of this queue is still enqueued", line);
+}
+
+void AllocWithoutFree()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        que.AllocTensor<float>();
+        line = AT;
+        que.AllocTensor<float>();
+    });
+    Expect("alloc without free", v, "are in use (a FreeTensor is missing)", line);
+}
+
+void DequeueEmpty()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        line = AT;
+        que.DeQue<float>();
+    });
+    Expect("DeQue without EnQue", v, "DeQue on an empty queue", line);
+}
+
+void OutOfBoundsGm()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        line = AT;
+        DataCopy(t, g[60], 8);
+    });
+    Expect("GM out of bounds", v, "outside every tensor handed to the kernel", line);
+}
+
+void OutOfBoundsLocal()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 256);
+        LocalTensor<float> t = buf.Get<float>();
+        line = AT;
+        Adds(t, t, 1.0f, 128);
+    });
+    Expect("UB tensor out of bounds", v, "exceed the UB tensor of 64 elements", line);
+}
+
+void WaitWithoutSet()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        line = AT;
+        WaitFlag<HardEvent::MTE2_V>(0);
+    });
+    Expect("WaitFlag without SetFlag", v, "with no matching SetFlag", line);
+}
+
+void SetTwice()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        SetFlag<HardEvent::V_MTE3>(1);
+        line = AT;
+        SetFlag<HardEvent::V_MTE3>(1);
+    });
+    Expect("SetFlag twice", v, "already set and not yet waited on", line);
+}
+
+void ComparePartialRepeat()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> src, bits;
+        pipe.InitBuffer(src, 512);
+        pipe.InitBuffer(bits, 32);
+        line = AT;
+        Compares(bits.Get<uint8_t>(), src.Get<float>(), 0.0f, CMPMODE::LT, 100);
+    });
+    Expect("Compares partial repeat", v, "is not whole 256-byte repeats", line);
+}
+
+void VectorOnCube()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 256);
+        line = AT;
+        Muls(buf.Get<float>(), buf.Get<float>(), 2.0f, 64);
+    });
+    Expect("vector op on the cube core", v, "runs on the vector (AIV) core only", line);
+}
+
+void GemvMode()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::A2, 1> a;
+        TQue<TPosition::B2, 1> b;
+        TQue<TPosition::CO1, 1> c;
+        pipe.InitBuffer(a, 1, 512);
+        pipe.InitBuffer(b, 1, 512);
+        pipe.InitBuffer(c, 1, 1024);
+        LocalTensor<half> la = a.AllocTensor<half>();
+        LocalTensor<half> lb = b.AllocTensor<half>();
+        LocalTensor<float> lc = c.AllocTensor<float>();
+        line = AT;
+        Mmad(lc, la, lb, MmadParams(1, 16, 16, 0, false, true));
+    });
+    Expect("Mmad with m == 1", v, "GEMV mode", line);
+}
+
+void ScratchOverlap()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> big, bits;
+        pipe.InitBuffer(big, 188 * 1024);
+        pipe.InitBuffer(bits, 32);
+        line = AT;
+        Select(big.Get<float>(64), bits.Get<uint8_t>(), big.Get<float>(64), 0.0f,
+               SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);
+    });
+    Expect("Select over the UB scratch", v, "uses the top 8 KB of UB as scratch", line);
+}
+
+void CrossCoreDeadlock()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(300));
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        CrossCoreWaitFlag(5);
+    });
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(30000));
+    Expect("cross-core wait, no set", v, "no matching CrossCoreSetFlag arrived", line);
+}
+
+void CrossCoreNeedsMix()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        line = AT;
+        CrossCoreSetFlag<2, PIPE_FIX>(1);
+    });
+    Expect("cross-core flag, no MIX", v, "needs a MIX kernel", line);
+}
+
+// The real kernel on a small problem: valid, then with a corrupted plan and a
+// truncated input.
+struct Problem {
+    flash_cann::Plan plan;
+    std::vector<half> q, k, v, out;
+    std::vector<float> lse;
+    std::vector<uint8_t> workspace, tiling;
+
+    Problem()
+    {
+        flash_cann::PlanRequest r;
+        r.batch = 1;
+        r.headsQ = r.headsKv = 2;
+        r.seqlenQ = r.seqlenK = 96;
+        r.headDim = 64;
+        r.causal = true;
+        r.scale = 0.125;
+        plan = flash_cann::MakePlan(r, *flash_cann::FindPlatform("Ascend910B2")).plan;
+        const size_t n = 2 * 96 * 64;
+        for (auto* t : {&q, &k, &v}) {
+            t->resize(n);
+            for (size_t i = 0; i < n; ++i) {
+                (*t)[i] = half(std::sin(0.37f * i + t->size()));
+            }
+        }
+        out.resize(n);
+        lse.resize(2 * 96);
+    }
+
+    std::string Run(size_t queryBytes)
+    {
+        workspace.assign(kSystemWorkspaceBytes + plan.userWorkspaceBytes, 0xFF);
+        tiling.resize(sizeof(flash_cann::TilingData));
+        std::memcpy(tiling.data(), &plan.tiling, sizeof(plan.tiling));
+        twin::LaunchConfig config;
+        config.blockDim = plan.blockDim;
+        config.tilingKey = plan.tilingKey;
+        config.gm = {{q.data(), queryBytes, "query"}, {k.data(), k.size() * 2, "key"},
+                     {v.data(), v.size() * 2, "value"}, {out.data(), out.size() * 2, "out"},
+                     {lse.data(), lse.size() * 4, "lse"},
+                     {workspace.data(), workspace.size(), "workspace"},
+                     {tiling.data(), tiling.size(), "tiling"}};
+        return twin::Launch(config, [&] {
+            flash_cann_attention(reinterpret_cast<GM_ADDR>(q.data()), reinterpret_cast<GM_ADDR>(k.data()),
+                                 reinterpret_cast<GM_ADDR>(v.data()), nullptr,
+                                 reinterpret_cast<GM_ADDR>(out.data()),
+                                 reinterpret_cast<GM_ADDR>(lse.data()), workspace.data(), tiling.data());
+        });
+    }
+};
+
+void KernelValid()
+{
+    Problem p;
+    const std::string v = p.Run(p.q.size() * 2);
+    ++g_tests;
+    if (!v.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL the kernel with a valid plan: %s\n", v.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", "kernel, valid plan");
+    }
+}
+
+void KernelCorruptTiling()
+{
+    Problem p;
+    p.plan.tiling.blockK = 1024;  // neither the cube's nor the vector cores' buffers fit
+    const std::string v = p.Run(p.q.size() * 2);
+    ++g_tests;
+    if (v.find("op_kernel/flash_attention_") == std::string::npos ||
+        v.find("over capacity") == std::string::npos) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL kernel with blockK 1024: %s\n", v.empty() ? "(no violation)" : v.c_str());
+    } else {
+        std::printf("ok   %-28s %s\n", "kernel, corrupted tiling", v.c_str());
+    }
+}
+
+void KernelTruncatedInput()
+{
+    Problem p;
+    const std::string v = p.Run(p.q.size() * 2 - 64);  // the last query row is not the kernel's
+    ++g_tests;
+    if (v.find("flash_attention_cube.h") == std::string::npos ||
+        v.find("outside every tensor handed to the kernel") == std::string::npos) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL kernel with a truncated query: %s\n", v.empty() ? "(no violation)" : v.c_str());
+    } else {
+        std::printf("ok   %-28s %s\n", "kernel, truncated query", v.c_str());
+    }
+}
+
+}  // namespace
+
+int main()
+{
+    for (auto test : {MisalignedCopy, TruncatingCopy, OverCapacity, L0OverCapacity, UnbalancedQueue,
+                      AllocWithoutFree, DequeueEmpty, OutOfBoundsGm, OutOfBoundsLocal,
+                      WaitWithoutSet, SetTwice, ComparePartialRepeat, VectorOnCube, GemvMode,
+                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, KernelValid,
+                      KernelCorruptTiling, KernelTruncatedInput}) {
+        test();
+    }
+    std::printf("%d of %d twin rule tests passed\n", g_tests - g_failures, g_tests);
+    return g_failures == 0 ? 0 : 1;
+}
