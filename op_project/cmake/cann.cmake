@@ -62,8 +62,9 @@ endforeach()
 target_link_libraries(cust_op_proto PRIVATE flash_cann_planner)
 target_link_libraries(cust_optiling PRIVATE flash_cann_planner)
 
-# Kernel files follow CANN's OpType -> file name rule (FlashCannAttention -> flash_cann_attention.cpp,
-# FlashCannAttentionGrad -> flash_cann_attention_grad.cpp), so the directory is scanned.
+# Kernel files follow CANN's OpType -> file name rule (FlashCannAttention -> flash_cann_attention.cpp),
+# so the directory is scanned. FlashCannAttentionGrad has no AI Core configuration (no Ascend backward
+# kernel yet), so CANN builds no kernel for it.
 npu_op_kernel_sources(ascendc_kernels KERNEL_DIR ./)
 npu_op_kernel_library(ascendc_kernels
   SRC_BASE "${FLASH_CANN_ROOT}/op_kernel/"

@@ -11,8 +11,12 @@ the backend for the tensors' device: see ``flash_cann.ops``.
 from .interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
                         flash_attn_qkvpacked_func)
 from .ops import backend_for, use_backend
+from .torchair_converters import enable_torchair, register_if_loaded
+
+register_if_loaded()  # torchair imported before flash_cann: register the converters now
 
 __version__ = "0.1.0"
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
-           "flash_attn_qkvpacked_func", "backend_for", "use_backend", "__version__"]
+           "flash_attn_qkvpacked_func", "backend_for", "use_backend", "enable_torchair",
+           "__version__"]

@@ -109,6 +109,16 @@ def register_device(device_type: str) -> None:
     torch.library.register_kernel(BWD, device_type, _bwd_kernel, lib=_LIB)
 
 
+def _unavailable_reason(backend: BackendSpec) -> str:
+    """What the backend lacks, in its own words if it can say, else the spec's hint."""
+    try:
+        module = _module(backend)
+    except ImportError:
+        return backend.install_hint
+    says = getattr(module, "unavailable_reason", None)
+    return (says() if says else None) or backend.install_hint
+
+
 def _registered_lazily(device_type: str) -> bool:
     """Register ``device_type``'s kernels if its backend can run now (e.g. torch_npu was
     imported after flash_cann); True if it did."""
@@ -130,7 +140,7 @@ def _fallback(op_name: str):
         if _registered_lazily(device.type):
             return getattr(torch.ops.flash_cann, op_name)(*args, **kwargs)
         candidates = SPEC.backends_for_device(device.type)
-        hint = "; ".join(b.install_hint for b in candidates if b.install_hint)
+        hint = "; ".join(filter(None, (_unavailable_reason(b) for b in candidates)))
         supported = ", ".join(sorted({b.device_type for b in SPEC.backends.values()}))
         raise NotImplementedError(
             f"flash_cann has no backend loaded for device type '{device.type}'"

@@ -1,0 +1,148 @@
+"""NPU backend: torch.ops.flash_cann on Ascend NPUs, through the installed CANN package.
+
+It needs three things, and imports none of them before it is asked to run
+(``import flash_cann`` never imports torch_npu, so a missing or broken torch_npu cannot
+break it):
+
+1. torch_npu, importable, seeing an NPU;
+2. flash-cann's NPU extension ``flash_cann_npu`` (``framework/``, built on the Ascend
+   server): launcher ops that run the package's aclnn API through torch_npu's task queue;
+3. the flash-cann CANN package (the ``.run``), whose ``libcust_opapi.so`` is found where
+   torch_npu finds custom aclnn ops (:mod:`flash_cann.opp_paths`).
+
+:func:`unavailable_reason` names the first one missing and how to install it; the kernels
+raise it for NPU tensors. Outputs are allocated here, with torch_npu's caching allocator
+on the current stream, and written by the kernels in place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import torch
+
+from .. import layout as layouts
+from .. import opp_paths
+from ..aclnn import NAMESPACE, launcher_schema
+from ..checks import accumulator_dtype
+from ..spec import load
+
+EXTENSION = f"{NAMESPACE}._launcher"  # the library framework/setup.py builds
+BUILD_HINT = ("build it on the Ascend server with `pip install --no-build-isolation "
+              "./framework` from the flash-cann repository (docs/npu.md)")
+
+_launchers = None  # torch.ops.flash_cann_npu, once loaded and checked against the spec
+
+
+class _Missing(Exception):
+    """Something the NPU backend needs is not here; the message says what to install."""
+
+
+def _install_hint() -> str:
+    return load().backends["npu"].install_hint
+
+
+def _import_torch_npu():
+    if "torch_npu" in sys.modules:
+        return sys.modules["torch_npu"]
+    if importlib.util.find_spec("torch_npu") is None:
+        raise _Missing(f"torch_npu is not installed: {_install_hint()}")
+    try:
+        return importlib.import_module("torch_npu")
+    except Exception as err:  # without CANN, torch_npu raises more than ImportError
+        raise _Missing(f"torch_npu does not import ({type(err).__name__}: {err}): "
+                       f"{_install_hint()}") from err
+
+
+def _load_extension():
+    try:
+        spec = importlib.util.find_spec(EXTENSION)
+    except ImportError:
+        spec = None
+    if spec is None or spec.origin is None:
+        raise _Missing(f"flash-cann's NPU extension ({EXTENSION}) is not installed: "
+                       f"{BUILD_HINT}")
+    try:
+        torch.ops.load_library(spec.origin)
+    except OSError as err:
+        raise _Missing(f"flash-cann's NPU extension {spec.origin} does not load ({err}); "
+                       f"rebuild it against this torch and torch_npu: {BUILD_HINT}") from err
+    launchers = getattr(torch.ops, NAMESPACE)
+    for op in load().ops.values():
+        expected = f"{NAMESPACE}::{launcher_schema(op)}"
+        built = str(getattr(launchers, op.name).default._schema)
+        if built != expected:
+            raise _Missing(f"flash-cann's NPU extension {spec.origin} was built from another "
+                           f"op spec ({built} != {expected}); {BUILD_HINT}")
+    return launchers
+
+
+def _load_op_package(launchers) -> None:
+    found = opp_paths.candidates()
+    if not found:
+        raise _Missing(f"the flash-cann CANN package's libcust_opapi.so was not found "
+                       f"({opp_paths.describe_search()}): {_install_hint()}")
+    try:
+        launchers.load_opapi(found)
+    except RuntimeError as err:
+        raise _Missing(f"{err}\n{_install_hint()}") from err
+
+
+def _load():
+    global _launchers
+    if _launchers is None:
+        torch_npu = _import_torch_npu()
+        if not torch_npu.npu.is_available():
+            raise _Missing("torch_npu sees no NPU (torch_npu.npu.is_available() is False)")
+        launchers = _load_extension()
+        _load_op_package(launchers)
+        _launchers = launchers
+    return _launchers
+
+
+def unavailable_reason() -> str | None:
+    """None if the NPU backend can run here, else what is missing and how to install it."""
+    try:
+        _load()
+    except _Missing as missing:
+        return str(missing)
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def _launcher_ops():
+    try:
+        return _load()
+    except _Missing as missing:
+        raise RuntimeError(f"flash_cann: the NPU backend cannot run: {missing}") from None
+
+
+def _empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str):
+    launchers = _launcher_ops()
+    batch, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
+    out = _empty(query.shape, query.dtype, query)
+    lse = _empty((batch, heads_q, seqlen_q), accumulator_dtype(query.dtype), query)
+    launchers.fwd(query, key, value, key_padding_mask, scale, causal, layout, out, lse)
+    return out, lse
+
+
+def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
+             *, scale: float, causal: bool, layout: str):
+    if not load().backends["npu"].backward:
+        raise NotImplementedError(
+            "flash_cann: the Ascend package has no backward kernel yet (FlashCannAttentionGrad "
+            "is declared, not implemented): the NPU backend runs the forward pass only")
+    launchers = _launcher_ops()
+    grads = tuple(_empty(t.shape, t.dtype, t) for t in (query, key, value))
+    launchers.bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                  grad_softmax_lse, scale, causal, layout, *grads)
+    return grads

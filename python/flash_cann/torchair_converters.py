@@ -1,0 +1,129 @@
+"""torchair graph mode: converters that emit the CANN ops for torch.ops.flash_cann.*.
+
+``torch.compile(model, backend=torchair.get_npu_backend())`` (torchair's default
+"max-autotune" mode) lowers each FX node to GE IR through the converter registered for
+its op with ``torchair.register_fx_node_ge_converter``. These converters emit one
+``torchair.ge.custom_op`` node of the spec's CANN op type (``FlashCannAttention``,
+``FlashCannAttentionGrad``) per call: the inputs by their spec names in spec order (an
+absent optional input as ``None``), every attribute as the ``ge.attr`` class of its spec
+type, the outputs by their spec names. Both layouts and GQA/MQA are the op's business:
+the converter passes ``layout`` through and never reshapes. Output dtypes and shapes are
+the fake kernels' (``flash_cann.ops``), which torchair stamps on the returned tensors.
+
+GE must know the op types when the graph is converted, i.e. the flash-cann package must
+be installed (its op proto) and its environment sourced.
+
+Nothing here imports torchair (it needs torch_npu and CANN): :func:`enable_torchair`
+does, on request, and :func:`register_if_loaded` registers only if torchair is already
+imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from typing import Callable
+
+import torch
+
+from .spec import _PY_TYPES, Attr, OpSpec, load
+
+# ge.attr class, and the Python type GE's proto field gets, by spec attribute type.
+GE_ATTR_CLASSES = {"float": "Float", "int": "Int", "bool": "Bool", "str": "Str"}
+_GE_VALUES = {"float": float, "int": int, "bool": bool, "str": str}
+
+_registered_with = None  # the torchair module the converters are registered with
+
+
+def _overload(op: OpSpec):
+    spec = load()
+    return getattr(getattr(torch.ops, spec.namespace), op.name).default
+
+
+def _signature(op: OpSpec) -> inspect.Signature:
+    """The op's schema as a Python signature, to bind FX node args/kwargs by name."""
+    return inspect.Signature([
+        inspect.Parameter(arg.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                          default=arg.default_value if arg.has_default_value()
+                          else inspect.Parameter.empty)
+        for arg in _overload(op)._schema.arguments])
+
+
+def _attr_value(ge, op: OpSpec, attr: Attr, value):
+    # bool is an int: a float or int attribute must not silently take True/False.
+    if not isinstance(value, _PY_TYPES[attr.type]) or (attr.type != "bool"
+                                                       and isinstance(value, bool)):
+        raise TypeError(
+            f"flash_cann: torchair converter for {op.cann_op_type}: attribute {attr.name!r} "
+            f"must be a Python {attr.type} when the graph is converted, got "
+            f"{type(value).__name__} {value!r} (a traced value, e.g. a scale computed from a "
+            f"dynamic head_dim, becomes a graph tensor: pass it as a constant)")
+    return getattr(ge.attr, GE_ATTR_CLASSES[attr.type])(_GE_VALUES[attr.type](value))
+
+
+def _has_npu_kernel(op: OpSpec) -> bool:
+    spec = load()
+    backward_ops = {o.backward for o in spec.ops.values() if o.backward}
+    return spec.backends["npu"].backward or op.name not in backward_ops
+
+
+def converter_for(op: OpSpec, ge) -> Callable:
+    """The converter of ``op``: FX args in, ``ge.custom_op`` outputs (a tuple) out."""
+    signature = _signature(op)
+
+    def convert(*args, meta_outputs=None, **kwargs):
+        if not _has_npu_kernel(op):
+            # Refuse at graph conversion rather than fail inside GE at run time.
+            raise NotImplementedError(
+                f"flash_cann: {op.cann_op_type} has no Ascend kernel yet; torchair graphs can "
+                f"run flash-cann's forward op only (compile for inference, or compute the "
+                f"backward pass off the NPU)")
+        # torchair stamps dtype/shape from meta_outputs on what we return: one per output.
+        if meta_outputs is not None and len(meta_outputs) != len(op.outputs):
+            raise ValueError(f"flash_cann: {op.cann_op_type} has {len(op.outputs)} outputs, "
+                             f"torchair passed {len(meta_outputs)} meta outputs")
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        return ge.custom_op(
+            op.cann_op_type,
+            inputs={t.name: values[t.name] for t in op.inputs},
+            outputs=[t.name for t in op.outputs],
+            attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.attrs},
+        )
+
+    convert.__name__ = f"convert_{op.cann_op_type}"
+    convert.__qualname__ = convert.__name__
+    return convert
+
+
+def register(torchair) -> None:
+    """Register a converter for every op of the spec with ``torchair`` (idempotent)."""
+    global _registered_with
+    if _registered_with is torchair:
+        return
+    for op in load().ops.values():
+        torchair.register_fx_node_ge_converter(_overload(op))(converter_for(op, torchair.ge))
+    _registered_with = torchair
+
+
+def enable_torchair() -> None:
+    """Register the converters with torchair, importing it (it ships with torch_npu)."""
+    try:
+        torchair = importlib.import_module("torchair")
+    except Exception as err:  # torchair raises more than ImportError without CANN
+        raise ImportError(
+            f"flash_cann.enable_torchair() needs torchair, which ships with torch_npu and "
+            f"needs CANN ({type(err).__name__}: {err}): {load().backends['npu'].install_hint}"
+        ) from err
+    register(torchair)
+
+
+def register_if_loaded() -> bool:
+    """Register if torchair is already imported (never imports it); True if registered."""
+    torchair = sys.modules.get("torchair")
+    if torchair is None:
+        return False
+    register(torchair)
+    return True

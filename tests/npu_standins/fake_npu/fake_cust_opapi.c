@@ -1,0 +1,177 @@
+/* TEST-ONLY fake of the flash-cann op package's libcust_opapi.so, plus the CANN functions
+ * the extension resolves through it (aclCreateTensor, aclDestroyTensor,
+ * aclGetRecentErrMsg). Computes nothing: records each call as one JSON line in
+ * $FAKE_ACLNN_LOG, and returns the status given by $FAKE_ACLNN_FAIL="<symbol>=<status>".
+ *
+ * The aclnn prototypes below are written by hand from CANN's generation rules (inputs,
+ * attributes, outputs; double / bool / char * attributes; Optional and Out names), not
+ * generated: if the extension passed its arguments in another order or type, the
+ * recorded values would not be the ones the test sent. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct aclTensor {
+  int64_t dims[8], strides[8], storage[8];
+  uint64_t ndim, nstorage;
+  int64_t offset;
+  int dtype, format;
+  void *data;
+} aclTensor;
+typedef struct aclOpExecutor { int stage1_done; } aclOpExecutor;
+typedef void *aclrtStream;
+
+static FILE *Log(void) {
+  static FILE *log = NULL;
+  if (log == NULL) {
+    log = fopen(getenv("FAKE_ACLNN_LOG"), "a");
+    setvbuf(log, NULL, _IOLBF, 0);
+  }
+  return log;
+}
+
+static int Status(const char *symbol) {
+  const char *fail = getenv("FAKE_ACLNN_FAIL");
+  size_t n = strlen(symbol);
+  if (fail != NULL && strncmp(fail, symbol, n) == 0 && fail[n] == '=') {
+    return atoi(fail + n + 1);
+  }
+  return 0;
+}
+
+static int last_status = 0;
+
+const char *aclGetRecentErrMsg(void) {
+  if (last_status == 0) return NULL;
+  last_status = 0; /* read-and-clear, like CANN */
+  return "fake CANN: the op rejected its arguments";
+}
+
+static void Ints(FILE *f, const int64_t *v, uint64_t n) {
+  fputc('[', f);
+  for (uint64_t i = 0; i < n; ++i) fprintf(f, "%s%lld", i ? ", " : "", (long long)v[i]);
+  fputc(']', f);
+}
+
+aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, int dataType,
+                           const int64_t *stride, int64_t offset, int format,
+                           const int64_t *storageDims, uint64_t storageDimsNum,
+                           void *tensorData) {
+  aclTensor *t = calloc(1, sizeof(aclTensor));
+  t->ndim = viewDimsNum;
+  t->nstorage = storageDimsNum;
+  memcpy(t->dims, viewDims, viewDimsNum * sizeof(int64_t));
+  memcpy(t->strides, stride, viewDimsNum * sizeof(int64_t));
+  memcpy(t->storage, storageDims, storageDimsNum * sizeof(int64_t));
+  t->offset = offset;
+  t->dtype = dataType;
+  t->format = format;
+  t->data = tensorData;
+  fprintf(Log(), "{\"call\": \"aclCreateTensor\"}\n");
+  return t;
+}
+
+int aclDestroyTensor(const aclTensor *t) {
+  fprintf(Log(), "{\"call\": \"aclDestroyTensor\"}\n");
+  free((void *)t);
+  return 0;
+}
+
+static void Tensor(FILE *f, const char *name, const aclTensor *t) {
+  fprintf(f, ", \"%s\": ", name);
+  if (t == NULL) {
+    fputs("null", f);
+    return;
+  }
+  fputs("{\"dims\": ", f);
+  Ints(f, t->dims, t->ndim);
+  fputs(", \"strides\": ", f);
+  Ints(f, t->strides, t->ndim);
+  fputs(", \"storage\": ", f);
+  Ints(f, t->storage, t->nstorage);
+  fprintf(f, ", \"offset\": %lld, \"dtype\": %d, \"format\": %d, \"data\": %llu}",
+          (long long)t->offset, t->dtype, t->format, (unsigned long long)(uintptr_t)t->data);
+}
+
+static int Stage1(const char *symbol, uint64_t *workspaceSize, aclOpExecutor **executor) {
+  int status = Status(symbol);
+  fprintf(Log(), ", \"status\": %d}\n", status);
+  last_status = status;
+  if (status != 0) return status;
+  *workspaceSize = 4096;
+  *executor = calloc(1, sizeof(aclOpExecutor));
+  (*executor)->stage1_done = 1;
+  return 0;
+}
+
+static int Stage2(const char *symbol, void *workspace, uint64_t workspaceSize,
+                  aclOpExecutor *executor, aclrtStream stream) {
+  int status = Status(symbol);
+  fprintf(Log(),
+          "{\"call\": \"%s\", \"workspace\": %s, \"workspace_size\": %llu, "
+          "\"executor_ok\": %s, \"stream\": %llu, \"status\": %d}\n",
+          symbol, workspace != NULL ? "true" : "false", (unsigned long long)workspaceSize,
+          executor != NULL && executor->stage1_done ? "true" : "false",
+          (unsigned long long)(uintptr_t)stream, status);
+  free(executor); /* the executor is released after stage 2, as in CANN */
+  last_status = status;
+  return status;
+}
+
+static void Attrs(FILE *f, double scale, bool causal, const char *layout) {
+  fprintf(f, ", \"scale\": %.17g, \"causal\": %s, \"layout\": \"%s\"", scale,
+          causal ? "true" : "false", layout);
+}
+
+int aclnnFlashCannAttentionGetWorkspaceSize(
+    const aclTensor *query, const aclTensor *key, const aclTensor *value,
+    const aclTensor *keyPaddingMaskOptional, double scale, bool causal, char *layoutOptional,
+    const aclTensor *outOut, const aclTensor *softmaxLseOut, uint64_t *workspaceSize,
+    aclOpExecutor **executor) {
+  FILE *f = Log();
+  fputs("{\"call\": \"aclnnFlashCannAttentionGetWorkspaceSize\"", f);
+  Tensor(f, "query", query);
+  Tensor(f, "key", key);
+  Tensor(f, "value", value);
+  Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
+  Attrs(f, scale, causal, layoutOptional);
+  Tensor(f, "out", outOut);
+  Tensor(f, "softmax_lse", softmaxLseOut);
+  return Stage1("aclnnFlashCannAttentionGetWorkspaceSize", workspaceSize, executor);
+}
+
+int aclnnFlashCannAttention(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                            aclrtStream stream) {
+  return Stage2("aclnnFlashCannAttention", workspace, workspaceSize, executor, stream);
+}
+
+int aclnnFlashCannAttentionGradGetWorkspaceSize(
+    const aclTensor *gradOut, const aclTensor *query, const aclTensor *key,
+    const aclTensor *value, const aclTensor *out, const aclTensor *softmaxLse,
+    const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional,
+    double scale, bool causal, char *layoutOptional, const aclTensor *gradQueryOut,
+    const aclTensor *gradKeyOut, const aclTensor *gradValueOut, uint64_t *workspaceSize,
+    aclOpExecutor **executor) {
+  FILE *f = Log();
+  fputs("{\"call\": \"aclnnFlashCannAttentionGradGetWorkspaceSize\"", f);
+  Tensor(f, "grad_out", gradOut);
+  Tensor(f, "query", query);
+  Tensor(f, "key", key);
+  Tensor(f, "value", value);
+  Tensor(f, "out", out);
+  Tensor(f, "softmax_lse", softmaxLse);
+  Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
+  Tensor(f, "grad_softmax_lse", gradSoftmaxLseOptional);
+  Attrs(f, scale, causal, layoutOptional);
+  Tensor(f, "grad_query", gradQueryOut);
+  Tensor(f, "grad_key", gradKeyOut);
+  Tensor(f, "grad_value", gradValueOut);
+  return Stage1("aclnnFlashCannAttentionGradGetWorkspaceSize", workspaceSize, executor);
+}
+
+int aclnnFlashCannAttentionGrad(void *workspace, uint64_t workspaceSize,
+                                aclOpExecutor *executor, aclrtStream stream) {
+  return Stage2("aclnnFlashCannAttentionGrad", workspace, workspaceSize, executor, stream);
+}

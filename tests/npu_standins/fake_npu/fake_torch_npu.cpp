@@ -1,0 +1,130 @@
+// TEST-ONLY: a fake "npu" device, so CI can build and run framework/csrc without an NPU.
+// PrivateUse1 tensors live in host memory, and the torch_npu functions the extension
+// calls (declared by ../include) do the least that keeps their contract:
+// OpCommand::RunOpApi runs the handler at once, as torch_npu does with
+// ASCEND_LAUNCH_BLOCKING=1; every tensor is in the plain ND format. Not torch_npu.
+#include <cstdlib>
+#include <cstring>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <torch_npu/csrc/core/npu/NPUFormat.h>
+#include <torch_npu/csrc/core/npu/NPUStream.h>
+#include <torch_npu/csrc/framework/OpCommand.h>
+
+namespace {
+
+constexpr c10::DeviceType kNpu = c10::DeviceType::PrivateUse1;
+const c10::Device kDevice(kNpu, 0);
+
+void Free(void *data) { std::free(data); }
+
+struct HostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t bytes) override {
+    void *data = bytes ? std::calloc(bytes, 1) : nullptr;
+    return {data, data, &Free, kDevice};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
+  void copy_data(void *dest, const void *src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+HostAllocator allocator;
+
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kNpu; }
+  c10::Device exchangeDevice(c10::Device) const override { return kDevice; }
+  c10::Device getDevice() const override { return kDevice; }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, device);
+  }
+  c10::Stream exchangeStream(c10::Stream stream) const noexcept override { return stream; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+// What the autograd engine asks of a PrivateUse1 device.
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  at::Device getDeviceFromPtr(void *) const override { return kDevice; }
+};
+[[maybe_unused]] const bool hooks_registered = [] {
+  at::RegisterPrivateUse1HooksInterface(new Hooks);
+  return true;
+}();
+
+const c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor Empty(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                 c10::optional<at::Layout>, c10::optional<at::Device>, c10::optional<bool>,
+                 c10::optional<at::MemoryFormat> memory_format) {
+  return at::detail::empty_generic(size, &allocator, kKeys, c10::dtype_or_default(dtype),
+                                   memory_format);
+}
+
+at::Tensor EmptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                        c10::optional<at::ScalarType> dtype, c10::optional<at::Layout>,
+                        c10::optional<at::Device>, c10::optional<bool>) {
+  return at::detail::empty_strided_generic(size, stride, &allocator, kKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+// The same bytes seen as a CPU tensor (both devices are host memory here).
+at::Tensor OnHost(const at::Tensor &t) {
+  if (t.device().is_cpu()) {
+    return t;
+  }
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+}
+
+at::Tensor CopyFrom(const at::Tensor &self, const at::Tensor &dst, bool) {
+  OnHost(dst).copy_(OnHost(self));
+  return dst;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", &Empty);
+  m.impl("empty_strided", &EmptyStrided);
+  m.impl("_copy_from", &CopyFrom);
+  m.impl("as_strided", &at::native::as_strided_tensorimpl);
+  m.impl("view", &at::native::view);
+}
+
+namespace c10_npu {
+
+aclrtStream NPUStream::stream(const bool) const {
+  return reinterpret_cast<aclrtStream>(0x5EED);  // the fake aclnn library checks it
+}
+
+NPUStream getCurrentNPUStream(c10::DeviceIndex) {
+  return NPUStream(c10::Stream(c10::Stream::DEFAULT, kDevice));
+}
+
+}  // namespace c10_npu
+
+namespace at_npu {
+namespace native {
+
+int64_t get_npu_format(const at::Tensor &) { return ACL_FORMAT_ND; }
+
+at::Tensor npu_format_cast(const at::Tensor &self, int64_t) { return self; }
+
+void OpCommand::RunOpApi(const std::string &op_name, PROC_FUNC func, bool) {
+  TORCH_CHECK(func() == 0, "fake torch_npu: ", op_name, " returned non-zero");
+}
+
+}  // namespace native
+}  // namespace at_npu

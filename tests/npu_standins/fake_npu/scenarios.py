@@ -1,0 +1,128 @@
+"""TEST-ONLY: drives flash_cann's NPU backend on the fake "npu" device and prints, as one
+JSON object, what each call gave the (fake) aclnn library next to what Python passed.
+Run by tests/test_npu_extension.py in a fresh process (it renames PrivateUse1 to "npu"),
+with PYTHONPATH holding the fake torch_npu and the built extension, and:
+  FAKE_TORCH_NPU_LIB, FAKE_ACLNN_LOG   see torch_npu/__init__.py and fake_cust_opapi.c
+  ASCEND_CUSTOM_OPP_PATH               "<not an op library>:<fake op package>"
+  BAD_LIBRARIES                        two files that are not the op package's library
+"""
+
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+import flash_cann  # before torch_npu: the NPU kernels must register lazily
+from flash_cann.backends import npu
+
+LOG = os.environ["FAKE_ACLNN_LOG"]
+open(LOG, "w").close()
+results = {}
+
+
+def log_lines():
+    with open(LOG) as f:
+        lines = [json.loads(line) for line in f]
+    open(LOG, "w").close()
+    return lines
+
+
+def describe(t):
+    return {"dims": list(t.shape), "strides": list(t.stride()), "offset": t.storage_offset(),
+            "dtype": str(t.dtype), "data": t.untyped_storage().data_ptr(),
+            "contiguous": t.is_contiguous(),
+            "storage_elements": t.untyped_storage().nbytes() // t.element_size()}
+
+
+def record(name, calls, **tensors):
+    results[name] = {"log": log_lines(),
+                     "tensors": {k: None if v is None else describe(v)
+                                 for k, v in tensors.items()}, **calls}
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 -- the message is what is tested
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+# Before torch_npu is imported: import flash_cann must not have imported it.
+results["imported_before"] = {"torch_npu": "torch_npu" in sys.modules}
+
+import torch_npu  # noqa: E402,F401  (the fake; renames PrivateUse1 to "npu")
+
+bad = os.environ["BAD_LIBRARIES"].split(":")
+torch.ops.load_library(__import__("importlib").util.find_spec(npu.EXTENSION).origin)
+results["bad_libraries"] = {"error": error_of(lambda: torch.ops.flash_cann_npu.load_opapi(bad))}
+
+real_schema = npu.launcher_schema
+npu.launcher_schema = lambda op: real_schema(op).replace("bool causal", "int causal")
+results["stale_extension"] = {"reason": npu.unavailable_reason()}
+npu.launcher_schema = real_schema
+results["available"] = {"reason": npu.unavailable_reason(),
+                        "loaded": torch.ops.flash_cann_npu.load_opapi([])}
+log_lines()
+
+
+def on_npu(*shape, dtype=torch.float16):
+    return torch.randn(*shape).to(dtype).to("npu")
+
+
+# Forward: BNSD GQA causal, through the public API (lazy registration of "npu").
+q, k, v = on_npu(2, 4, 8, 16), on_npu(2, 2, 12, 16), on_npu(2, 2, 12, 16)
+out, lse = flash_cann.attention(q, k, v, causal=True, scale=0.125, return_lse=True)
+record("fwd_bnsd_gqa", {"attrs": {"scale": 0.125, "causal": True, "layout": "BNSD"}},
+       query=q, key=k, value=v, key_padding_mask=None, out=out, softmax_lse=lse)
+
+# Forward: BSND, a strided q (slice of packed qkv) and a mask, bfloat16.
+qkv = on_npu(2, 6, 3, 4, 8, dtype=torch.bfloat16)
+mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]).to("npu")
+out, lse = flash_cann.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], layout="BSND",
+                                key_padding_mask=mask, scale=0.1, return_lse=True)
+# 0.1 is not a float32: a float where aclnn takes a double would change it.
+record("fwd_bsnd_strided_masked", {"attrs": {"scale": 0.1, "causal": False, "layout": "BSND"}},
+       query=qkv[:, :, 0], key=qkv[:, :, 1], value=qkv[:, :, 2], key_padding_mask=mask,
+       out=out, softmax_lse=lse)
+
+# Forward: BSH with MQA (a BSND view of one kv head).
+q, k, v = on_npu(1, 5, 4 * 8), on_npu(1, 7, 8), on_npu(1, 7, 8)
+out = flash_cann.attention(q, k, v, layout="BSH", num_heads=4)
+record("fwd_bsh_mqa", {"out_shape": list(out.shape)},
+       query=q.unflatten(-1, (4, 8)), key=k.unflatten(-1, (1, 8)), value=v.unflatten(-1, (1, 8)))
+
+# Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors. The package has
+# no Ascend backward kernel yet (the spec's npu.backward is false), so it is refused...
+q, k, v = (on_npu(1, 2, 4, 8).requires_grad_(), on_npu(1, 2, 6, 8).requires_grad_(),
+           on_npu(1, 2, 6, 8).requires_grad_())
+out, lse = flash_cann.attention(q, k, v, causal=True, scale=0.5, return_lse=True)
+grad_out, grad_lse = on_npu(*out.shape), on_npu(*lse.shape, dtype=torch.float32)
+results["bwd_refused"] = {"error": error_of(
+    lambda: torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse), retain_graph=True))}
+# ...and, as it will run once the kernel exists, the launcher path with the flag on.
+spec = flash_cann.spec.load()
+spec.backends["npu"] = dataclasses.replace(spec.backends["npu"], backward=True)
+log_lines()
+dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
+record("bwd_autograd", {"attrs": {"scale": 0.5, "causal": True, "layout": "BNSD"}},
+       grad_out=grad_out, query=q, key=k, value=v, out=out, softmax_lse=lse,
+       key_padding_mask=None, grad_softmax_lse=grad_lse, grad_query=dq, grad_key=dk,
+       grad_value=dv)
+
+# Every non-zero status is an exception that says what it means.
+q, k, v = on_npu(2, 4, 8, 16), on_npu(2, 2, 12, 16), on_npu(2, 2, 12, 16)
+for name, fail in [("stage1_161002", "aclnnFlashCannAttentionGetWorkspaceSize=161002"),
+                   ("stage2_561003", "aclnnFlashCannAttention=561003"),
+                   ("stage1_unknown", "aclnnFlashCannAttentionGetWorkspaceSize=4242")]:
+    os.environ["FAKE_ACLNN_FAIL"] = fail
+    results[name] = {"error": error_of(lambda: torch.ops.flash_cann.fwd(q, k, v, None, 0.25)),
+                     "log": log_lines()}
+os.environ.pop("FAKE_ACLNN_FAIL")
+results["strided_output"] = {"error": error_of(lambda: torch.ops.flash_cann_npu.fwd(
+    q, k, v, None, 0.25, False, "BNSD", on_npu(2, 16, 8, 4).transpose(1, 3),
+    on_npu(2, 4, 8, dtype=torch.float32)))}
+
+print(json.dumps(results))

@@ -1,0 +1,169 @@
+"""The generated aclnn API as the NPU extension calls it, checked against the YAML op spec
+(read here independently of flash_cann.spec) and CANN's generation rules; and the aclnn
+status table, in Python and in its generated C++ twin."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from flash_cann import aclnn, aclnn_status
+from flash_cann.spec import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())
+SPEC = parse(RAW)
+# CANN's C type of each spec attribute type (msOpGen: Float -> double, String -> char *).
+ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char *"}
+
+# Written out by hand from the rules in docs (cann_host_api.md §9): the ABI the
+# extension must call, whatever the generator says.
+EXPECTED_PROTOTYPES = {
+    "fwd": "aclnnStatus aclnnFlashCannAttentionGetWorkspaceSize(const aclTensor *query, "
+           "const aclTensor *key, const aclTensor *value, "
+           "const aclTensor *keyPaddingMaskOptional, double scale, bool causal, "
+           "char *layoutOptional, const aclTensor *outOut, const aclTensor *softmaxLseOut, "
+           "uint64_t *workspaceSize, aclOpExecutor **executor)",
+    "bwd": "aclnnStatus aclnnFlashCannAttentionGradGetWorkspaceSize(const aclTensor *gradOut, "
+           "const aclTensor *query, const aclTensor *key, const aclTensor *value, "
+           "const aclTensor *out, const aclTensor *softmaxLse, "
+           "const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional, "
+           "double scale, bool causal, char *layoutOptional, const aclTensor *gradQueryOut, "
+           "const aclTensor *gradKeyOut, const aclTensor *gradValueOut, "
+           "uint64_t *workspaceSize, aclOpExecutor **executor)",
+}
+
+
+@pytest.mark.parametrize("op", EXPECTED_PROTOTYPES)
+def test_prototype_is_cann_generation_of_the_spec(op):
+    api = aclnn.aclnn_api(SPEC.ops[op])
+    assert api.prototype() == EXPECTED_PROTOTYPES[op]
+    entry = next(o for o in RAW["ops"] if o["name"] == op)
+    assert api.execute == f"aclnn{entry['cann_op_type']}"
+    assert api.get_workspace_size == f"aclnn{entry['cann_op_type']}GetWorkspaceSize"
+
+
+@pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
+def test_arguments_are_the_yaml_inputs_attrs_outputs_in_order(entry):
+    params = aclnn.aclnn_api(SPEC.ops[entry["name"]]).params
+    assert [(p.role, p.spec_name) for p in params] == (
+        [("input", t["name"]) for t in entry["inputs"]]
+        + [("attr", a["name"]) for a in entry["attrs"]]
+        + [("output", t["name"]) for t in entry["outputs"]])
+    attrs = {p.spec_name: p.ctype for p in params if p.role == "attr"}
+    assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in entry["attrs"]}
+    for param, tensor in zip(params, entry["inputs"]):
+        assert param.name.endswith("Optional") == bool(tensor.get("optional", False))
+
+
+@pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
+def test_launcher_schema_is_the_aclnn_order_with_outputs_written_in_place(entry):
+    schema = torch._C.parse_schema(aclnn.launcher_schema(SPEC.ops[entry["name"]]))
+    names = [t["name"] for t in entry["inputs"]] + [a["name"] for a in entry["attrs"]]
+    outputs = [t["name"] for t in entry["outputs"]]
+    assert [a.name for a in schema.arguments] == names + outputs
+    assert [a.alias_info is not None and a.alias_info.is_write
+            for a in schema.arguments] == [False] * len(names) + [True] * len(outputs)
+    assert not schema.returns
+
+
+def _one_op_spec(**op):
+    doc = yaml.safe_load(yaml.safe_dump(RAW))
+    doc["ops"] = [dict(name="t", cann_op_type="T", summary="s", **op)]
+    return parse(doc).ops["t"]
+
+
+def test_generation_rules_beyond_our_ops():
+    """Single output is `out`; a required String is not Optional; Int is int64_t."""
+    op = _one_op_spec(inputs=[{"name": "x_in", "dtype": "input"}],
+                      attrs=[{"name": "mode_name", "type": "str"},
+                             {"name": "block_size", "type": "int", "default": 4}],
+                      outputs=[{"name": "y_out", "dtype": "input"}])
+    assert aclnn.aclnn_api(op).prototype() == (
+        "aclnnStatus aclnnTGetWorkspaceSize(const aclTensor *xIn, char *modeName, "
+        "int64_t blockSize, const aclTensor *out, uint64_t *workspaceSize, "
+        "aclOpExecutor **executor)")
+
+
+def test_in_place_arguments_are_refused():
+    op = _one_op_spec(inputs=[{"name": "x", "dtype": "input"}], attrs=[],
+                      outputs=[{"name": "x", "dtype": "input"}])
+    with pytest.raises(ValueError, match=r"\['x'\] are both inputs and outputs"):
+        aclnn.aclnn_api(op)
+
+
+def test_generated_kernels_use_the_generated_signatures():
+    """Each op's kernel in the generated header: its launcher schema and symbols."""
+    ops_header = aclnn.render_headers(SPEC)["flash_cann_aclnn_ops.h"]
+    for op in SPEC.ops.values():
+        api = aclnn.aclnn_api(op)
+        assert f"struct {op.cann_op_type} {{" in ops_header
+        assert f'kLauncherSchema = "{aclnn.launcher_schema(op)}";' in ops_header
+        assert f'kGetWorkspaceSize = "{api.get_workspace_size}";' in ops_header
+
+
+def _required_symbols(spec):
+    header = aclnn.render_headers(spec)["flash_cann_aclnn_ops.h"]
+    return header.split("kAclnnSymbols = {", 1)[1].split("}", 1)[0]
+
+
+def test_the_package_need_not_export_a_backward_kernel_it_does_not_have():
+    """npu.backward is false: a library with only the forward's aclnn functions is the
+    flash-cann package; with the flag on, the backward's are required too."""
+    assert _required_symbols(SPEC) == ('"aclnnFlashCannAttentionGetWorkspaceSize", '
+                                       '"aclnnFlashCannAttention"')
+    with_backward = dataclasses.replace(
+        SPEC, backends={**SPEC.backends,
+                        "npu": dataclasses.replace(SPEC.backends["npu"], backward=True)})
+    assert "aclnnFlashCannAttentionGradGetWorkspaceSize" in _required_symbols(with_backward)
+
+
+@pytest.mark.parametrize("code, text", [
+    (0, "ACLNN_SUCCESS: success"),
+    (161002, "ACLNN_ERR_PARAM_INVALID: parameter check failed"),
+    (561002, "ACLNN_ERR_INNER_TILING_ERROR: tiling failed"),
+    (561105, "ACLNN_ERR_INNER_KEY_CONFLICT: kernel-match hash key conflict"),
+    (161999, "ACLNN_ERR_PARAM_*: parameter check failed"),  # a code newer than the table
+    (361002, "ACLNN_ERR_RUNTIME_*: an NPU runtime call"),
+    (561500, "ACLNN_ERR_INNER_*: internal error in the op library"),
+    (507015, "not in CANN's public aclnn status table"),   # an ACL runtime code
+    (-1, "not in CANN's public aclnn status table"),
+])
+def test_describe(code, text):
+    assert aclnn_status.describe(code).startswith(text)
+
+
+def test_status_table_names_each_public_code_once():
+    """The values of CANN's opdev/op_errno.h (hicann/opbase)."""
+    public = {0, 161001, 161002, 361001, 561000, 561001, 561002, 561003, *range(561101, 561120)}
+    exact = [row.first for row in aclnn_status.STATUS_TABLE if row.first == row.last]
+    assert sorted(exact) == sorted(public)
+    ranges = [row for row in aclnn_status.STATUS_TABLE if row.first != row.last]
+    assert aclnn_status.STATUS_TABLE[-len(ranges):] == tuple(ranges)  # exact rows win
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpp_lookup_says_exactly_what_describe_says(tmp_path):
+    """framework/csrc/aclnn_status.h over the generated table, compiled and run."""
+    aclnn.write_headers(tmp_path)
+    probe = tmp_path / "probe.cpp"
+    probe.write_text('#include <cstdio>\n#include <cstdlib>\n#include "aclnn_status.h"\n'
+                     "int main(int argc, char **argv) {\n"
+                     "  for (int i = 1; i < argc; ++i)\n"
+                     '    std::printf("%s\\n", flash_cann_npu::DescribeStatus('
+                     "std::atoi(argv[i])).c_str());\n}\n")
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror",
+                    f"-I{ROOT / 'framework' / 'csrc'}", f"-I{tmp_path}", str(probe),
+                    "-o", str(tmp_path / "probe")], check=True)
+    codes = sorted({c for row in aclnn_status.STATUS_TABLE for c in (row.first, row.last)}
+                   | {-1, 1, 160999, 161000, 562000, 507015})
+    done = subprocess.run([str(tmp_path / "probe"), *map(str, codes)], check=True,
+                          capture_output=True, text=True)
+    assert done.stdout.splitlines() == [aclnn_status.describe(c) for c in codes]

@@ -1,0 +1,258 @@
+"""torchair graph mode: the converters of torch.ops.flash_cann.* against a recording
+stand-in of torchair's converter interface (tests/npu_standins/torchair_ge; torchair
+itself needs torch_npu and CANN). The stand-in checks what torchair checks, plus what GE
+checks against the op proto -- which the tests build from the YAML op spec, read here
+independently of flash_cann.spec. Each layout, GQA/MQA, and both ops through
+torch.compile (forward and backward graphs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import flash_cann
+from flash_cann.spec import load
+from flash_cann import torchair_converters
+
+from conftest import make_qkv, random_key_padding_mask
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = Path(__file__).resolve().parent / "npu_standins" / "torchair_ge"
+# How op_host's OpDef declares each spec attribute type (Float(), Bool(), Int(), String()).
+PROTO_ATTR_CLASSES = {"float": "Float", "bool": "Bool", "int": "Int", "str": "Str"}
+RAW_OPS = {op["name"]: op for op in
+           yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())["ops"]}
+
+
+@pytest.fixture
+def torchair(monkeypatch):
+    """The stand-in imported as `torchair`, knowing the spec's op protos."""
+    for name in [m for m in sys.modules if m == "torchair" or m.startswith("torchair.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(STANDIN))
+    import torchair as standin
+    for op in RAW_OPS.values():
+        standin.ge.register_ir(op["cann_op_type"], standin.ge.IrDef(
+            inputs=[(t["name"], bool(t.get("optional", False))) for t in op["inputs"]],
+            attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in op["attrs"]],
+            outputs=[t["name"] for t in op["outputs"]]))
+    yield standin
+    for name in [m for m in sys.modules if m == "torchair" or m.startswith("torchair.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def registered(torchair):
+    assert torchair_converters.register_if_loaded()
+    return torchair
+
+
+@pytest.fixture
+def npu_backward(monkeypatch):
+    """The spec as it will read once the package has an Ascend backward kernel."""
+    spec = load()
+    monkeypatch.setitem(spec.backends, "npu",
+                        dataclasses.replace(spec.backends["npu"], backward=True))
+
+
+def _ge_inputs(torchair, names):
+    return [torchair.ge.Data(name) for name in names]
+
+
+def _meta_outputs(torchair, op, *args):
+    """What torchair passes as meta_outputs: the fake kernel's outputs."""
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    return [torchair.ge.TensorSpec(t) for t in op(*meta)]
+
+
+FWD_CASES = [  # layout, heads_q, heads_kv, masked, causal, how the FX node passes attributes
+    ("BNSD", 4, 4, False, False, "positional"),
+    ("BNSD", 8, 2, True, True, "keywords"),
+    ("BSND", 6, 3, True, False, "keywords"),
+    ("BSND", 4, 1, False, True, "positional"),
+    ("BNSD", 2, 2, False, False, "defaults"),
+]
+
+
+@pytest.mark.parametrize("layout, hq, hk, masked, causal, style", FWD_CASES, ids=str)
+def test_fwd_converter_emits_the_spec_op(registered, layout, hq, hk, masked, causal, style, gen):
+    ge = registered.ge
+    q, k, v = make_qkv(2, hq, hk, 5, 7, 16, torch.float16, layout, generator=gen)
+    mask = random_key_padding_mask(2, 7, gen) if masked else None
+    op = torch.ops.flash_cann.fwd.default
+    ge_q, ge_k, ge_v = _ge_inputs(registered, ["q", "k", "v"])
+    ge_mask = ge.Data("mask") if masked else None
+    if style == "positional":
+        args, kwargs = (ge_q, ge_k, ge_v, ge_mask, 0.25, causal, layout), {}
+    elif style == "keywords":
+        args, kwargs = (ge_q, ge_k, ge_v, ge_mask), dict(scale=0.25, causal=causal, layout=layout)
+    else:  # the schema's defaults: causal=False, layout="BNSD"
+        args, kwargs = (ge_q, ge_k, ge_v, ge_mask, 0.25), {}
+    meta = _meta_outputs(registered, op, q, k, v, mask, 0.25, causal, layout)
+    outputs = registered.convert_node(op, args, kwargs, meta)
+
+    node = ge.GRAPH.nodes[-1]
+    assert node.type == "FlashCannAttention"
+    assert node.inputs == {"query": ge_q, "key": ge_k, "value": ge_v, "key_padding_mask": ge_mask}
+    assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", causal),
+                          "layout": ("Str", layout)}
+    assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]
+    assert [m.size for m in meta] == [list(q.shape), [2, hq, 5]]
+
+
+@pytest.mark.parametrize("with_mask, with_grad_lse", [(False, False), (True, True)])
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_bwd_converter_emits_the_spec_op(registered, npu_backward, layout, with_mask,
+                                        with_grad_lse, gen):
+    ge = registered.ge
+    q, k, v = make_qkv(1, 6, 2, 4, 9, 8, torch.bfloat16, layout, generator=gen)
+    mask = random_key_padding_mask(1, 9, gen) if with_mask else None
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, mask, 0.5, True, layout)
+    grad_lse = torch.zeros_like(lse) if with_grad_lse else None
+    names = ["grad_out", "query", "key", "value", "out", "softmax_lse"]
+    tensors = dict(zip(names, _ge_inputs(registered, names)))
+    tensors["key_padding_mask"] = ge.Data("mask") if with_mask else None
+    tensors["grad_softmax_lse"] = ge.Data("grad_lse") if with_grad_lse else None
+    op = torch.ops.flash_cann.bwd.default
+    meta = _meta_outputs(registered, op, out, q, k, v, out, lse, mask, grad_lse, 0.5, True, layout)
+    outputs = registered.convert_node(op, tuple(tensors.values()),
+                                      dict(scale=0.5, causal=True, layout=layout), meta)
+
+    node = ge.GRAPH.nodes[-1]
+    assert node.type == "FlashCannAttentionGrad"
+    assert node.inputs == tensors
+    assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
+                          "layout": ("Str", layout)}
+    assert node.outputs == ["grad_query", "grad_key", "grad_value"]
+    assert len(outputs) == 3
+    assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape)]
+
+
+def test_bwd_converter_refuses_while_there_is_no_ascend_backward_kernel(registered, gen):
+    """The package declares FlashCannAttentionGrad but has no kernel for it: converting a
+    backward node fails at compile time with the reason, not later inside GE."""
+    q, k, v = make_qkv(1, 2, 2, 4, 4, 8, torch.bfloat16, "BNSD", generator=gen)
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.5, False, "BNSD")
+    ge_inputs = _ge_inputs(registered, ["grad_out", "query", "key", "value", "out", "lse"])
+    op = torch.ops.flash_cann.bwd.default
+    meta = _meta_outputs(registered, op, out, q, k, v, out, lse, None, None, 0.5, False, "BNSD")
+    with pytest.raises(NotImplementedError, match="FlashCannAttentionGrad has no Ascend kernel"):
+        registered.convert_node(op, (*ge_inputs, None, None),
+                                dict(scale=0.5, causal=False, layout="BNSD"), meta)
+
+
+def test_compiled_inference_lowers_the_forward_op(registered, gen):
+    """Today's use of graph mode: forward (inference) graphs."""
+    ge = registered.ge
+    q, k, v = make_qkv(1, 4, 2, 6, 10, 16, torch.float32, "BSND", generator=gen)
+    torch._dynamo.reset()
+    ge.GRAPH.reset()
+    compiled = torch.compile(lambda a, b, c: flash_cann.flash_attn_func(a, b, c, causal=True),
+                             backend=registered.get_npu_backend(), fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), flash_cann.flash_attn_func(q, k, v, causal=True))
+    assert [n.type for n in ge.GRAPH.nodes if n.type.startswith("FlashCann")] == [
+        "FlashCannAttention"]
+
+
+def test_compiled_model_lowers_both_ops_for_each_layout_and_gqa(registered, npu_backward, gen):
+    """torch.compile through the stand-in backend: forward and backward graphs, the FX
+    args as AOT autograd really passes them, meta_outputs from the fake kernels."""
+    ge = registered.ge
+    q, k, v = make_qkv(2, 4, 2, 6, 10, 16, torch.float32, "BSND", generator=gen)
+    mask = random_key_padding_mask(2, 10, gen)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def model(q_, k_, v_):
+        a = flash_cann.flash_attn_func(q_, k_, v_, causal=True)                  # BSND, GQA
+        b = flash_cann.attention(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2),
+                                 layout="BNSD", key_padding_mask=mask)            # BNSD, GQA
+        c = flash_cann.attention(q_.flatten(-2), k_[:, :, :1].flatten(-2),
+                                 v_[:, :, :1].flatten(-2), layout="BSH", num_heads=4)  # MQA
+        return a.sum() + b.sum() + c.sum()
+
+    torch._dynamo.reset()
+    ge.GRAPH.reset()
+    compiled = torch.compile(model, backend=registered.get_npu_backend(), fullgraph=True)
+    loss = compiled(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+
+    assert ge.GRAPH.graphs == 2  # forward and backward
+    emitted = [n for n in ge.GRAPH.nodes if n.type.startswith("FlashCann")]
+    summary = [(n.type, n.attrs["layout"][1], n.attrs["causal"][1],
+                n.inputs["key_padding_mask"] is not None) for n in emitted]
+    expected = [("BSND", True, False), ("BNSD", False, True), ("BSND", False, False)]
+    assert sorted(summary) == sorted([("FlashCannAttention", *e) for e in expected]
+                                     + [("FlashCannAttentionGrad", *e) for e in expected])
+    torch.testing.assert_close(loss, model(q, k, v))  # the stand-in then runs the graph
+    for got, want in zip(grads, torch.autograd.grad(model(q, k, v), (q, k, v))):
+        torch.testing.assert_close(got, want)
+
+
+def test_symbolic_attribute_is_refused_with_the_reason(registered):
+    """A scale that reaches the converter as a graph value cannot become a GE attr."""
+    ge_q, ge_k, ge_v, ge_scale = _ge_inputs(registered, ["q", "k", "v", "scale"])
+    convert = torch.ops.flash_cann.fwd.default._ge_converter
+    with pytest.raises(TypeError, match=r"attribute 'scale' must be a Python float .* got "
+                                        r"Tensor .*pass it as a constant"):
+        convert(ge_q, ge_k, ge_v, None, ge_scale, False, "BNSD", meta_outputs=[None, None])
+    with pytest.raises(TypeError, match="attribute 'scale' must be a Python float"):
+        convert(ge_q, ge_k, ge_v, None, True, False, "BNSD", meta_outputs=[None, None])
+
+
+def test_meta_output_count_is_checked(registered):
+    ge_q, ge_k, ge_v = _ge_inputs(registered, ["q", "k", "v"])
+    convert = torch.ops.flash_cann.fwd.default._ge_converter
+    with pytest.raises(ValueError, match="FlashCannAttention has 2 outputs, torchair passed 3"):
+        convert(ge_q, ge_k, ge_v, None, 0.5, meta_outputs=[None] * 3)
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda kw: kw["attrs"].update(scale=0.5), r"attr 'scale' must be a ge.attr.X\(value\)"),
+    (lambda kw: kw["attrs"].update(causal=kw["ge"].attr.Int(1)),
+     "attr 'causal' is ge.attr.Bool in the proto, got ge.attr.Int"),
+    (lambda kw: kw["inputs"].pop("key_padding_mask"), "inputs .* must be the proto's, in order"),
+    (lambda kw: kw.update(outputs=["softmax_lse", "out"]), "outputs .* must be the proto's"),
+    (lambda kw: kw["inputs"].update(query=None), "required input 'query' is None"),
+])
+def test_standin_rejects_what_ge_would(registered, break_it, message):
+    """The stand-in is strict: a converter that got the proto wrong would fail here."""
+    ge = registered.ge
+    kw = {"ge": ge, "inputs": dict(zip(["query", "key", "value"], _ge_inputs(registered, "qkv"))),
+          "attrs": {"scale": ge.attr.Float(0.5), "causal": ge.attr.Bool(False),
+                    "layout": ge.attr.Str("BNSD")},
+          "outputs": ["out", "softmax_lse"]}
+    kw["inputs"]["key_padding_mask"] = None
+    ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
+                 attrs=kw["attrs"])  # as given: accepted
+    break_it(kw)
+    with pytest.raises(AssertionError, match=message):
+        ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
+                     attrs=kw["attrs"])
+
+
+def test_unknown_op_type_is_refused_like_ge(registered):
+    with pytest.raises(RuntimeError, match="No AscendIR FlashCannAttentionV9 was found"):
+        registered.ge.custom_op("FlashCannAttentionV9", inputs={}, outputs=[], attrs={})
+
+
+def test_registration_needs_torchair_loaded_or_importable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchair", None)  # `import torchair` fails
+    monkeypatch.setattr(torchair_converters, "_registered_with", None)
+    with pytest.raises(ImportError, match=r"enable_torchair\(\) needs torchair, which ships "
+                                          r"with torch_npu.*install torch_npu"):
+        torchair_converters.enable_torchair()
+    monkeypatch.delitem(sys.modules, "torchair")
+    assert not torchair_converters.register_if_loaded()
+
+
+def test_enable_torchair_registers_every_spec_op(torchair):
+    torchair_converters.enable_torchair()
+    for name in RAW_OPS:
+        converter = getattr(torch.ops.flash_cann, name).default._ge_converter
+        assert converter.require_meta
