@@ -30,14 +30,7 @@ public:
         if (MASK) {
             mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(keyPaddingMask));
         }
-        const Workspace ws(t_, sizeof(T));
-        GM_ADDR mine = userWorkspace + core_ * t_.workspacePerCore;
-        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.scores));
-        probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + ws.probs));
-        output_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.output));
-        slotFloats_[0] = ws.slotBytes[0] / sizeof(float);
-        slotFloats_[1] = ws.slotBytes[1] / sizeof(T);
-        slotFloats_[2] = ws.slotBytes[2] / sizeof(float);
+        exchange_.Init(userWorkspace, core_, t_);
 
         const BufferBytes bytes = ComputeBufferBytes(t_, sizeof(T));
         pipe->InitBuffer(qQue_, 1, bytes.qL1);
@@ -172,7 +165,7 @@ private:
         cQue_.EnQue(c);
         c = cQue_.template DeQue<float>();
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            scores_[(scoreSeq_++ % 2) * slotFloats_[0]], c,
+            exchange_.Scores(scoreSeq_++ % 2, 0), c,
             AscendC::FixpipeParamsV220(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
                                        static_cast<uint16_t>(rows16_), bk, false));
         cQue_.FreeTensor(c);
@@ -187,7 +180,7 @@ private:
         const uint32_t slot = outputSeq_++ % 2;
         AscendC::CrossCoreWaitFlag(kFlagProbs);
         AscendC::LocalTensor<T> pL1 = pQue_.template AllocTensor<T>();
-        AscendC::DataCopy(pL1, probs_[slot * slotFloats_[1]],
+        AscendC::DataCopy(pL1, exchange_.Probs(slot, 0),
                           AscendC::Nd2NzParams(1, static_cast<uint16_t>(rows16_),
                                                static_cast<uint16_t>(bk), 0,
                                                static_cast<uint16_t>(bk),
@@ -225,7 +218,7 @@ private:
         cQue_.EnQue(c);
         c = cQue_.template DeQue<float>();
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            output_[slot * slotFloats_[2]], c,
+            exchange_.Output(slot, 0), c,
             AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16_),
                                        static_cast<uint16_t>(rows16_), d, false));
         cQue_.FreeTensor(c);
@@ -237,10 +230,9 @@ private:
     uint32_t rows16_ = 0;
     uint32_t scoreSeq_ = 0;
     uint32_t outputSeq_ = 0;
-    uint64_t slotFloats_[3] = {};  // slot size in elements of S, P, O
-    AscendC::GlobalTensor<T> q_, k_, v_, probs_;
+    ExchangeBuffers<T> exchange_;
+    AscendC::GlobalTensor<T> q_, k_, v_;
     AscendC::GlobalTensor<uint8_t> mask_;
-    AscendC::GlobalTensor<float> scores_, output_;
     AscendC::TQue<AscendC::TPosition::A1, 1> qQue_;
     AscendC::TQue<AscendC::TPosition::A1, 1> pQue_;
     AscendC::TQue<AscendC::TPosition::B1, 1> kQue_;

@@ -39,14 +39,7 @@ public:
         if (MASK) {
             mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(keyPaddingMask));
         }
-        const Workspace ws(t_, sizeof(T));
-        GM_ADDR mine = userWorkspace + core_ * t_.workspacePerCore;
-        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.scores));
-        probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + ws.probs));
-        output_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.output));
-        slotElems_[0] = ws.slotBytes[0] / sizeof(float);
-        slotElems_[1] = ws.slotBytes[1] / sizeof(T);
-        slotElems_[2] = ws.slotBytes[2] / sizeof(float);
+        exchange_.Init(userWorkspace, core_, t_);
 
         const BufferBytes bytes = ComputeBufferBytes(t_, sizeof(T));
         pipe->InitBuffer(sQue_, 1, bytes.sUb);
@@ -243,7 +236,7 @@ private:
         AscendC::CrossCoreWaitFlag(kFlagScores);
         if (rows_ > 0) {
             AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
-            AscendC::DataCopy(s, scores_[slot * slotElems_[0] + rowOffset_ * bk], count);
+            AscendC::DataCopy(s, exchange_.Scores(slot, rowOffset_ * bk), count);
             sQue_.EnQue(s);
             s = sQue_.template DeQue<float>();
             AscendC::Muls(s, s, t_.scale, count);
@@ -286,7 +279,7 @@ private:
             sQue_.FreeTensor(s);
             pQue_.EnQue(p);
             p = pQue_.template DeQue<T>();
-            AscendC::DataCopy(probs_[slot * slotElems_[1] + rowOffset_ * bk], p, count);
+            AscendC::DataCopy(exchange_.Probs(slot, rowOffset_ * bk), p, count);
             pQue_.FreeTensor(p);
         }
         AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(kFlagProbs);
@@ -301,7 +294,7 @@ private:
         AscendC::CrossCoreWaitFlag(kFlagOutput);
         if (rows_ > 0) {
             AscendC::LocalTensor<float> o = oQue_.template AllocTensor<float>();
-            AscendC::DataCopy(o, output_[slot * slotElems_[2] + rowOffset_ * d], rows_ * d);
+            AscendC::DataCopy(o, exchange_.Output(slot, rowOffset_ * d), rows_ * d);
             oQue_.EnQue(o);
             o = oQue_.template DeQue<float>();
             AscendC::Add(acc_, acc_, o, rows_ * d);
@@ -353,10 +346,10 @@ private:
     uint32_t rows_ = 0;       // this vector core's rows of the current tile
     uint32_t rowOffset_ = 0;  // their first row within the tile
     uint32_t blockSeq_ = 0;
-    uint64_t slotElems_[3] = {};
     float negInf_ = 0;
-    AscendC::GlobalTensor<T> out_, probs_;
-    AscendC::GlobalTensor<float> lse_, scores_, output_;
+    ExchangeBuffers<T> exchange_;
+    AscendC::GlobalTensor<T> out_;
+    AscendC::GlobalTensor<float> lse_;
     AscendC::GlobalTensor<uint8_t> mask_;
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, oQue_, maskQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, outQue_, lseQue_;

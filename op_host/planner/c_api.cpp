@@ -31,23 +31,10 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
     if (dtype < 0 || dtype > 2 || layout < 0 || layout > 1) {
         return Emit(ErrorJson("dtype must be 0..2 and layout 0..1"), out, capacity);
     }
-    Platform platform = *known;
-    if (aic_cores > 0) {
-        platform.aicCores = static_cast<uint32_t>(aic_cores);
-        platform.aivCores = 2 * platform.aicCores;
-    }
-    PlanRequest request;
-    request.batch = batch;
-    request.headsQ = heads_q;
-    request.headsKv = heads_kv;
-    request.seqlenQ = seqlen_q;
-    request.seqlenK = seqlen_k;
-    request.headDim = head_dim;
-    request.dtype = static_cast<DType>(dtype);
-    request.layout = static_cast<Layout>(layout);
-    request.causal = causal != 0;
-    request.hasMask = has_mask != 0;
-    request.scale = scale;
+    const Platform platform = WithAiCores(*known, aic_cores > 0 ? static_cast<uint32_t>(aic_cores) : 0);
+    const PlanRequest request{batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
+                              static_cast<DType>(dtype), static_cast<Layout>(layout),
+                              causal != 0, has_mask != 0, scale};
     return Emit(PlanToJson(MakePlan(request, platform), platform), out, capacity);
 }
 

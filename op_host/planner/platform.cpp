@@ -71,6 +71,15 @@ const Platform* FindPlatform(const std::string& name)
     return nullptr;
 }
 
+Platform WithAiCores(Platform platform, uint32_t aicCores)
+{
+    if (aicCores > 0) {
+        platform.aicCores = aicCores;
+        platform.aivCores = 2 * aicCores;
+    }
+    return platform;
+}
+
 double CubePeakFlops(const Platform& p)
 {
     return 16.0 * 16.0 * 16.0 * 2.0 * p.aicCores * p.cubeClockGhz * 1e9;

@@ -35,6 +35,10 @@ const std::vector<Platform>& KnownPlatforms();
 // nullptr if unknown.
 const Platform* FindPlatform(const std::string& name);
 
+// `platform` with `aicCores` AI cores (each with its two vector cores); aicCores == 0
+// keeps the platform's own count.
+Platform WithAiCores(Platform platform, uint32_t aicCores);
+
 // Dense fp16/bf16 cube peak: 16 x 16 x 16 MACs per cycle per AI core.
 double CubePeakFlops(const Platform& p);
 

@@ -45,10 +45,7 @@ std::string Describe(const PlanRequest& r, uint32_t cores)
 
 Platform WithCores(uint32_t cores)
 {
-    Platform p = *FindPlatform("Ascend910B2");
-    p.aicCores = cores;
-    p.aivCores = 2 * cores;
-    return p;
+    return WithAiCores(*FindPlatform("Ascend910B2"), cores);
 }
 
 // Visible keys of query row `row` (bottom-right causal).

@@ -24,6 +24,8 @@ out = 0, lse = -inf and zero gradients.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .. import layout as layouts
@@ -58,6 +60,24 @@ def _block_mask(key_padding_mask, causal: bool, offset: int,
     return masked
 
 
+class _Sizes(NamedTuple):
+    b: int       # batch
+    hq: int      # query heads
+    hk: int      # key/value heads
+    g: int       # query heads per key/value head
+    sq: int      # query rows
+    sk: int      # keys
+    d: int       # head_dim
+    offset: int  # sk - sq: query i sees key j iff j <= i + offset (causal)
+    acc: torch.dtype
+
+
+def _sizes(query, key, layout: str) -> _Sizes:
+    b, hq, sq, d = layouts.sizes(query, layout)
+    hk, sk = layouts.sizes(key, layout)[1:3]
+    return _Sizes(b, hq, hk, hq // hk, sq, sk, d, sk - sq, accumulator_dtype(query.dtype))
+
+
 def _key_range(causal: bool, offset: int, i1: int, seqlen_k: int) -> int:
     """End of the keys visible to query rows < i1 (bottom-right aligned causal)."""
     return min(seqlen_k, i1 + offset) if causal else seqlen_k
@@ -65,11 +85,7 @@ def _key_range(causal: bool, offset: int, i1: int, seqlen_k: int) -> int:
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    b, hq, sq, d = layouts.sizes(query, layout)
-    hk, sk = layouts.sizes(key, layout)[1:3]
-    g = hq // hk
-    offset = sk - sq
-    acc_dtype = accumulator_dtype(query.dtype)
+    b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
     q = _grouped(query, layout, hk)
     k = layouts.to_bnsd(key, layout)
     v = layouts.to_bnsd(value, layout)
@@ -115,11 +131,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str,
              block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    b, hq, sq, d = layouts.sizes(query, layout)
-    hk, sk = layouts.sizes(key, layout)[1:3]
-    g = hq // hk
-    offset = sk - sq
-    acc_dtype = accumulator_dtype(query.dtype)
+    b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
     q, do = _grouped(query, layout, hk), _grouped(grad_out, layout, hk)
     k = layouts.to_bnsd(key, layout)
     v = layouts.to_bnsd(value, layout)

@@ -34,23 +34,11 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                                        char* error, uint64_t errorCapacity)
 {
     using namespace flash_cann;
-    Platform platform = *FindPlatform("Ascend910B2");
-    if (aicCores > 0) {
-        platform.aicCores = static_cast<uint32_t>(aicCores);
-        platform.aivCores = 2 * platform.aicCores;
-    }
-    PlanRequest request;
-    request.batch = batch;
-    request.headsQ = headsQ;
-    request.headsKv = headsKv;
-    request.seqlenQ = seqlenQ;
-    request.seqlenK = seqlenK;
-    request.headDim = headDim;
-    request.dtype = static_cast<DType>(dtype);
-    request.layout = static_cast<Layout>(layout);
-    request.causal = causal != 0;
-    request.hasMask = keyPaddingMask != nullptr;
-    request.scale = scale;
+    const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
+                                          aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
+    const PlanRequest request{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
+                              static_cast<DType>(dtype), static_cast<Layout>(layout),
+                              causal != 0, keyPaddingMask != nullptr, scale};
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
         return Report("the planner refused: " + result.error, error, errorCapacity);
