@@ -1,0 +1,354 @@
+"""CUDA backend: FlashAttention-2 as Triton kernels (``triton_kernels.py``).
+
+This module is the host side: it picks a tile configuration per kernel (autotuned per
+head_dim, causal, mask and seqlen bucket, results cached in memory and on disk),
+chooses between tensor-descriptor (TMA) and pointer loads, allocates the outputs and
+launches. The algorithm is FA2's:
+
+forward, one program per query block:  online softmax over key blocks in fp32, out, lse
+backward:  preprocess  D = rowsum(dO ∘ O) - dLSE
+           dK, dV      one program per key block (and kv head: a GQA group's query
+                       heads are summed inside the program)
+           dQ          one program per query block
+Every output element has exactly one writer, so the backward is deterministic and
+needs no atomics; the price is recomputing S and dP in both kernels (7 matmuls per
+tile pair instead of 5).
+
+Outputs are contiguous in the input's layout; inputs are read through their strides.
+``FLASH_CANN_TRITON_TMA``: ``auto`` (default; descriptors on sm90+), ``1`` (wherever
+the strides allow, including the interpreter), ``0`` (never).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+import os
+from typing import Iterator
+
+import torch
+import triton
+
+from .. import layout as layouts
+from . import triton_kernels as kernels
+
+# Tune only calls with at least this many scores (batch * heads * seqlen_q * seqlen_k,
+# ~0.1 ms on an H100): below it a search costs more than it can save, and the
+# default tile serves.
+TUNE_MIN_SCORES = 2**27
+# The autotuner's seqlen key is the next power of two, capped: past 16k every tile is
+# deep in its steady state, and a search at 128k would run each candidate for seconds.
+SEQLEN_BUCKET_CAP = 16384
+# Elements per preprocess tile (two fp32 tiles in 4 warps: 64 registers a thread each).
+PREPROCESS_TILE = 8192
+# Per-thread budget of fp32 accumulator and score-tile values in registers (of 255):
+# the rest holds operands, indices and pipelining state. Calibrated on sm_90 builds
+# (ptxas) and H200 timings: at 160 every candidate compiled without spills, but the
+# fastest dK/dV tile (64 queries x 128 keys, 8 warps: 192) was left out; at 192 a few
+# 3-stage candidates spill some bytes and the autotuner weighs them like the rest
+# (NOTES.md, step 6).
+REGISTER_BUDGET = 192
+# Shared memory a config may plan for: what one block may have (227 KiB on an H100)
+# less a margin for barriers and layout conversions (the _smem_* estimates match
+# sm_90 builds to within 2 KiB).
+SHARED_MEMORY_MARGIN = 8 * 1024
+SHARED_MEMORY_BUDGET = 227 * 1024 - SHARED_MEMORY_MARGIN  # the interpreter's (CPU) budget
+# For a GPU where no candidate fits (head_dim 256 in 99 KiB): slow, but it runs.
+FALLBACK_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)
+BYTES_PER_ELEMENT = 2  # fp16 / bf16
+ROWS_PER_WARPGROUP = 64  # rows of one Hopper wgmma: 4 warps per 64 rows of the stationary tile
+# A block's 64K registers give each of 256 threads its 255; more threads get fewer.
+MAX_WARPS = 8
+
+
+def available() -> bool:
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------
+# Tile configurations
+# ---------------------------------------------------------------------------------------
+
+def _warps(stationary_rows: int) -> int:
+    """4 warps (one warpgroup) per 64 rows of the stationary tile."""
+    return 4 * max(1, stationary_rows // ROWS_PER_WARPGROUP)
+
+
+def _registers_fwd(m: int, n: int, block_d: int) -> int:
+    """fp32 values live across the loop: the output accumulator and the score tile."""
+    return m * block_d + m * n
+
+
+def _registers_dq(m: int, n: int, block_d: int) -> int:
+    """The dQ accumulator and the S/P and dP/dS tiles."""
+    return m * block_d + 2 * m * n
+
+
+def _registers_dkdv(m: int, n: int, block_d: int) -> int:
+    """The dK and dV accumulators and the Pᵀ and dSᵀ tiles."""
+    return 2 * n * block_d + 2 * n * m
+
+
+def _smem_fwd(m: int, n: int, block_d: int, stages: int) -> int:
+    """Q, plus K and V in every pipeline stage."""
+    return BYTES_PER_ELEMENT * block_d * (m + 2 * n * stages)
+
+
+def _smem_dq(m: int, n: int, block_d: int, stages: int) -> int:
+    """Q and dO, plus K and V in every pipeline stage."""
+    return BYTES_PER_ELEMENT * block_d * (2 * m + 2 * n * stages)
+
+
+def _smem_dkdv(m: int, n: int, block_d: int, stages: int) -> int:
+    """K and V, plus Q and dO in every pipeline stage."""
+    return BYTES_PER_ELEMENT * block_d * (2 * n + 2 * m * stages)
+
+
+STAGES = (2, 3)
+# (BLOCK_M, BLOCK_N) candidates. Query-stationary kernels (forward, dQ) hold BLOCK_M
+# query rows and stream key blocks; the dK/dV kernel holds BLOCK_N key rows and
+# streams query blocks.
+FWD_TILES = ((64, 64), (128, 64), (128, 128))
+DQ_TILES = ((64, 32), (64, 64), (128, 64))
+DKDV_TILES = ((32, 64), (64, 64), (32, 128), (64, 128))
+
+_AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
+                 "USE_TMA"]
+
+
+class _Kernel:
+    """A jit kernel with its candidate configs, the keep() filter that fits them to a
+    BLOCK_D, and the default config for problems too small to tune.
+
+    Candidates: every tile x pipeline depth, with one warpgroup per 64 stationary rows
+    or twice that (which halves the registers each thread holds). keep() takes a
+    config whose fp32 tiles fit REGISTER_BUDGET per thread and whose buffers fit
+    SHARED_MEMORY_BUDGET, and doubles the warps only where the single count would not
+    fit."""
+
+    def __init__(self, name, fn, tiles, query_stationary: bool, registers, smem):
+        self.name = name
+        self.fn = fn
+        self.query_stationary = query_stationary
+        self.registers = registers
+        self.smem = smem
+        self.configs = [
+            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=stages,
+                          num_warps=_warps(m if query_stationary else n) * factor)
+            for (m, n), stages, factor in itertools.product(tiles, STAGES, (1, 2))]
+        self.tuned = triton.autotune(
+            configs=self.configs, key=_AUTOTUNE_KEY, cache_results=True,
+            prune_configs_by={"early_config_prune": self._prune})(fn)
+
+    def keep(self, config: triton.Config, block_d: int, smem_budget: int) -> bool:
+        m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+        base_warps = _warps(m if self.query_stationary else n)
+        per_thread = self.registers(m, n, block_d) / (32 * config.num_warps)
+        base_fits = self.registers(m, n, block_d) / (32 * base_warps) <= REGISTER_BUDGET
+        return (per_thread <= REGISTER_BUDGET and config.num_warps <= MAX_WARPS
+                and (config.num_warps == base_warps or not base_fits)
+                and self.smem(m, n, block_d, config.num_stages) <= smem_budget)
+
+    def candidates(self, block_d: int,
+                   smem_budget: int = SHARED_MEMORY_BUDGET) -> list[triton.Config]:
+        """The configs the autotuner tries for this BLOCK_D."""
+        return [c for c in self.configs if self.keep(c, block_d, smem_budget)]
+
+    def default(self, block_d: int, smem_budget: int) -> triton.Config:
+        """For problems too small to tune: the candidate with the smallest buffers (it
+        fits the most GPUs and wastes the least on short sequences)."""
+        fitting = self.candidates(block_d, smem_budget)
+        if not fitting:
+            return FALLBACK_CONFIG
+        return min(fitting, key=lambda c: (self.smem(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
+                                                     block_d, c.num_stages), c.num_warps))
+
+    def _prune(self, configs, named_args, **kwargs):
+        budget = _smem_budget(named_args["Q"].device)
+        return [c for c in configs if self.keep(c, kwargs["BLOCK_D"], budget)]
+
+    def launch(self, grid, *args, scores: int, **constexprs) -> None:
+        pinned = _pinned.get(self.name)
+        if pinned is None and scores < TUNE_MIN_SCORES:
+            pinned = self.default(constexprs["BLOCK_D"], _smem_budget(args[0].device))
+        if pinned is None:
+            self.tuned[grid](*args, **constexprs)
+        else:
+            self.fn[grid](*args, **constexprs, **pinned.all_kwargs())
+
+
+FWD = _Kernel("fwd", kernels.attn_fwd, FWD_TILES, True, _registers_fwd, _smem_fwd)
+DQ = _Kernel("dq", kernels.attn_bwd_dq, DQ_TILES, True, _registers_dq, _smem_dq)
+DKDV = _Kernel("dkdv", kernels.attn_bwd_dkdv, DKDV_TILES, False, _registers_dkdv, _smem_dkdv)
+KERNELS = {k.name: k for k in (FWD, DQ, DKDV)}
+
+# Kernel name -> config used instead of tuning (see pinned_configs).
+_pinned: dict[str, triton.Config] = {}
+
+
+@contextlib.contextmanager
+def pinned_configs(**configs: triton.Config) -> Iterator[None]:
+    """Launch the named kernels ("fwd", "dq", "dkdv") with these configs instead of the
+    autotuner's or the default choice: for tests that check every candidate, and for
+    experiments."""
+    unknown = configs.keys() - KERNELS.keys()
+    if unknown:
+        raise ValueError(f"unknown kernel(s) {sorted(unknown)}; choose from {sorted(KERNELS)}")
+    previous = dict(_pinned)
+    _pinned.update(configs)
+    try:
+        yield
+    finally:
+        _pinned.clear()
+        _pinned.update(previous)
+
+
+# ---------------------------------------------------------------------------------------
+# Buffers, devices, tensor descriptors
+# ---------------------------------------------------------------------------------------
+
+_poison: float | None = None
+
+
+@contextlib.contextmanager
+def poisoned_outputs(value: float = float("nan")) -> Iterator[None]:
+    """Fill every buffer the kernels must write (outputs and scratch) with ``value``
+    before launching, so that a test sees any element a kernel left unwritten."""
+    global _poison
+    previous, _poison = _poison, value
+    try:
+        yield
+    finally:
+        _poison = previous
+
+
+def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t if _poison is None else t.fill_(_poison)
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for the tensor descriptors the kernels build on the device."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_compatible(t: torch.Tensor) -> bool:
+    """A BNSD view the kernels' (heads, seqlen, head_dim) descriptors can address: unit
+    head_dim stride, 16-byte aligned base and strides, positive head and row strides
+    (the batch stride only offsets the base, so it may be 0)."""
+    b, h, s, _ = (stride * t.element_size() for stride in t.stride())
+    return (t.data_ptr() % 16 == 0 and t.stride(3) == 1 and h > 0 and s > 0
+            and b % 16 == 0 and h % 16 == 0 and s % 16 == 0)
+
+
+def _use_tma(*bnsd_views: torch.Tensor) -> bool:
+    setting = os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
+    if setting not in ("auto", "0", "1"):
+        raise ValueError(f"FLASH_CANN_TRITON_TMA must be auto, 0 or 1 (got {setting!r})")
+    device = bnsd_views[0].device
+    if setting == "0" or (setting == "auto" and not (
+            device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)):
+        return False
+    return all(_tma_compatible(t) for t in bnsd_views)
+
+
+@contextlib.contextmanager
+def _launching_on(device: torch.device, use_tma: bool) -> Iterator[None]:
+    """Kernels launch on the tensors' GPU (not the current one); descriptor kernels get
+    their scratch allocator. CPU tensors (the Triton interpreter) need neither."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        if use_tma:
+            triton.set_allocator(_tma_scratch)
+        yield
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_budget(device: torch.device) -> int:
+    """Shared memory a config may plan for on ``device``."""
+    if device.type != "cuda":
+        return SHARED_MEMORY_BUDGET
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    limit = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return min(SHARED_MEMORY_BUDGET, limit - SHARED_MEMORY_MARGIN)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _bucket(seqlen: int) -> int:
+    return min(triton.next_power_of_2(seqlen), SEQLEN_BUCKET_CAP)
+
+
+def _mask_strides(mask: torch.Tensor | None) -> tuple[int, ...]:
+    return mask.stride() if mask is not None else (0, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# The backend's entry points (called by flash_cann.ops after the shared checks)
+# ---------------------------------------------------------------------------------------
+
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str):
+    q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    out = _empty(query.shape, query.dtype, query.device)
+    lse = _empty((batch, heads_q, seqlen_q), torch.float32, query.device)
+    o = layouts.to_bnsd(out, layout)
+    use_tma = _use_tma(q, k, v, o)
+    with _launching_on(query.device, use_tma):
+        FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+                   q, k, v, o, lse, key_padding_mask,
+                   q.stride(), k.stride(), v.stride(), o.stride(),
+                   *_mask_strides(key_padding_mask),
+                   heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
+                   _bucket(seqlen_q), _bucket(seqlen_k),
+                   scores=batch * heads_q * seqlen_q * seqlen_k,
+                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), CAUSAL=causal,
+                   HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
+                   USE_TMA=use_tma)
+    return out, lse
+
+
+def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
+             *, scale: float, causal: bool, layout: str):
+    q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    block_d = _block_d(head_dim)
+    device = query.device
+    delta = _empty((batch, heads_q, seqlen_q), torch.float32, device)
+    grad_query = _empty(query.shape, query.dtype, device)
+    grad_key = _empty(key.shape, key.dtype, device)
+    grad_value = _empty(value.shape, value.dtype, device)
+    dq, dk, dv = (layouts.to_bnsd(t, layout) for t in (grad_query, grad_key, grad_value))
+    use_tma = _use_tma(q, k, v, do, dq, dk, dv)
+    # The (batch, heads, seqlen) fp32 vectors are read contiguous (a strided one, e.g. an
+    # expanded lse gradient, costs a copy of batch * heads * seqlen floats).
+    lse = softmax_lse.contiguous()
+    dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
+    inputs = (q, k, v, do, lse, delta, key_padding_mask)
+    input_strides = (q.stride(), k.stride(), v.stride(), do.stride())
+    scalars = (*_mask_strides(key_padding_mask), heads_q, heads_q // heads_kv, seqlen_q,
+               seqlen_k, scale, scale * math.log2(math.e), _bucket(seqlen_q), _bucket(seqlen_k))
+    shared = dict(scores=batch * heads_q * seqlen_q * seqlen_k, HEAD_DIM=head_dim,
+                  BLOCK_D=block_d, CAUSAL=causal, HAS_MASK=key_padding_mask is not None,
+                  USE_TMA=use_tma)
+    with _launching_on(device, use_tma):
+        # Stage: D = rowsum(dO ∘ O) - dLSE.
+        rows = max(16, PREPROCESS_TILE // block_d)
+        kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, batch)](
+            o, do, dlse, delta, o.stride(), do.stride(), heads_q, seqlen_q, HEAD_DIM=head_dim,
+            BLOCK_D=block_d, HAS_DLSE=dlse is not None, BLOCK_M=rows)
+        # Stage: dK, dV per key block.
+        DKDV.launch(lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch),
+                    *inputs, dk, dv, *input_strides, dk.stride(), dv.stride(), *scalars, **shared)
+        # Stage: dQ per query block.
+        DQ.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+                  *inputs, dq, *input_strides, dq.stride(), *scalars, **shared)
+    return grad_query, grad_key, grad_value

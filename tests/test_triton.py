@@ -1,0 +1,185 @@
+"""The Triton backend on a CUDA GPU: forward and backward through torch.ops.flash_cann
+against the float64 oracle over test_accuracy's grid (float16/bfloat16), long sequences,
+every autotuning candidate, both load paths, strided and expanded inputs, determinism,
+torch.compile, opcheck and O(N) memory. Outputs are poisoned with NaN before every run
+(triton_checks), inputs are fresh per case. Tolerances: flash_cann.accuracy.
+Skipped without a CUDA GPU and triton (test_triton_interpreter.py runs a few cases on
+the CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import flash_cann
+from flash_cann import memory
+
+from conftest import make_qkv, random_key_padding_mask
+from test_accuracy import HEAD_DIMS, HEADS, SEQLENS
+from triton_checks import assert_all_ok, check, expanded_grad_check, packed_views
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
+    reason="needs a CUDA GPU and triton")
+
+DTYPES = [torch.float16, torch.bfloat16]
+DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # -k bf16 / -k fp16 shard
+
+
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}-{h[1]}")
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_matches_oracle(dtype, causal, masked, heads, head_dim, seqlens, gen):
+    layout = "BSND" if head_dim % 32 else "BNSD"  # both layouts, as test_accuracy does
+    assert_all_ok(check("cuda", dtype, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
+
+
+LONG = [  # (dtype, causal, masked, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k))
+    (torch.bfloat16, True, True, (2, 1), 128, (8192, 8192)),
+    (torch.float16, False, False, (2, 2), 64, (8000, 8192)),
+    (torch.bfloat16, True, False, (1, 1), 128, (16384, 16384)),
+    (torch.float16, False, True, (1, 1), 64, (16384, 16000)),
+]
+
+
+@pytest.mark.parametrize("case", LONG, ids=lambda c: f"{DTYPE_IDS[c[0]]}-{c[5][0]}x{c[5][1]}")
+def test_long_sequences(case, gen):
+    """8k and 16k, forward and backward (the oracle materialises the score matrix in
+    float64: 2 GiB per head at 16k)."""
+    dtype, causal, masked, heads, head_dim, seqlens = case
+    assert_all_ok(check("cuda", dtype, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout="BSND", gen=gen, batch=1))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
+def test_every_candidate_config(kernel, head_dim, gen):
+    """Each config the autotuner may pick gives the right answer (causal, padding, GQA,
+    tails in several blocks)."""
+    from flash_cann.backends import triton as triton_backend
+
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    for config in triton_backend.KERNELS[kernel].candidates(block_d):
+        with triton_backend.pinned_configs(**{kernel: config}):
+            results = check("cuda", torch.bfloat16, causal=True, masked=True, heads=(4, 2),
+                            head_dim=head_dim, seqlens=(300, 333), layout="BSND", gen=gen)
+        assert all(r.ok for r in results), f"{config}\n" + "\n".join(map(str, results))
+
+
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_both_load_paths(tma, causal, monkeypatch, gen):
+    """Pointer loads (any GPU, any strides) and tensor descriptors (TMA on Hopper)."""
+    monkeypatch.setenv("FLASH_CANN_TRITON_TMA", tma)
+    assert_all_ok(check("cuda", torch.bfloat16, causal=causal, masked=True, heads=(4, 2),
+                        head_dim=128, seqlens=(1000, 1100), layout="BSND", gen=gen))
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("scale", [-2.0, 0.0], ids=["negative", "zero"])
+def test_non_positive_scale(scale, masked, gen):
+    """The forward takes whole blocks' row max from the unscaled scores (max, or min for
+    a negative scale) and masked blocks' from the scaled ones. Scale -2 spreads a row's
+    scores so far that a wrong max overflows P in float16."""
+    assert_all_ok(check("cuda", torch.float16, causal=True, masked=masked, heads=(4, 2),
+                        head_dim=64, seqlens=(300, 333), layout="BSND", gen=gen, scale=scale))
+
+
+@pytest.mark.parametrize("head_dim", [1, 8, 59, 111, 200], ids=lambda d: f"d{d}")
+def test_odd_head_dims_strided(head_dim, gen):
+    """head_dims whose rows are not 16-byte aligned (59, 111: pointer loads) and padded
+    ones, read as strided slices of one packed qkv tensor; one sequence all padding."""
+    assert_all_ok(check("cuda", torch.bfloat16, causal=True, masked=True, heads=(4, 4),
+                        head_dim=head_dim, seqlens=(77, 77), layout="BSND", gen=gen,
+                        inputs=packed_views, empty_sequence=True))
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_expanded_grad_out(layout, gen):
+    assert_all_ok(expanded_grad_check("cuda", torch.bfloat16, causal=True, layout=layout,
+                                      gen=gen))
+
+
+def test_backward_is_deterministic(gen):
+    """Every output element has one writer (no atomics): bitwise equal reruns."""
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16, "BSND", device="cuda",
+                       generator=gen)
+    mask = random_key_padding_mask(2, 1000, gen, "cuda")
+    grad_out = torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16)
+
+    def grads():
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        flash_cann.attention(q_, k_, v_, layout="BSND", causal=True,
+                             key_padding_mask=mask).backward(grad_out)
+        return q_.grad, k_.grad, v_.grad
+
+    first = grads()
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+
+
+def test_compile_fullgraph_matches_eager(gen):
+    q, k, v = make_qkv(2, 4, 2, 333, 257, 64, torch.bfloat16, "BSND", device="cuda",
+                       generator=gen)
+    mask = random_key_padding_mask(2, 257, gen, "cuda")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def model(q_, k_, v_):
+        out = flash_cann.attention(q_, k_, v_, layout="BSND", causal=True,
+                                   key_padding_mask=mask)
+        return out.float().square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    eager_loss = model(q, k, v)
+    eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
+    loss = compiled(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    torch.testing.assert_close(loss, eager_loss)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_opcheck(causal, gen):
+    q, k, v = make_qkv(2, 4, 2, 65, 90, 64, torch.bfloat16, "BSND", device="cuda",
+                       generator=gen)
+    mask = random_key_padding_mask(2, 90, gen, "cuda")
+    attrs = {"causal": causal, "layout": "BSND"}
+    torch.library.opcheck(torch.ops.flash_cann.fwd.default,
+                          (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), mask,
+                           0.125), attrs)
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, mask, 0.125, causal, "BSND")
+    grad_lse = torch.randn(lse.shape, generator=gen).to("cuda")
+    torch.library.opcheck(torch.ops.flash_cann.bwd.default,
+                          (torch.randn(out.shape, generator=gen).to(out), q.detach(),
+                           k.detach(), v.detach(), out.detach(), lse.detach(), mask, grad_lse,
+                           0.125), attrs)
+
+
+def _memory_inputs(seqlen):
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, 8, seqlen, 64, generator=gen).to("cuda", torch.bfloat16)
+                 .requires_grad_() for _ in range(3))
+
+
+def _fwd_bwd(q, k, v):
+    flash_cann.attention(q, k, v, causal=True).sum().backward()
+
+
+def test_memory_is_linear_in_seqlen():
+    """4x the seqlen, at most ~4x the peak extra memory (the score matrix would be 16x)."""
+    device = torch.device("cuda")
+    small = memory.peak_extra_bytes(device, _memory_inputs, _fwd_bwd, (4096,),
+                                    warmup_args=(4096,))
+    large = memory.peak_extra_bytes(device, _memory_inputs, _fwd_bwd, (16384,),
+                                    warmup_args=(16384,))
+    score_matrix = 8 * 16384 * 16384 * 2  # heads x seqlen^2 x bf16
+    assert large < score_matrix / 16, (small, large)
+    assert large <= 4.5 * small, f"4x the seqlen grew the peak {large / small:.1f}x"

@@ -1,0 +1,147 @@
+"""The Triton backend's kernels on the CPU, through Triton's interpreter: a handful of
+tiny cases for machines without a GPU (the full grid runs on a GPU: test_triton.py).
+
+TRITON_INTERPRET=1 must be set before triton is imported, so test_kernels_in_interpreter
+runs this file again in a subprocess with it set; there the kernel cases run, here they
+are skipped. The subprocess routes CPU tensors to the triton backend, so each case goes
+through torch.ops.flash_cann (checks, autograd) exactly as CUDA tensors do.
+
+float16 only: the interpreter does not compute in bfloat16 (it multiplies the bit
+patterns; Triton's debugging guide lists bfloat16 as unsupported there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+in_interpreter = pytest.mark.skipif(
+    not (HAS_TRITON and INTERPRETING),
+    reason="runs in test_kernels_in_interpreter's subprocess (TRITON_INTERPRET=1)")
+
+CASES = [  # (causal, masked, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k), layout)
+    # GQA; row and key tails; the causal diagonal right of the top-left corner.
+    (True, True, (4, 2), 64, (17, 40), "BSND"),
+    # MQA; head_dim padded 80 -> 128; the first rows lie above the diagonal (no key).
+    (True, False, (4, 1), 80, (40, 17), "BSND"),
+    # Padding over several key blocks; head_dim 32.
+    (False, True, (2, 2), 32, (33, 150), "BNSD"),
+    # The smallest head_dim (padded to 16) and a single query row.
+    (False, False, (2, 1), 1, (1, 3), "BNSD"),
+    # The largest head_dim.
+    (True, True, (2, 2), 256, (20, 20), "BSND"),
+]
+
+
+@needs_triton
+@pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
+def test_kernels_in_interpreter():
+    """Run this file's kernel cases in a subprocess under TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          __file__, "-k", "not test_kernels_in_interpreter"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
+    assert "passed" in summary and "skipped" not in summary, run.stdout[-4000:]
+
+
+@needs_triton
+def test_poisoned_outputs_fill_every_buffer():
+    """The seam the poisoning tests rely on: buffers the kernels must write start as NaN."""
+    from flash_cann.backends import triton as triton_backend
+
+    with triton_backend.poisoned_outputs():
+        poisoned = triton_backend._empty((3, 5), torch.float16, torch.device("cpu"))
+    assert torch.isnan(poisoned).all()
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """CPU tensors go to the triton backend (the interpreter runs its kernels)."""
+    from flash_cann import ops
+    from triton.runtime import interpreter
+
+    # Triton 3.6's interpreter turns a tensor loop bound into a Python int with
+    # int(array), which NumPy >= 2.4 refuses for 1-element arrays; upstream fixed it the
+    # same way (triton-lang/triton#9171, #9172).
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_with_index(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_tensor_with_index)
+    monkeypatch.setitem(ops._selected, "cpu", "triton")
+
+
+@in_interpreter
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_oracle(case, tma, triton_on_cpu, monkeypatch, gen):
+    from triton_checks import assert_all_ok, check
+
+    monkeypatch.setenv("FLASH_CANN_TRITON_TMA", tma)
+    causal, masked, heads, head_dim, seqlens, layout = case
+    assert_all_ok(check("cpu", torch.float16, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
+
+
+@in_interpreter
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_empty_sequence_and_strided_inputs(causal, triton_on_cpu, gen):
+    """A sequence whose every key is padding (out 0, lse -inf, zero gradients), with q, k,
+    v read as strided slices of one packed tensor."""
+    from triton_checks import assert_all_ok, check, packed_views
+
+    assert_all_ok(check("cpu", torch.float16, causal=causal, masked=True, heads=(2, 2),
+                        head_dim=48, seqlens=(30, 30), layout="BSND", gen=gen,
+                        inputs=packed_views, empty_sequence=True))
+
+
+@in_interpreter
+@pytest.mark.parametrize("scale", [-2.0, 0.0], ids=["negative", "zero"])
+def test_non_positive_scale(scale, triton_on_cpu, gen):
+    """Whole key blocks take the row max from unscaled scores (the min for a negative
+    scale), masked ones from scaled scores. Scale -2 spreads a row's scores so far that a
+    wrong max overflows P in float16."""
+    from triton_checks import assert_all_ok, check
+
+    assert_all_ok(check("cpu", torch.float16, causal=True, masked=False, heads=(2, 1),
+                        head_dim=32, seqlens=(70, 150), layout="BSND", gen=gen, scale=scale))
+
+
+@in_interpreter
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+def test_expanded_grad_out(layout, triton_on_cpu, gen):
+    from triton_checks import assert_all_ok, expanded_grad_check
+
+    assert_all_ok(expanded_grad_check("cpu", torch.float16, causal=True, layout=layout,
+                                      gen=gen))
+
+
+@in_interpreter
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
+def test_every_candidate_tile(kernel, triton_on_cpu, gen):
+    """Each tile the autotuner may pick (head_dim 64) gives the right answer, with
+    causal masking, padding, GQA and tails in several blocks. (The interpreter ignores
+    warps and pipeline stages, so one config per tile; test_triton.py runs them all.)"""
+    from flash_cann.backends import triton as triton_backend
+    from triton_checks import check
+
+    tiles = {}
+    for config in triton_backend.KERNELS[kernel].candidates(block_d=64):
+        tiles.setdefault((config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]), config)
+    for config in tiles.values():
+        with triton_backend.pinned_configs(**{kernel: config}):
+            results = check("cpu", torch.float16, causal=True, masked=True, heads=(2, 1),
+                            head_dim=64, seqlens=(130, 150), layout="BSND", gen=gen, batch=1)
+        assert all(r.ok for r in results), f"{config}\n" + "\n".join(map(str, results))
