@@ -1,5 +1,5 @@
 """The Ascend C forward kernel (op_kernel/) run on the CPU twin of the Ascend C API
-(tests/twin/): the twin's rule checks fire, and the kernel matches the float64 oracle
+(twin/): the twin's rule checks fire, and the kernel matches the float64 oracle
 across dtypes, masks, GQA, head dims, tails and core counts.
 
 What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")."""
@@ -25,8 +25,8 @@ def twin_library():
 
 
 def test_rule_checks_fire():
-    """tests/twin/tests/twin_rule_tests.cpp: each hardware rule, broken once, is caught."""
-    result = run("twin/twin_rule_tests")
+    """tests/twin/twin_rule_tests.cpp: each hardware rule, broken once, is caught."""
+    result = run("twin_tests/twin_rule_tests")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "20 of 20 twin rule tests passed" in result.stdout
 

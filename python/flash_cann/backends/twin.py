@@ -1,5 +1,5 @@
 """Twin backend: the Ascend C forward kernel (op_kernel/) run on the CPU twin of the
-Ascend C API (tests/twin/), through the same op contract.
+Ascend C API (twin/), through the same op contract.
 
 This is a verification tool, not a fast path: it executes the NPU kernel's exact
 sequence of API calls -- data moves, cube fractals, vector instructions, cross-core
