@@ -1,6 +1,7 @@
 // The backward kernel on the twin, for Python (ctypes): plan, lay out GM as the CANN
 // shell would (user workspace after the 16 MiB system workspace, tiling data in GM),
-// launch every AI core of the plan, report the first rule violation.
+// launch every AI core of the plan, report the first rule violation and the bytes the
+// kernel allocated per memory level.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -79,8 +80,8 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                                         void* gradQuery, void* gradKey, void* gradValue, int64_t batch,
                                         int64_t headsQ, int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                         int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
-                                        double scale, int32_t deterministic, int32_t aicCores, char* error,
-                                        uint64_t errorCapacity)
+                                        double scale, int32_t deterministic, int32_t aicCores,
+                                        uint64_t* allocatedBytes, char* error, uint64_t errorCapacity)
 {
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
                                           aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
@@ -116,11 +117,13 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
         config.gm.push_back({gradSoftmaxLse, lseBytes, "grad_softmax_lse"});
     }
     auto gm = [](void* p) { return static_cast<GM_ADDR>(p); };
+    twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention_grad(gm(gradOut), gm(query), gm(key), gm(value), gm(out), gm(softmaxLse),
                                   gm(keyPaddingMask), gm(gradSoftmaxLse), gm(gradQuery), gm(gradKey),
                                   gm(gradValue), workspace.data(), tiling.data());
-    });
+    }, &report);
+    twin::CopyAllocated(report, allocatedBytes);
     if (!violation.empty()) {
         return twin::Report(violation, error, errorCapacity);
     }
