@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cost_model.h"
+#include "plan_parts.h"
 #include "work_model.h"
 
 namespace flash_cann {
@@ -27,15 +28,9 @@ constexpr uint32_t kBlockCandidates[][2] = {
     {128, 256}, {128, 128}, {64, 256}, {64, 128}, {128, 64}, {64, 64}, {32, 128}, {32, 64},
 };
 
-template <typename... Parts>
-std::string Message(const Parts&... parts)
-{
-    std::ostringstream out;
-    (out << ... << parts);
-    return out.str();
-}
+}  // namespace
 
-std::string Validate(const PlanRequest& r)
+std::string ValidateProblem(const PlanRequest& r)
 {
     const std::pair<const char*, int64_t> sizes[] = {
         {"batch", r.batch}, {"heads_q", r.headsQ}, {"heads_kv", r.headsKv},
@@ -83,6 +78,8 @@ std::string Validate(const PlanRequest& r)
     }
     return "";
 }
+
+namespace {
 
 void SetProblem(TilingData& t, const PlanRequest& r)
 {
@@ -140,6 +137,8 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
     };
 }
 
+}  // namespace
+
 uint64_t Capacity(MemLevel level, const Platform& p)
 {
     switch (level) {
@@ -175,6 +174,29 @@ bool Fits(const std::vector<LevelUse>& levels)
     return std::all_of(levels.begin(), levels.end(),
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
+
+std::string CheckPlatform(const Platform& platform)
+{
+    if (platform.aicCores < 1) {
+        return Message("platform ", platform.name, " reports no AI cores");
+    }
+    return "";
+}
+
+std::string CheckPipeBuffers(const std::vector<BufferUse>& buffers)
+{
+    uint32_t pipeBuffers = 0;
+    for (const BufferUse& b : buffers) {
+        pipeBuffers += b.copies;
+    }
+    if (pipeBuffers > kMaxBuffersPerPipe) {
+        return Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
+                       kMaxBuffersPerPipe);
+    }
+    return "";
+}
+
+namespace {
 
 // Pick the largest block shape whose cube operands and results are double-buffered
 // (so MTE1, the cube and Fixpipe overlap), or failing that the largest that fits at all;
@@ -225,12 +247,11 @@ uint32_t ElementBytes(DType dtype)
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
-    result.error = Validate(request);
-    if (!result.ok()) {
-        return result;
+    result.error = ValidateProblem(request);
+    if (result.ok()) {
+        result.error = CheckPlatform(platform);
     }
-    if (platform.aicCores < 1) {
-        result.error = Message("platform ", platform.name, " reports no AI cores");
+    if (!result.ok()) {
         return result;
     }
     Plan& plan = result.plan;
@@ -244,13 +265,8 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);
-    uint32_t pipeBuffers = 0;
-    for (const BufferUse& b : plan.buffers) {
-        pipeBuffers += b.copies;
-    }
-    if (pipeBuffers > kMaxBuffersPerPipe) {
-        result.error = Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
-                               kMaxBuffersPerPipe);
+    result.error = CheckPipeBuffers(plan.buffers);
+    if (!result.ok()) {
         return result;
     }
 
