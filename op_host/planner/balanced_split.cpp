@@ -34,6 +34,79 @@ std::vector<uint64_t> SplitPeriodic(const std::vector<double>& prefix, uint64_t 
     return starts;
 }
 
+namespace {
+
+// Cumulative work of the first `units` units of a periodic profile.
+class PeriodicWork {
+public:
+    PeriodicWork(const std::vector<double>& prefix, uint64_t segments)
+        : prefix_(prefix), units_(prefix.size() - 1), total_(segments * units_) {}
+
+    uint64_t total() const { return total_; }
+
+    double operator()(uint64_t units) const
+    {
+        return static_cast<double>(units / units_) * prefix_[units_] + prefix_[units % units_];
+    }
+
+    // The last boundary e in (begin, total] with work(begin, e) <= bound (at least begin + 1).
+    uint64_t Reach(uint64_t begin, double bound) const
+    {
+        const double base = (*this)(begin);
+        uint64_t lo = begin + 1;
+        uint64_t hi = total_;
+        while (lo < hi) {
+            const uint64_t mid = lo + (hi - lo + 1) / 2;
+            if ((*this)(mid) - base <= bound) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        return lo;
+    }
+
+private:
+    const std::vector<double>& prefix_;
+    uint64_t units_;
+    uint64_t total_;
+};
+
+// Greedy cut under `bound`: the starts, stopping once more than `cores` ranges are needed.
+std::vector<uint64_t> CutUnder(const PeriodicWork& work, double bound, uint32_t cores)
+{
+    std::vector<uint64_t> starts{0};
+    while (starts.back() < work.total() && starts.size() <= cores) {
+        starts.push_back(work.Reach(starts.back(), bound));
+    }
+    return starts;
+}
+
+}  // namespace
+
+std::vector<uint64_t> SplitPeriodicMinMax(const std::vector<double>& prefix, uint64_t segments,
+                                          uint32_t cores)
+{
+    const PeriodicWork work(prefix, segments);
+    cores = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(cores, work.total())));
+    double lo = 0;  // infeasible below: some unit alone exceeds it, or too many ranges
+    for (uint64_t k = 0; k + 1 < prefix.size(); ++k) {
+        lo = std::max(lo, prefix[k + 1] - prefix[k]);
+    }
+    double hi = work(work.total());  // one range holds everything
+    if (cores == 1 || lo >= hi) {
+        return {0, work.total()};
+    }
+    lo *= 1 - 1e-12;
+    constexpr int kProbes = 64;
+    for (int probe = 0; probe < kProbes && hi - lo > 1e-12 * hi; ++probe) {
+        const double mid = (lo + hi) / 2;
+        const std::vector<uint64_t> starts = CutUnder(work, mid, cores);
+        (starts.back() == work.total() && starts.size() - 1 <= cores ? hi : lo) = mid;
+    }
+    return CutUnder(work, hi, cores);
+}
+
 void RefineBoundaries(uint64_t* starts, uint32_t ranges, uint64_t step,
                       const std::function<double(uint64_t, uint64_t)>& cost, int passes)
 {

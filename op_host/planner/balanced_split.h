@@ -22,6 +22,12 @@ namespace flash_cann {
 std::vector<uint64_t> SplitPeriodic(const std::vector<double>& prefix, uint64_t segments,
                                     uint32_t cores);
 
+// Range starts (as SplitPeriodic) that minimise the largest range's work exactly, for a
+// profile whose prefix is the exact work of every range: a binary search over that
+// bound, each probe cutting the ranges greedily (O(N log units) per probe).
+std::vector<uint64_t> SplitPeriodicMinMax(const std::vector<double>& prefix, uint64_t segments,
+                                          uint32_t cores);
+
 // Moves each interior boundary of starts[0..ranges] by `step` while that lowers the larger
 // of the work of its two neighbouring ranges, `cost(begin, end)`; at most `passes` passes.
 void RefineBoundaries(uint64_t* starts, uint32_t ranges, uint64_t step,

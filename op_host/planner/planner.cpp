@@ -81,37 +81,6 @@ std::string ValidateProblem(const PlanRequest& r)
 
 namespace {
 
-void SetProblem(TilingData& t, const PlanRequest& r)
-{
-    t.batch = static_cast<uint32_t>(r.batch);
-    t.headsQ = static_cast<uint32_t>(r.headsQ);
-    t.headsKv = static_cast<uint32_t>(r.headsKv);
-    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
-    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
-    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
-    t.headDim = static_cast<uint32_t>(r.headDim);
-    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
-    t.causalOffset = r.seqlenK - r.seqlenQ;
-    t.scale = static_cast<float>(r.scale);
-    t.layout = static_cast<uint32_t>(r.layout);
-    const uint64_t d = t.headDim;
-    if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
-        t.qStrideRow = d;
-        t.qStrideHead = d * t.seqlenQ;
-        t.qStrideBatch = t.qStrideHead * t.headsQ;
-        t.kvStrideRow = d;
-        t.kvStrideHead = d * t.seqlenK;
-        t.kvStrideBatch = t.kvStrideHead * t.headsKv;
-    } else {  // BSND: (batch, seqlen, heads, head_dim)
-        t.qStrideHead = d;
-        t.qStrideRow = d * t.headsQ;
-        t.qStrideBatch = t.qStrideRow * t.seqlenQ;
-        t.kvStrideHead = d;
-        t.kvStrideRow = d * t.headsKv;
-        t.kvStrideBatch = t.kvStrideRow * t.seqlenK;
-    }
-}
-
 std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
 {
     const BufferBytes b = ComputeBufferBytes(t, elemBytes);

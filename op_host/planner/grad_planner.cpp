@@ -1,0 +1,237 @@
+#include "grad_planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "balanced_split.h"
+#include "plan_parts.h"
+
+namespace flash_cann {
+namespace {
+
+// Block shapes (blockQ, blockK) the backward kernel supports, preferred first: the most
+// work per step, then the longer key block (fewer dQ additions). blockK is a multiple of
+// 64 (an fp32 key row is a whole number of 256-byte vector repeats); blockQ a multiple of
+// 16, so each vector core's half is a multiple of 8 rows.
+constexpr uint32_t kGradBlockCandidates[][2] = {
+    {128, 128}, {128, 64}, {64, 128}, {64, 64}, {32, 64}, {16, 64},
+};
+// Rows per pre/post-pass chunk, largest first (multiples of 8).
+constexpr uint32_t kPassRowCandidates[] = {128, 64, 32, 16, 8};
+// The split's table of one (batch, head_kv) segment stays at most this long.
+constexpr uint64_t kMaxSplitUnitsPerSegment = 65536;
+// The workspace's byte offsets are 64-bit; refuse far before they could wrap.
+constexpr double kMaxWorkspaceBytes = 9.0e18;
+
+std::string DescribeOverflow(const std::vector<LevelUse>& levels)
+{
+    for (const LevelUse& l : levels) {
+        if (l.used > l.capacity) {
+            return Message(MemLevelName(l.level), " ", l.used, " of ", l.capacity, " bytes");
+        }
+    }
+    return "";
+}
+
+// The first candidate whose buffers fit, with the largest pass chunk that still fits;
+// otherwise the refusal, naming what the smallest shape would need.
+std::string ChooseGradBlocks(GradTilingData& t, uint32_t elemBytes, const Platform& p)
+{
+    auto levels = [&] { return SumLevels(ListGradBuffers(t, elemBytes), p); };
+    for (const auto& candidate : kGradBlockCandidates) {
+        t.blockQ = candidate[0];
+        t.blockK = candidate[1];
+        for (uint32_t rows : kPassRowCandidates) {
+            t.passRows = rows;
+            if (Fits(levels())) {
+                t.keyBlocks = (t.seqlenK + t.blockK - 1) / t.blockK;
+                return "";
+            }
+        }
+    }
+    return Message("head_dim ", t.headDim, ": no block shape of the backward fits ", p.name,
+                   "'s buffers (the smallest, ", t.blockQ, "x", t.blockK, ", needs ",
+                   DescribeOverflow(levels()), "; dK and dV of a key block stay in L0C)");
+}
+
+// Deterministic dQ: chunks of dqChunkBlocks key blocks, one fp32 dQ slot each. Chosen
+// from the problem alone (never the core count), so every split sums in the same order.
+void ChooseDqChunks(GradTilingData& t, bool deterministic)
+{
+    if (!deterministic) {
+        t.dqChunkBlocks = t.keyBlocks;
+        t.dqSlots = 1;
+        return;
+    }
+    const uint64_t pairs = uint64_t{t.batch} * t.headsKv;
+    const uint64_t wanted = std::max<uint64_t>(1, (kTargetDqChunks + pairs - 1) / pairs);
+    const uint64_t slots = std::min<uint64_t>({wanted, kMaxDqSlots, t.keyBlocks});
+    t.dqChunkBlocks = static_cast<uint32_t>((t.keyBlocks + slots - 1) / slots);
+    t.dqSlots = (t.keyBlocks + t.dqChunkBlocks - 1) / t.dqChunkBlocks;
+}
+
+// Split the units over at most `cores` AI cores on the modelled work, in split
+// units of `splitBlocks` key blocks (a multiple of the dQ chunk when deterministic).
+// Returns the per-segment prefix of work over split units, for measuring the cores.
+std::vector<double> SplitUnits(GradTilingData& t, bool causal, bool deterministic,
+                               uint32_t cores, uint64_t& splitBlocks)
+{
+    splitBlocks = deterministic ? t.dqChunkBlocks : 1;
+    while ((t.keyBlocks + splitBlocks - 1) / splitBlocks > kMaxSplitUnitsPerSegment) {
+        splitBlocks *= 2;
+    }
+    const uint64_t perSegment = (t.keyBlocks + splitBlocks - 1) / splitBlocks;
+    std::vector<double> prefix(perSegment + 1, 0.0);
+    for (uint64_t block = 0; block < t.keyBlocks; ++block) {
+        prefix[block / splitBlocks + 1] += GradUnitMacs(t, causal, block);
+    }
+    for (uint64_t k = 0; k < perSegment; ++k) {
+        prefix[k + 1] += prefix[k];
+    }
+    const uint64_t segments = uint64_t{t.batch} * t.headsKv;
+    // The prefix is the exact modelled work of any range of split units, so the split can
+    // minimise the busiest core's work exactly.
+    const std::vector<uint64_t> starts = SplitPeriodicMinMax(prefix, segments, cores);
+    t.units = segments * t.keyBlocks;
+    t.usedCores = static_cast<uint32_t>(starts.size() - 1);
+    std::fill(std::begin(t.unitStart), std::end(t.unitStart), 0);
+    for (size_t c = 0; c < starts.size(); ++c) {  // split units -> key-block units
+        t.unitStart[c] = starts[c] / perSegment * t.keyBlocks + starts[c] % perSegment * splitBlocks;
+    }
+    return prefix;
+}
+
+std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, bool causal,
+                                           const std::vector<double>& prefix, uint64_t splitBlocks)
+{
+    // Every boundary is a split-unit boundary, so the prefix measures the cores exactly;
+    // steps are counted unit by unit only for the kernel's own UnitCost.
+    const uint64_t perSegment = prefix.size() - 1;
+    auto work = [&](uint64_t unit) {
+        const uint64_t segment = unit / t.keyBlocks;
+        const uint64_t k = unit % t.keyBlocks / splitBlocks;
+        return static_cast<double>(segment) * prefix[perSegment] + prefix[k];
+    };
+    std::vector<uint64_t> segmentSteps(t.keyBlocks + 1, 0);
+    for (uint64_t block = 0; block < t.keyBlocks; ++block) {
+        segmentSteps[block + 1] = segmentSteps[block] + GradUnitSteps(t, causal, block);
+    }
+    auto steps = [&](uint64_t unit) {
+        return unit / t.keyBlocks * segmentSteps[t.keyBlocks] + segmentSteps[unit % t.keyBlocks];
+    };
+    std::vector<GradCoreWork> cores;
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        const uint64_t begin = t.unitStart[c];
+        const uint64_t end = t.unitStart[c + 1];
+        cores.push_back({begin, end, steps(end) - steps(begin), work(end) - work(begin)});
+    }
+    return cores;
+}
+
+}  // namespace
+
+std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes)
+{
+    const GradBufferBytes b = ComputeGradBufferBytes(t, elemBytes);
+    return {
+        {"cube: Q block", "q_l1", MemLevel::L1, b.qL1, 1},
+        {"cube: dO block", "do_l1", MemLevel::L1, b.doL1, 1},
+        {"cube: K block, resident for a unit", "k_l1", MemLevel::L1, b.kL1, 1},
+        {"cube: V block, resident for a unit", "v_l1", MemLevel::L1, b.vL1, 1},
+        {"cube: P block", "p_l1", MemLevel::L1, b.pL1, 1},
+        {"cube: dS block", "ds_l1", MemLevel::L1, b.dsL1, 1},
+        {"cube: A operand (Q, dO, dS, P^T, dS^T)", "a_l0a", MemLevel::L0A, b.l0a, 1},
+        {"cube: B operand (K^T, V^T, dO, Q, K)", "b_l0b", MemLevel::L0B, b.l0b, 1},
+        {"cube: product (S, dP or dQ), fp32", "c_l0c", MemLevel::L0C, b.l0c, 1},
+        {"cube: dK accumulator of a unit, fp32", "dk_l0c", MemLevel::L0C, b.dkL0c, 1},
+        {"cube: dV accumulator of a unit, fp32", "dv_l0c", MemLevel::L0C, b.dvL0c, 1},
+        {"vector: S rows, fp32 (becomes P)", "s_ub", MemLevel::UB, b.sUb, 1},
+        {"vector: dP rows, fp32 (becomes dS)", "dp_ub", MemLevel::UB, b.dpUb, 1},
+        {"vector: P rows", "p_ub", MemLevel::UB, b.pUb, 1},
+        {"vector: dS rows", "ds_ub", MemLevel::UB, b.dsUb, 1},
+        {"vector: row statistics (lse, D)", "rows_ub", MemLevel::UB, b.rowUb, kGradRowStats},
+        {"vector: row statistic broadcast", "brc_ub", MemLevel::UB, b.brcUb, 1},
+        {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb,
+         kGradKeyRows},
+        {"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1},
+        {"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1},
+        {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
+        {"pre/post-pass: dO, O or gradient rows in", "pass_in_ub", MemLevel::UB, b.passInUb, 2},
+        {"pre/post-pass: fp32 rows", "pass_acc_ub", MemLevel::UB, b.passAccUb, 2},
+        {"post-pass: gradient rows out", "pass_out_ub", MemLevel::UB, b.passOutUb, 1},
+        {"pre-pass: D per row", "pass_row_ub", MemLevel::UB, b.passRowUb, 1},
+    };
+}
+
+uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit)
+{
+    return causal ? UnitCost<true>(t, unit) : UnitCost<false>(t, unit);
+}
+
+double GradUnitMacs(const GradTilingData& t, bool causal, uint64_t unit)
+{
+    const GradUnit u = causal ? UnitAt<true>(t, unit) : UnitAt<false>(t, unit);
+    const uint32_t blocks = u.queryBlocks - u.firstQueryBlock;
+    if (blocks == 0) {
+        return 0;
+    }
+    const uint32_t lastRows = t.seqlenQ - (u.queryBlocks - 1) * t.blockQ;
+    const double rows = static_cast<double>(blocks - 1) * t.blockQ + AlignUp(lastRows, kCubeBlock);
+    return 5.0 * t.group * rows * AlignUp(u.keys, kCubeBlock) * t.headDimPad;
+}
+
+GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& platform)
+{
+    GradPlanResult result;
+    const PlanRequest& r = request.problem;
+    result.error = ValidateProblem(r);
+    if (result.ok()) {
+        result.error = CheckPlatform(platform);
+    }
+    if (!result.ok()) {
+        return result;
+    }
+    GradPlan& plan = result.plan;
+    GradTilingData& t = plan.tiling;
+    const uint32_t elemBytes = ElementBytes(r.dtype);
+    SetProblem(t, r);
+    result.error = ChooseGradBlocks(t, elemBytes, platform);
+    if (!result.ok()) {
+        return result;
+    }
+    plan.buffers = ListGradBuffers(t, elemBytes);
+    plan.levels = SumLevels(plan.buffers, platform);
+    result.error = CheckPipeBuffers(plan.buffers);
+    if (!result.ok()) {
+        return result;
+    }
+    ChooseDqChunks(t, request.deterministic);
+
+    uint64_t splitBlocks = 1;
+    const std::vector<double> prefix = SplitUnits(t, r.causal, request.deterministic,
+                                                  std::min(platform.aicCores, kMaxCores),
+                                                  splitBlocks);
+    plan.cores = MeasureGradCores(t, r.causal, prefix, splitBlocks);
+    double total = 0;
+    double busiest = 0;
+    for (const GradCoreWork& c : plan.cores) {
+        total += c.macs;
+        busiest = std::max(busiest, c.macs);
+    }
+    plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
+    plan.blockDim = t.usedCores;
+
+    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
+    if (queryRows * t.headDimPad * 4.0 * (t.dqSlots + 2) > kMaxWorkspaceBytes) {
+        result.error = "the backward's fp32 workspace (dQ, dK, dV) overflows 64-bit offsets";
+        return result;
+    }
+    const GradWorkspace ws(t, elemBytes);
+    plan.userWorkspaceBytes = ws.total;
+    plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};
+    plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
+                                   request.deterministic);
+    return result;
+}
+
+}  // namespace flash_cann
