@@ -4,6 +4,7 @@ plans (10,000 random shapes each, balance, refusals), the Python binding, and
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -111,6 +112,25 @@ def test_cli_prints_the_plan():
     for needle in ("tiling     key 1110", "work per AI core", "max/mean", "L0A", "UB",
                    "PREDICTION (roofline model", "% of cube peak"):
         assert needle in out, needle
+
+
+def test_cli_prints_the_backward_plan(capsys):
+    """In-process (the subprocess tests above cover the entry point)."""
+    from flash_cann import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "1,16,8192,128"]
+    assert cli.main([*shape, "--causal", "--backward", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
+                   "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
+                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00"):
+        assert needle in out, needle
+    assert cli.main([*shape, "--backward", "--json"]) == 0
+    json_plan = json.loads(capsys.readouterr().out)
+    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["dq_slots"] == 1
+    assert cli.main([*shape, "--deterministic"]) == 2
+    assert "--deterministic applies to --backward only" in capsys.readouterr().out
 
 
 def test_cli_reports_refusals():
