@@ -60,8 +60,9 @@ struct GradTilingData {
     // grad_key and grad_value share theirs.
     uint64_t qStrideBatch, qStrideHead, qStrideRow;
     uint64_t kvStrideBatch, kvStrideHead, kvStrideRow;
-    // Blocking. blockQ, blockK: multiples of kCubeBlock; blockK also of 64 (one vector
-    // repeat of fp32 per row slice). keyBlocks = ceil(seqlenK / blockK).
+    // Blocking. blockQ, blockK: multiples of kCubeBlock (blockQ even, so the two vector
+    // cores split a query block). keyBlocks = ceil(seqlenK / blockK). The AIC's L0C holds
+    // the product scratch and both unit accumulators: l0c + dkL0c + dvL0c <= L0C.
     uint32_t blockQ;
     uint32_t blockK;
     uint32_t keyBlocks;
@@ -81,8 +82,8 @@ struct GradTilingData {
     uint64_t unitStart[kMaxCores + 1];
 };
 
-// Bytes of every buffer the kernel allocates, one copy each (the kernel allocates every
-// buffer once). One formula for the planner's accounting and the kernel's InitBuffer
+// Bytes of every buffer the kernel allocates: one copy each unless its comment gives a
+// count. One formula for the planner's accounting and the kernel's InitBuffer
 // calls. AIC buffers live in L1/L0A/L0B/L0C; each AIV has its own UB.
 struct GradBufferBytes {
     // AIC, L1 (Nz)
@@ -103,23 +104,25 @@ struct GradBufferBytes {
     uint32_t dpUb;      // dP rows, fp32 (becomes dS in fp32)
     uint32_t pUb;       // P rows, input dtype
     uint32_t dsUb;      // dS rows, input dtype
-    uint32_t rowUb;     // one per-row statistic, fp32 (kGradRowStats of them)
+    uint32_t rowUb;     // one per-row statistic, fp32 (kGradRowStats of them: lse, D)
     uint32_t brcUb;     // a per-row statistic broadcast to one 32-byte block per row
-    uint32_t keyUb;     // one per-key row (bias, column index, scratch), fp32
-    uint32_t maskUb;    // key mask bytes
-    uint32_t maskHalfUb;
+    uint32_t keyUb;     // one per-key row (bias, column index, scratch), fp32, kKeyLanes-padded
+    uint32_t maskUb;    // key mask bytes (with a key mask only)
+    uint32_t maskHalfUb;  // the key mask as half (with a key mask only)
     uint32_t bitsUb;    // comparison bit mask
     // AIV, pre- and post-passes (passRows rows of D)
     uint32_t passInUb;  // rows of dO or O, input dtype (two of them)
-    uint32_t passAccUb; // rows in fp32 (two of them: accumulator and operand)
+    uint32_t passAccUb; // rows in fp32 (three: accumulator, operand, load from GM)
     uint32_t passOutUb; // rows of a gradient, input dtype
-    uint32_t passRowUb; // one value per row, fp32
+    uint32_t passRowUb; // one value per row, fp32 (two: D, partial row sums)
 };
 
 // Per-row statistics of the main loop's vector core: lse, D.
 constexpr uint32_t kGradRowStats = 2;
-// Per-key rows: key bias, column index, scratch.
-constexpr uint32_t kGradKeyRows = 3;
+// Per-key rows: key bias, column index, scratch (as the forward's).
+constexpr uint32_t kGradKeyRows = kKeyRows;
+// Per-key rows span whole fp32 vector repeats (Compares works on 256-byte repeats).
+constexpr uint32_t kKeyLanes = 64;
 
 __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t, uint32_t elemBytes)
 {
@@ -146,10 +149,11 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     b.dsUb = rows * bk * elemBytes;
     b.rowUb = AlignUp(rows * 4u, kByteBlock);
     b.brcUb = AlignUp(rows, 8u) * kByteBlock;
-    b.keyUb = bk * 4u;
-    b.maskUb = AlignUp(bk, kByteBlock);
-    b.maskHalfUb = bk * 2u;
-    b.bitsUb = AlignUp(bk / 8u, kByteBlock);
+    const uint32_t lanes = AlignUp(bk, kKeyLanes);
+    b.keyUb = lanes * 4u;
+    b.maskUb = lanes;
+    b.maskHalfUb = lanes * 2u;
+    b.bitsUb = AlignUp(lanes / 8u, kByteBlock);
     b.passInUb = t.passRows * d * elemBytes;
     b.passAccUb = t.passRows * d * 4u;
     b.passOutUb = t.passRows * d * elemBytes;

@@ -7,24 +7,12 @@
 
 #include "kernel_operator.h"
 #include "planner.h"
+#include "report.h"
 #include "twin/launch.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                      GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
-
-namespace {
-
-int Report(const std::string& message, char* error, uint64_t capacity)
-{
-    if (capacity > 0) {
-        std::strncpy(error, message.c_str(), capacity - 1);
-        error[capacity - 1] = '\0';
-    }
-    return 1;
-}
-
-}  // namespace
 
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
@@ -41,7 +29,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                               causal != 0, keyPaddingMask != nullptr, scale};
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
-        return Report("the planner refused: " + result.error, error, errorCapacity);
+        return twin::Report("the planner refused: " + result.error, error, errorCapacity);
     }
     const Plan& plan = result.plan;
     const size_t e = ElementBytes(request.dtype);
@@ -68,7 +56,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                              workspace.data(), tiling.data());
     });
     if (!violation.empty()) {
-        return Report(violation, error, errorCapacity);
+        return twin::Report(violation, error, errorCapacity);
     }
     return 0;
 }
