@@ -150,10 +150,10 @@ def test_grad_tiling_func_refuses_inconsistent_operands(misshape, message):
 
 
 def test_grad_refusal_becomes_a_failed_status_with_the_reason():
-    got, stderr = _grad_tiling("BNSD", "fp16", False, False, False, (1, 8, 128, 240),
-                               (1, 8, 128, 240))
+    got, stderr = _grad_tiling("BNSD", "fp16", False, False, False, (1, 8, 128, 300),
+                               (1, 8, 128, 300))
     assert got["status"] == "failed"
-    assert "refused: head_dim 240: no block shape of the backward fits" in stderr
+    assert "refused: head_dim 300 exceeds the kernel's maximum of 256" in stderr
 
 
 @pytest.mark.parametrize("layout, q, k", [

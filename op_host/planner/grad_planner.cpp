@@ -10,11 +10,13 @@ namespace flash_cann {
 namespace {
 
 // Block shapes (blockQ, blockK) the backward kernel supports, preferred first: the most
-// work per step, then the longer key block (fewer dQ additions). blockK is a multiple of
-// 64 (an fp32 key row is a whole number of 256-byte vector repeats); blockQ a multiple of
-// 16, so each vector core's half is a multiple of 8 rows.
+// work per step, then the longer key block (fewer dQ additions). Both are multiples of
+// the cube block (the kernel pads per-key vector rows to kKeyLanes itself); blockQ / 2,
+// each vector core's half, is a multiple of 8 rows. L0C holds the product scratch and
+// the dK and dV accumulators of a key block, so large head_dims take short key blocks.
 constexpr uint32_t kGradBlockCandidates[][2] = {
-    {128, 128}, {128, 64}, {64, 128}, {64, 64}, {32, 64}, {16, 64},
+    {128, 128}, {128, 64}, {64, 128}, {64, 64}, {64, 32}, {32, 64}, {32, 32}, {16, 64},
+    {16, 32}, {16, 16},
 };
 // Rows per pre/post-pass chunk, largest first (multiples of 8).
 constexpr uint32_t kPassRowCandidates[] = {128, 64, 32, 16, 8};
@@ -35,9 +37,10 @@ std::string DescribeOverflow(const std::vector<LevelUse>& levels)
 
 // The first candidate whose buffers fit, with the largest pass chunk that still fits;
 // otherwise the refusal, naming what the smallest shape would need.
-std::string ChooseGradBlocks(GradTilingData& t, uint32_t elemBytes, const Platform& p)
+std::string ChooseGradBlocks(GradTilingData& t, uint32_t elemBytes, bool hasMask,
+                             const Platform& p)
 {
-    auto levels = [&] { return SumLevels(ListGradBuffers(t, elemBytes), p); };
+    auto levels = [&] { return SumLevels(ListGradBuffers(t, elemBytes, hasMask), p); };
     for (const auto& candidate : kGradBlockCandidates) {
         t.blockQ = candidate[0];
         t.blockK = candidate[1];
@@ -130,10 +133,10 @@ std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, bool causal,
 
 }  // namespace
 
-std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes)
+std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes, bool hasMask)
 {
     const GradBufferBytes b = ComputeGradBufferBytes(t, elemBytes);
-    return {
+    std::vector<BufferUse> buffers = {
         {"cube: Q block", "q_l1", MemLevel::L1, b.qL1, 1},
         {"cube: dO block", "do_l1", MemLevel::L1, b.doL1, 1},
         {"cube: K block, resident for a unit", "k_l1", MemLevel::L1, b.kL1, 1},
@@ -153,14 +156,19 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"vector: row statistic broadcast", "brc_ub", MemLevel::UB, b.brcUb, 1},
         {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb,
          kGradKeyRows},
-        {"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1},
-        {"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1},
         {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
-        {"pre/post-pass: dO, O or gradient rows in", "pass_in_ub", MemLevel::UB, b.passInUb, 2},
-        {"pre/post-pass: fp32 rows", "pass_acc_ub", MemLevel::UB, b.passAccUb, 2},
+        {"pre/post-pass: dO and O rows in", "pass_in_ub", MemLevel::UB, b.passInUb, 2},
+        {"pre/post-pass: fp32 rows (accumulator, operand, load from GM)", "pass_acc_ub",
+         MemLevel::UB, b.passAccUb, 3},
         {"post-pass: gradient rows out", "pass_out_ub", MemLevel::UB, b.passOutUb, 1},
-        {"pre-pass: D per row", "pass_row_ub", MemLevel::UB, b.passRowUb, 1},
+        {"pre-pass: D and partial row sums", "pass_row_ub", MemLevel::UB, b.passRowUb, 2},
     };
+    if (hasMask) {
+        buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
+        buffers.push_back({"vector: key mask as half", "mask_half_ub", MemLevel::UB,
+                           b.maskHalfUb, 1});
+    }
+    return buffers;
 }
 
 uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit)
@@ -195,11 +203,11 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradTilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(r.dtype);
     SetProblem(t, r);
-    result.error = ChooseGradBlocks(t, elemBytes, platform);
+    result.error = ChooseGradBlocks(t, elemBytes, r.hasMask, platform);
     if (!result.ok()) {
         return result;
     }
-    plan.buffers = ListGradBuffers(t, elemBytes);
+    plan.buffers = ListGradBuffers(t, elemBytes, r.hasMask);
     plan.levels = SumLevels(plan.buffers, platform);
     result.error = CheckPipeBuffers(plan.buffers);
     if (!result.ok()) {

@@ -61,8 +61,9 @@ struct GradPlanResult {
 
 GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& platform);
 
-// Every buffer the kernel allocates for `t`, from ComputeGradBufferBytes.
-std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes);
+// Every buffer the kernel allocates for `t`, from ComputeGradBufferBytes (the key mask's
+// only with a mask).
+std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes, bool hasMask);
 
 // The modelled work of one unit (planner's unit of balance: the kernel's steps) and its
 // cube multiply-accumulates.
