@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "balanced_split.h"
 #include "plan_parts.h"
@@ -73,60 +74,69 @@ void ChooseDqChunks(GradTilingData& t, bool deterministic)
     t.dqSlots = (t.keyBlocks + t.dqChunkBlocks - 1) / t.dqChunkBlocks;
 }
 
-// Split the units over at most `cores` AI cores on the modelled work, in split
-// units of `splitBlocks` key blocks (a multiple of the dQ chunk when deterministic).
-// Returns the per-segment prefix of work over split units, for measuring the cores.
-std::vector<double> SplitUnits(GradTilingData& t, bool causal, bool deterministic,
-                               uint32_t cores, uint64_t& splitBlocks)
+// The work of one (batch, head_kv) segment -- every segment's is the same -- as prefix
+// sums over split units of `splitBlocks` key blocks: a multiple of the dQ chunk when
+// deterministic (the split must not cut a chunk), coarsened for very long sequences so
+// that the tables stay small. Core boundaries fall on split units, so the prefixes
+// measure any core exactly.
+struct SegmentProfile {
+    uint64_t splitBlocks = 1;
+    std::vector<double> macs{0.0};   // macs[k]: modelled MACs of the first k split units
+    std::vector<uint64_t> steps{0};  // steps[k]: the kernel's UnitCost over them
+
+    SegmentProfile(const GradTilingData& t, bool causal, bool deterministic)
+    {
+        splitBlocks = deterministic ? t.dqChunkBlocks : 1;
+        while ((t.keyBlocks + splitBlocks - 1) / splitBlocks > kMaxSplitUnitsPerSegment) {
+            splitBlocks *= 2;
+        }
+        const uint64_t units = (t.keyBlocks + splitBlocks - 1) / splitBlocks;
+        macs.resize(units + 1, 0.0);
+        steps.resize(units + 1, 0);
+        for (uint64_t block = 0; block < t.keyBlocks; ++block) {
+            macs[block / splitBlocks + 1] += GradUnitMacs(t, causal, block);
+            steps[block / splitBlocks + 1] += GradUnitSteps(t, causal, block);
+        }
+        for (uint64_t k = 0; k < units; ++k) {
+            macs[k + 1] += macs[k];
+            steps[k + 1] += steps[k];
+        }
+    }
+
+    uint64_t Units() const { return macs.size() - 1; }
+};
+
+// Split the units over at most `cores` AI cores: the prefix is the exact modelled work of
+// any range of split units, so the split minimises the busiest core's work exactly.
+void SplitUnits(GradTilingData& t, const SegmentProfile& profile, uint32_t cores)
 {
-    splitBlocks = deterministic ? t.dqChunkBlocks : 1;
-    while ((t.keyBlocks + splitBlocks - 1) / splitBlocks > kMaxSplitUnitsPerSegment) {
-        splitBlocks *= 2;
-    }
-    const uint64_t perSegment = (t.keyBlocks + splitBlocks - 1) / splitBlocks;
-    std::vector<double> prefix(perSegment + 1, 0.0);
-    for (uint64_t block = 0; block < t.keyBlocks; ++block) {
-        prefix[block / splitBlocks + 1] += GradUnitMacs(t, causal, block);
-    }
-    for (uint64_t k = 0; k < perSegment; ++k) {
-        prefix[k + 1] += prefix[k];
-    }
     const uint64_t segments = uint64_t{t.batch} * t.headsKv;
-    // The prefix is the exact modelled work of any range of split units, so the split can
-    // minimise the busiest core's work exactly.
-    const std::vector<uint64_t> starts = SplitPeriodicMinMax(prefix, segments, cores);
+    const uint64_t perSegment = profile.Units();
+    const std::vector<uint64_t> starts = SplitPeriodicMinMax(profile.macs, segments, cores);
     t.units = segments * t.keyBlocks;
     t.usedCores = static_cast<uint32_t>(starts.size() - 1);
     std::fill(std::begin(t.unitStart), std::end(t.unitStart), 0);
     for (size_t c = 0; c < starts.size(); ++c) {  // split units -> key-block units
-        t.unitStart[c] = starts[c] / perSegment * t.keyBlocks + starts[c] % perSegment * splitBlocks;
+        t.unitStart[c] = starts[c] / perSegment * t.keyBlocks +
+                         starts[c] % perSegment * profile.splitBlocks;
     }
-    return prefix;
 }
 
-std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, bool causal,
-                                           const std::vector<double>& prefix, uint64_t splitBlocks)
+std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, const SegmentProfile& profile)
 {
-    // Every boundary is a split-unit boundary, so the prefix measures the cores exactly;
-    // steps are counted unit by unit only for the kernel's own UnitCost.
-    const uint64_t perSegment = prefix.size() - 1;
-    auto work = [&](uint64_t unit) {
-        const uint64_t segment = unit / t.keyBlocks;
-        const uint64_t k = unit % t.keyBlocks / splitBlocks;
-        return static_cast<double>(segment) * prefix[perSegment] + prefix[k];
-    };
-    std::vector<uint64_t> segmentSteps(t.keyBlocks + 1, 0);
-    for (uint64_t block = 0; block < t.keyBlocks; ++block) {
-        segmentSteps[block + 1] = segmentSteps[block] + GradUnitSteps(t, causal, block);
-    }
-    auto steps = [&](uint64_t unit) {
-        return unit / t.keyBlocks * segmentSteps[t.keyBlocks] + segmentSteps[unit % t.keyBlocks];
+    const uint64_t perSegment = profile.Units();
+    // Cumulative work of the units [0, unit), `unit` on a split-unit boundary.
+    auto upTo = [&](const auto& prefix, uint64_t unit) {
+        using Value = typename std::decay_t<decltype(prefix)>::value_type;
+        return static_cast<Value>(unit / t.keyBlocks) * prefix[perSegment] +
+               prefix[unit % t.keyBlocks / profile.splitBlocks];
     };
     std::vector<GradCoreWork> cores;
     for (uint32_t c = 0; c < t.usedCores; ++c) {
         const uint64_t begin = t.unitStart[c];
         const uint64_t end = t.unitStart[c + 1];
-        cores.push_back({begin, end, steps(end) - steps(begin), work(end) - work(begin)});
+        cores.push_back({begin, end, upTo(profile.steps, end) - upTo(profile.steps, begin),
+                         upTo(profile.macs, end) - upTo(profile.macs, begin)});
     }
     return cores;
 }
@@ -215,11 +225,9 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     }
     ChooseDqChunks(t, request.deterministic);
 
-    uint64_t splitBlocks = 1;
-    const std::vector<double> prefix = SplitUnits(t, r.causal, request.deterministic,
-                                                  std::min(platform.aicCores, kMaxCores),
-                                                  splitBlocks);
-    plan.cores = MeasureGradCores(t, r.causal, prefix, splitBlocks);
+    const SegmentProfile profile(t, r.causal, request.deterministic);
+    SplitUnits(t, profile, std::min(platform.aicCores, kMaxCores));
+    plan.cores = MeasureGradCores(t, profile);
     double total = 0;
     double busiest = 0;
     for (const GradCoreWork& c : plan.cores) {
