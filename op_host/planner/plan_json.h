@@ -4,11 +4,13 @@
 
 #include <string>
 
+#include "grad_planner.h"
 #include "planner.h"
 
 namespace flash_cann {
 
 std::string PlanToJson(const PlanResult& result, const Platform& platform);
+std::string GradPlanToJson(const GradPlanResult& result, const Platform& platform);
 std::string PlatformsToJson();
 std::string ErrorJson(const std::string& message);
 

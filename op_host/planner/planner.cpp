@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cost_model.h"
+#include "plan_parts.h"
 #include "work_model.h"
 
 namespace flash_cann {
@@ -27,15 +28,9 @@ constexpr uint32_t kBlockCandidates[][2] = {
     {128, 256}, {128, 128}, {64, 256}, {64, 128}, {128, 64}, {64, 64}, {32, 128}, {32, 64},
 };
 
-template <typename... Parts>
-std::string Message(const Parts&... parts)
-{
-    std::ostringstream out;
-    (out << ... << parts);
-    return out.str();
-}
+}  // namespace
 
-std::string Validate(const PlanRequest& r)
+std::string ValidateProblem(const PlanRequest& r)
 {
     const std::pair<const char*, int64_t> sizes[] = {
         {"batch", r.batch}, {"heads_q", r.headsQ}, {"heads_kv", r.headsKv},
@@ -84,36 +79,7 @@ std::string Validate(const PlanRequest& r)
     return "";
 }
 
-void SetProblem(TilingData& t, const PlanRequest& r)
-{
-    t.batch = static_cast<uint32_t>(r.batch);
-    t.headsQ = static_cast<uint32_t>(r.headsQ);
-    t.headsKv = static_cast<uint32_t>(r.headsKv);
-    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
-    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
-    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
-    t.headDim = static_cast<uint32_t>(r.headDim);
-    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
-    t.causalOffset = r.seqlenK - r.seqlenQ;
-    t.scale = static_cast<float>(r.scale);
-    t.layout = static_cast<uint32_t>(r.layout);
-    const uint64_t d = t.headDim;
-    if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
-        t.qStrideRow = d;
-        t.qStrideHead = d * t.seqlenQ;
-        t.qStrideBatch = t.qStrideHead * t.headsQ;
-        t.kvStrideRow = d;
-        t.kvStrideHead = d * t.seqlenK;
-        t.kvStrideBatch = t.kvStrideHead * t.headsKv;
-    } else {  // BSND: (batch, seqlen, heads, head_dim)
-        t.qStrideHead = d;
-        t.qStrideRow = d * t.headsQ;
-        t.qStrideBatch = t.qStrideRow * t.seqlenQ;
-        t.kvStrideHead = d;
-        t.kvStrideRow = d * t.headsKv;
-        t.kvStrideBatch = t.kvStrideRow * t.seqlenK;
-    }
-}
+namespace {
 
 std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
 {
@@ -139,6 +105,8 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         {"vector: output rows", "out_ub", MemLevel::UB, b.outUb, 1},
     };
 }
+
+}  // namespace
 
 uint64_t Capacity(MemLevel level, const Platform& p)
 {
@@ -175,6 +143,29 @@ bool Fits(const std::vector<LevelUse>& levels)
     return std::all_of(levels.begin(), levels.end(),
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
+
+std::string CheckPlatform(const Platform& platform)
+{
+    if (platform.aicCores < 1) {
+        return Message("platform ", platform.name, " reports no AI cores");
+    }
+    return "";
+}
+
+std::string CheckPipeBuffers(const std::vector<BufferUse>& buffers)
+{
+    uint32_t pipeBuffers = 0;
+    for (const BufferUse& b : buffers) {
+        pipeBuffers += b.copies;
+    }
+    if (pipeBuffers > kMaxBuffersPerPipe) {
+        return Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
+                       kMaxBuffersPerPipe);
+    }
+    return "";
+}
+
+namespace {
 
 // Pick the largest block shape whose cube operands and results are double-buffered
 // (so MTE1, the cube and Fixpipe overlap), or failing that the largest that fits at all;
@@ -225,12 +216,11 @@ uint32_t ElementBytes(DType dtype)
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
-    result.error = Validate(request);
-    if (!result.ok()) {
-        return result;
+    result.error = ValidateProblem(request);
+    if (result.ok()) {
+        result.error = CheckPlatform(platform);
     }
-    if (platform.aicCores < 1) {
-        result.error = Message("platform ", platform.name, " reports no AI cores");
+    if (!result.ok()) {
         return result;
     }
     Plan& plan = result.plan;
@@ -244,13 +234,8 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);
-    uint32_t pipeBuffers = 0;
-    for (const BufferUse& b : plan.buffers) {
-        pipeBuffers += b.copies;
-    }
-    if (pipeBuffers > kMaxBuffersPerPipe) {
-        result.error = Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
-                               kMaxBuffersPerPipe);
+    result.error = CheckPipeBuffers(plan.buffers);
+    if (!result.ok()) {
         return result;
     }
 
