@@ -89,9 +89,11 @@ def test_core_counts(cores, gen):
     _check(q, k, v, None, True, "BNSD", gen, ai_cores=cores)
 
 
-def test_deterministic_variant_matches_oracle(gen):
-    q, k, v = make_qkv(2, 4, 2, 100, 150, 64, torch.bfloat16, "BSND", generator=gen)
-    _check(q, k, v, random_key_padding_mask(2, 150, gen), True, "BSND", gen, deterministic=True)
+@pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["slot-per-block", "chunks"])
+def test_deterministic_variant_matches_oracle(seqlens, gen):
+    q, k, v = make_qkv(1, 4, 2, *seqlens, 64, torch.bfloat16, "BSND", generator=gen)
+    mask = random_key_padding_mask(1, seqlens[1], gen)
+    _check(q, k, v, mask, True, "BSND", gen, deterministic=True)
 
 
 def _deterministic_grads(args, cores):
@@ -100,12 +102,14 @@ def _deterministic_grads(args, cores):
                          deterministic=True, ai_cores=cores)
 
 
-def test_deterministic_variant_is_bitwise_repeatable(gen):
-    """Same bits for every run and for 1, 3 and 7 cores: 3 and 7 cores cut the 24 units
-    (2 batches x 2 kv heads x 6 key blocks) at different places, and several cores add
-    into the same dQ rows."""
-    q, k, v = make_qkv(2, 4, 2, 96, 333, 64, torch.float16, "BNSD", generator=gen)
-    mask = random_key_padding_mask(2, 333, gen)
+@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["slot-per-block", "chunks"])
+def test_deterministic_variant_is_bitwise_repeatable(seqlens, gen):
+    """Same bits for every run and for 1, 3 and 7 cores, which cut the units (batch x kv
+    head x key block) at different places while several cores contribute to the same dQ
+    rows. With 2200 keys the planner groups key blocks into chunks (at most 16 dQ slots),
+    so one core adds several blocks into a slot."""
+    q, k, v = make_qkv(2, 4, 2, *seqlens, 64, torch.float16, "BNSD", generator=gen)
+    mask = random_key_padding_mask(2, seqlens[1], gen)
     out, lse = cpu.forward(q, k, v, mask, scale=0.125, causal=True, layout="BNSD")
     grad_out = torch.randn(out.shape, generator=gen).to(out.dtype)
     grad_lse = torch.randn(lse.shape, generator=gen)
