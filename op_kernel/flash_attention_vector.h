@@ -103,6 +103,7 @@ private:
         if (rows_ == 0) {
             return;
         }
+        AscendC::PipeBarrier<PIPE_V>();  // the previous tile's epilogue still reads m, l and acc
         AscendC::Duplicate(rowMax_, negInf_, rows_);
         AscendC::Duplicate(rowSum_, 0.0f, rows_);
         AscendC::Duplicate(acc_, 0.0f, rows_ * t_.headDimPad);
