@@ -288,6 +288,7 @@ private:
         AscendC::PipeBarrier<PIPE_V>();
         AscendC::LocalTensor<T> cast = passOutQue_.template AllocTensor<T>();
         AscendC::Cast(cast, acc_, AscendC::RoundMode::CAST_RINT, count);
+        AscendC::PipeBarrier<PIPE_V>();  // the next chunk rewrites acc_
         passOutQue_.EnQue(cast);
         cast = passOutQue_.template DeQue<T>();
         AscendC::DataCopyPad(dst, cast,
