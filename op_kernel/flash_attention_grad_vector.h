@@ -2,7 +2,8 @@
 //
 //   PrePass       ZeroQueryGrad: the fp32 dQ accumulator slots <- 0 (the cube adds into
 //                 them); ComputeDelta: D = rowsum(dO * O) - dLSE per query row (dLSE is
-//                 optional: softmax_lse is a differentiable output); then SyncAll.
+//                 optional: softmax_lse is a differentiable output); then SyncAll of
+//                 the vector cores (the cube is already computing S and dP).
 //   SoftmaxGrad   per step of the main loop (the cube's query block x key block), on this
 //                 vector core's half of the rows: P = exp(S scale + mask - lse) from the
 //                 saved lse, dS = P (dP - D); P and dS in the input dtype -> exchange slot
@@ -71,7 +72,9 @@ public:
     {
         ZeroQueryGrad();
         ComputeDelta();
-        AscendC::SyncAll<false>();
+        // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
+        // this core's P/dS flags, so the cube need not join this barrier.
+        AscendC::SyncAll<true>();
         GradStepCursor cursor(t_, core_);
         for (uint32_t seq = 0; cursor.Next<CAUSAL>(); ++seq) {
             SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
