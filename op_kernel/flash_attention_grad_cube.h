@@ -251,11 +251,14 @@ private:
         const uint64_t row = (uint64_t{unit.batch} * t_.headsKv + unit.headKv) * t_.seqlenK + unit.key0;
         const AscendC::FixpipeParamsV220 params(static_cast<uint16_t>(d), static_cast<uint16_t>(unit.keys),
                                                 static_cast<uint16_t>(t_.blockK), d, false);
+        // The accumulators are not queue buffers: order their Mmads and Fixpipes explicitly
+        // (the dQ product's queue hand-off happens to order them today).
         AscendC::SetFlag<AscendC::HardEvent::M_FIX>(EVENT_ID0);
         AscendC::WaitFlag<AscendC::HardEvent::M_FIX>(EVENT_ID0);
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(buffers_.KeyGrad(row), dk_, params);
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(buffers_.ValueGrad(row), dv_, params);
-        // The next unit's first Mmad overwrites the accumulators.
+        // The next unit's first Mmad overwrites the accumulators (with no product in between
+        // when that unit's only step is the core's last).
         AscendC::SetFlag<AscendC::HardEvent::FIX_M>(EVENT_ID0);
         AscendC::WaitFlag<AscendC::HardEvent::FIX_M>(EVENT_ID0);
     }

@@ -93,7 +93,6 @@ private:
     __aicore__ inline void BuildKeyBias(uint32_t batch, uint32_t key0, uint32_t columns)
     {
         AscendC::Duplicate(keyBias_, 0.0f, lanes_);
-        AscendC::PipeBarrier<PIPE_V>();
         if (columns < lanes_) {
             AscendC::Compares(bits_, column_, static_cast<float>(columns), AscendC::CMPMODE::LT, lanes_);
             AscendC::PipeBarrier<PIPE_V>();

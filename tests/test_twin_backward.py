@@ -107,6 +107,15 @@ def test_core_counts(cores, gen):
     _check(q, k, v, None, True, "BNSD", gen, ai_cores=cores)
 
 
+def test_units_of_one_step(gen):
+    """One core, one query block, three key blocks: every unit is a single step, and the
+    last unit's first Mmad into the dK/dV accumulators follows the previous unit's Fixpipe
+    out of them with no product in between (the FIX -> M flag in WriteKeyValueGrad orders
+    them; dropping it is a race the detector reports)."""
+    q, k, v = make_qkv(1, 1, 1, 100, 300, 32, torch.float16, "BNSD", generator=gen)
+    _check(q, k, v, None, False, "BNSD", gen, ai_cores=1)
+
+
 @pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["slot-per-block", "chunks"])
 def test_deterministic_variant_matches_oracle(seqlens, gen):
     q, k, v = make_qkv(1, 4, 2, *seqlens, 64, torch.bfloat16, "BSND", generator=gen)
