@@ -110,7 +110,7 @@ def test_cli_prints_the_plan():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for needle in ("tiling     key 1110", "work per AI core", "max/mean", "L0A", "UB",
-                   "PREDICTION (roofline model", "% of cube peak"):
+                   "PREDICTION (schedule model", "% of cube peak", "bound ", "incumbent's design"):
         assert needle in out, needle
 
 

@@ -54,7 +54,7 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
     if (!refusal.empty()) {
         return Emit(refusal, out, capacity);
     }
-    return Emit(PlanToJson(MakePlan(request, platform), platform), out, capacity);
+    return Emit(PlanToJson(MakePlan(request, platform), request, platform), out, capacity);
 }
 
 extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_q,
