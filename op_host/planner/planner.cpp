@@ -199,9 +199,9 @@ bool Fits(const std::vector<LevelUse>& levels)
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
 
-// Complete the plan for one block shape with `l0Copies` copies of the L0 rings (P in
-// L0A, the B operand in L0B, S in L0C): double-buffer the K/V and P L1 rings where they
-// fit, and take the largest vector slice that fits. False if nothing fits.
+// Complete the plan for one block shape with (at least) `l0Copies` copies of the L0 rings
+// (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
+// then double-buffer the remaining rings where they still fit. False if nothing fits.
 bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies,
               uint32_t elemBytes, const Platform& p)
 {
@@ -219,7 +219,8 @@ bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies
         if (!fits()) {
             continue;
         }
-        for (uint32_t* count : {&t.kvL1Buffers, &t.pL1Buffers}) {
+        for (uint32_t* count : {&t.l0bBuffers, &t.l0aBuffers, &t.l0cBuffers, &t.kvL1Buffers,
+                                &t.pL1Buffers}) {
             *count = 2;
             if (!fits()) {
                 *count = 1;
