@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy
+from flash_cann import accuracy, planner
 from flash_cann.backends import twin
+from flash_cann import layout as layouts
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -28,16 +29,30 @@ def test_rule_checks_fire():
     """tests/twin/twin_rule_tests.cpp: each hardware rule, broken once, is caught."""
     result = run("twin_tests/twin_rule_tests")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "20 of 20 twin rule tests passed" in result.stdout
+    assert "25 of 25 twin rule tests passed" in result.stdout
+
+
+def _planned_bytes(q, k, mask, causal, layout, scale):
+    """The planner's per-level buffer figures for the problem (plan["levels"])."""
+    b, hq, sq, d = layouts.sizes(q, layout)
+    hk, sk = layouts.sizes(k, layout)[1:3]
+    plan = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk,
+                        dtype=str(q.dtype).removeprefix("torch."), layout=layout, causal=causal,
+                        has_mask=mask is not None, scale=scale)
+    return {level["level"]: level["used"] for level in plan["levels"]}
 
 
 def _check(q, k, v, mask, causal, layout, cores=None):
-    scale = 1.0 / math.sqrt(q.shape[-1] if layout != "BSH" else 1)
+    """The twin's result matches the oracle, and the bytes the kernel allocated per
+    memory level (every InitBuffer, measured by the twin) are the planner's figures."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    allocated = {}
     results = accuracy.check_forward_against_oracle(
         lambda q_, k_, v_: twin.forward(q_, k_, v_, mask, scale=scale, causal=causal,
-                                        layout=layout, ai_cores=cores),
+                                        layout=layout, ai_cores=cores, allocated=allocated),
         q, k, v, scale=scale, causal=causal, layout=layout, key_padding_mask=mask)
     assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+    assert allocated == _planned_bytes(q, k, mask, causal, layout, scale)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
