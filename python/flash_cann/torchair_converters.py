@@ -96,7 +96,7 @@ def converter_for(op: OpSpec, ge) -> Callable:
             op.cann_op_type,
             inputs={t.name: values[t.name] for t in op.inputs},
             outputs=[t.name for t in op.outputs],
-            attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.attrs},
+            attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.cann_attrs},
         )
 
     convert.__name__ = f"convert_{op.cann_op_type}"

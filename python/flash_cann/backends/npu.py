@@ -135,13 +135,13 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str):
+             *, scale: float, causal: bool, layout: str, deterministic: bool):
     if not load().backends["npu"].backward:
         raise NotImplementedError(
-            "flash_cann: the Ascend package has no backward kernel yet (FlashCannAttentionGrad "
-            "is declared, not implemented): the NPU backend runs the forward pass only")
+            "flash_cann: the spec says the Ascend package has no backward kernel "
+            "(backends.npu.backward: false): the NPU backend runs the forward pass only")
     launchers = _launcher_ops()
     grads = tuple(_empty(t.shape, t.dtype, t) for t in (query, key, value))
     launchers.bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                  grad_softmax_lse, scale, causal, layout, *grads)
+                  grad_softmax_lse, scale, causal, layout, deterministic, *grads)
     return grads
