@@ -58,14 +58,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                              static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
                              workspace.data(), tiling.data());
     }, &report);
-    if (allocatedBytes != nullptr) {  // the planner's MemLevel order: L1, L0A, L0B, L0C (AIC), UB (AIV)
-        const twin::Memory aic[] = {twin::Memory::L1, twin::Memory::L0A, twin::Memory::L0B,
-                                    twin::Memory::L0C};
-        for (int i = 0; i < 4; ++i) {
-            allocatedBytes[i] = report.PeakBytes(twin::CoreType::AIC, aic[i]);
-        }
-        allocatedBytes[4] = report.PeakBytes(twin::CoreType::AIV, twin::Memory::UB);
-    }
+    twin::CopyAllocated(report, allocatedBytes);
     if (!violation.empty()) {
         return twin::Report(violation, error, errorCapacity);
     }
