@@ -65,6 +65,8 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     Object o(out);
     o.Key("block_q") << t.blockQ;
     o.Key("block_k") << t.blockK;
+    o.Key("key_stack") << t.keyStack;
+    o.Key("vec_rows") << t.vecRows;
     o.Key("head_dim_pad") << t.headDimPad;
     o.Key("group") << t.group;
     o.Key("causal_offset") << t.causalOffset;

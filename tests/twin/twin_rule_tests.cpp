@@ -2,6 +2,7 @@
 // expects a violation naming the rule and the file:line of the offending call. The
 // last tests run the real forward kernel: with a valid plan it passes; with a corrupted
 // tiling or a truncated input tensor the twin stops it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -280,14 +281,123 @@ void CrossCoreDeadlock()
 {
     std::vector<float> gm(8);
     int line = 0;
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(300));
     const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
         line = AT;
         CrossCoreWaitFlag(5);
     });
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(30000));
-    Expect("cross-core wait, no set", v, "no matching CrossCoreSetFlag arrived", line);
+    Expect("cross-core wait, no set", v, "deadlock: every core of the launch that has not "
+           "finished is waiting", line);
+}
+
+void CrossCoreReservedFlag()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        CrossCoreSetFlag<2, PIPE_FIX>(11);
+    });
+    Expect("cross-core flag id 11", v, "outside [0, 10] (11-14 belong to SyncAll)", line);
+}
+
+// Every AIC and AIV of a two-core launch; each core adds its index + 1 into gm[0] with
+// an atomic DataCopy or Fixpipe after a SyncAll, then reads the sum after another.
+void SyncAllAndAtomicAdd()
+{
+    std::vector<float> gm(16, 0.0f);
+    std::vector<float> seen(6, -1.0f);
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        const float mine = static_cast<float>(twin::Core().blockIdx + 1);
+        SyncAll<false>();
+        SetAtomicAdd<float>();
+        if (twin::Core().type == twin::CoreType::AIV) {
+            TQue<TPosition::VECOUT, 1> que;
+            pipe.InitBuffer(que, 1, 32);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            Duplicate(t, mine, 8);
+            DataCopy(g, t, 8);
+            que.FreeTensor(t);
+        } else {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            for (uint32_t i = 0; i < 256; ++i) {
+                c.SetValue(i, 10 * mine);
+            }
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(8, 1, 16, 8, false));
+            que.FreeTensor(c);
+        }
+        SetAtomicNone();
+        SyncAll<false>();
+        const int64_t who = twin::Core().type == twin::CoreType::AIC ? 4 + twin::Core().blockIdx
+                                                                     : twin::Core().blockIdx;
+        seen[static_cast<size_t>(who)] = g.GetValue(0);
+    });
+    // AIVs add 1 + 2 + 3 + 4, AICs 10 * (1 + 2).
+    const bool ok = v.empty() && std::all_of(seen.begin(), seen.end(), [](float s) { return s == 40.0f; });
+    ++g_tests;
+    if (!ok) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL SyncAll + atomic add: %s, core 0 saw %g\n", v.c_str(), seen[0]);
+    } else {
+        std::printf("ok   %-28s every core read 40 after the SyncAll\n", "SyncAll + SetAtomicAdd");
+    }
+}
+
+void SyncAllMissed()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        if (twin::Core().blockIdx != 3 || twin::Core().type != twin::CoreType::AIV) {
+            line = AT;
+            SyncAll<false>();
+        }
+    });
+    Expect("SyncAll skipped by a core", v, "SyncAll<false> at", line);
+}
+
+void SyncAllAivOnlyOnCube()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll();
+    });
+    Expect("SyncAll<true> on the cube", v, "SyncAll<true> synchronises the vector cores only", line);
+}
+
+void AtomicTypeMismatch()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 64);
+        LocalTensor<half> t = que.AllocTensor<half>();
+        GlobalTensor<half> g;
+        g.SetGlobalBuffer(reinterpret_cast<half*>(gm.data()), 2 * gm.size());
+        SetAtomicAdd<float>();
+        line = AT;
+        DataCopy(g, t, 16);
+    });
+    Expect("atomic float, half data", v, "SetAtomicAdd<float> is in force, but the copy moves 2-byte", line);
 }
 
 void CrossCoreNeedsMix()
@@ -401,7 +511,9 @@ int main()
     for (auto test : {MisalignedCopy, TruncatingCopy, OverCapacity, L0OverCapacity, UnbalancedQueue,
                       AllocWithoutFree, DequeueEmpty, OutOfBoundsGm, OutOfBoundsLocal,
                       WaitWithoutSet, SetTwice, ComparePartialRepeat, VectorOnCube, GemvMode,
-                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, KernelValid,
+                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
+                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
+                      KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

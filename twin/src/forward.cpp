@@ -1,6 +1,7 @@
 // The forward kernel on the twin, for Python (ctypes): plan with the real planner, lay
 // out GM as the CANN shell would (user workspace after the 16 MiB system workspace,
-// tiling data in GM), launch every AI core, report the first rule violation.
+// tiling data in GM), launch every AI core, report the first rule violation and the
+// bytes the kernel allocated per memory level.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -31,7 +32,8 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                                        int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                        int64_t headDim, int32_t dtype, int32_t layout,
                                        int32_t causal, double scale, int32_t aicCores,
-                                       char* error, uint64_t errorCapacity)
+                                       uint64_t* allocatedBytes, char* error,
+                                       uint64_t errorCapacity)
 {
     using namespace flash_cann;
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
@@ -61,12 +63,21 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     if (keyPaddingMask != nullptr) {
         config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
     }
+    twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention(static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(key),
                              static_cast<GM_ADDR>(value), static_cast<GM_ADDR>(keyPaddingMask),
                              static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
                              workspace.data(), tiling.data());
-    });
+    }, &report);
+    if (allocatedBytes != nullptr) {  // the planner's MemLevel order: L1, L0A, L0B, L0C (AIC), UB (AIV)
+        const twin::Memory aic[] = {twin::Memory::L1, twin::Memory::L0A, twin::Memory::L0B,
+                                    twin::Memory::L0C};
+        for (int i = 0; i < 4; ++i) {
+            allocatedBytes[i] = report.PeakBytes(twin::CoreType::AIC, aic[i]);
+        }
+        allocatedBytes[4] = report.PeakBytes(twin::CoreType::AIV, twin::Memory::UB);
+    }
     if (!violation.empty()) {
         return Report(violation, error, errorCapacity);
     }

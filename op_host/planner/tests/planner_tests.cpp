@@ -81,6 +81,16 @@ void CheckPlan(const PlanRequest& r, uint32_t cores)
     EXPECT(t.headDimPad % kCubeBlock == 0 && t.headDimPad >= t.headDim &&
                t.headDimPad - t.headDim < kCubeBlock,
            "%s: head_dim padding", what.c_str());
+    // The kernel's shape rules: a round is at most 512 keys (one WholeReduce per fp32
+    // row), slices start 32-byte aligned, 256-row tiles only for long sequences.
+    EXPECT(RoundKeys(t) <= 512 && t.blockK % 64 == 0 && t.keyStack >= 1, "%s: round of %u x %u keys",
+           what.c_str(), t.keyStack, t.blockK);
+    EXPECT(t.vecRows % 8 == 0 && t.vecRows >= 8 && t.vecRows <= AlignUp(t.blockQ / 2, 8),
+           "%s: vecRows %u", what.c_str(), t.vecRows);
+    EXPECT(t.blockQ <= 128 || r.seqlenQ >= 1024, "%s: %u-row tiles for a short sequence",
+           what.c_str(), t.blockQ);
+    EXPECT(t.causal == (r.causal ? 1u : 0u) && t.hasMask == (r.hasMask ? 1u : 0u),
+           "%s: causal/mask flags", what.c_str());
     EXPECT(t.usedCores >= 1 && t.usedCores <= cores && t.usedCores <= kMaxCores,
            "%s: used cores %u", what.c_str(), t.usedCores);
     const uint64_t totalRows = uint64_t{t.batch} * t.headsQ * t.seqlenQ;

@@ -142,7 +142,43 @@ void RequireMemory(twin::Memory actual, std::initializer_list<twin::Memory> allo
 void RequireAligned(uint32_t byteOffset, uint32_t alignment, const twin::Site& site,
                     const char* what);
 
+// Stores `count` elements to GM: plainly, or, while SetAtomicAdd<float>() is in force on
+// this core, added to what GM holds (asc-devkit docs, SetAtomicAdd: "subsequent
+// transfers whose destination is GM" from UB, L0C or L1; the atomic type must be the
+// data's type).
+template <typename T>
+void StoreGm(T* to, const T* from, uint64_t count, const twin::Site& site, const char* what)
+{
+    if (!twin::Core().atomicAddFloat) {
+        std::memcpy(to, from, count * sizeof(T));
+        return;
+    }
+    if constexpr (std::is_same<T, float>::value) {
+        for (uint64_t i = 0; i < count; ++i) {
+            twin::AtomicAddFloat(to + i, from[i]);
+        }
+    } else {
+        twin::Fail(site, what, ": SetAtomicAdd<float> is in force, but the copy moves ",
+                   sizeof(T), "-byte elements: the hardware would add them as float");
+    }
+}
+
 }  // namespace twin_detail
+
+// Atomic add for the following copies to GM of this core (UB -> GM DataCopy/DataCopyPad,
+// L0C -> GM Fixpipe), until SetAtomicNone. 910B also adds half, bfloat16_t and int8/16/32
+// (asc-devkit docs, SetAtomicAdd); the twin implements float, what the kernels use.
+template <typename T>
+void SetAtomicAdd()
+{
+    static_assert(std::is_same<T, float>::value, "the twin implements SetAtomicAdd<float> only");
+    twin::Core().atomicAddFloat = true;
+}
+
+inline void SetAtomicNone()
+{
+    twin::Core().atomicAddFloat = false;
+}
 
 // GM -> UB, count form: count * sizeof(T) must be whole 32-byte blocks (the hardware
 // silently drops a partial tail block).
@@ -173,7 +209,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopy source");
     src.CheckElements(0, count, TWIN_HERE, "DataCopy source");
     twin::CheckGm(dst.Data(), bytes, TWIN_HERE, "DataCopy destination");
-    std::memcpy(dst.Data(), src.Data(), bytes);
+    twin_detail::StoreGm(dst.Data(), src.Data(), count, TWIN_HERE, "DataCopy UB->GM");
 }
 
 // GM -> L1, ND to Nz: element (r, c) of ND matrix i lands at
@@ -255,7 +291,8 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
         uint8_t* d = to + uint64_t{b} * (p.blockLen + p.dstStride);
         src.CheckElements(s / sizeof(T), p.blockLen / sizeof(T), TWIN_HERE, "DataCopyPad source");
         twin::CheckGm(d, p.blockLen, TWIN_HERE, "DataCopyPad destination");
-        std::memcpy(d, src.Bytes() + s, p.blockLen);
+        twin_detail::StoreGm(reinterpret_cast<T*>(d), reinterpret_cast<const T*>(src.Bytes() + s),
+                             p.blockLen / sizeof(T), TWIN_HERE, "DataCopyPad UB->GM");
     }
 }
 
@@ -381,11 +418,14 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
         twin::CheckGm(dst.Data(), ((uint64_t{p.mSize} - 1) * p.dstStride + p.nSize) * sizeof(T),
                       TWIN_HERE, "Fixpipe destination");
     }
+    std::vector<float> row(p.nSize);
     for (uint32_t m = 0; m < p.mSize; ++m) {
         for (uint32_t n = 0; n < p.nSize; ++n) {
-            float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
-            dst.Data()[uint64_t{m} * p.dstStride + n] = p.reluEn && v < 0 ? 0.0f : v;
+            const float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
+            row[n] = p.reluEn && v < 0 ? 0.0f : v;
         }
+        twin_detail::StoreGm(dst.Data() + uint64_t{m} * p.dstStride, row.data(), p.nSize, TWIN_HERE,
+                             "Fixpipe");
     }
 }
 

@@ -1,8 +1,9 @@
 // Synchronisation in the twin. Each core's instruction stream runs in program order on one
 // thread, so pipes never race here (the twin cannot find missing intra-core barriers);
 // what it checks is the bookkeeping: every WaitFlag needs an outstanding SetFlag of the
-// same event and id, an event is not set twice before it is waited on, and cross-core
-// flags really synchronise the cube and vector threads of an AI core.
+// same event and id, an event is not set twice before it is waited on, cross-core flags
+// really synchronise the cube and vector threads of an AI core, and SyncAll those of
+// every AI core of the launch.
 #ifndef FLASH_CANN_TWIN_SYNC_H
 #define FLASH_CANN_TWIN_SYNC_H
 
@@ -60,6 +61,15 @@ template <uint8_t modeId = 0, pipe_t pipe = PIPE_S>
 void CrossCoreWaitFlag(uint16_t flagId, TWIN_SITE)
 {
     twin::CrossCoreWait(flagId, TWIN_HERE);
+}
+
+// The hardware all-core barrier (asc-devkit docs, SyncAll, "hard sync"): isAIVOnly = true
+// synchronises the vector cores only; a MIX kernel synchronises every AIC and AIV of the
+// launch with SyncAll<false>().
+template <bool isAIVOnly = true>
+void SyncAll(TWIN_SITE)
+{
+    twin::SyncAllCores(isAIVOnly, TWIN_HERE);
 }
 
 }  // namespace AscendC
