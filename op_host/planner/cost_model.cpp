@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "work_model.h"
 
 namespace flash_cann {
 namespace {
@@ -150,18 +149,21 @@ double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal)
 KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
 {
     KernelDesign d;
-    d.name = "flash-cann kernel (serial chain, 1 key block per round)";
-    d.keysPerRound = t.blockK;
+    d.name = "flash-cann pipelined kernel";
+    d.keysPerRound = RoundKeys(t);
     d.headDimPad = t.headDimPad;
     d.elemBytes = elemBytes;
-    d.vectorSlices = 1;
-    d.ubScoreBuffers = 1;            // sQue_ depth 1
-    d.probBufferIsScratch = true;    // P doubles as the row-reduction scratch
-    d.scoresAhead = 2;               // S(0), S(1), then P.V(j), S(j + 2)
-    d.outputDelay = 0;               // ProcessVec2(j) right after SoftMaxCompute(j)
+    d.vectorSlices = std::max<uint32_t>(1, (VectorRows(t) + t.vecRows - 1) / t.vecRows);
+    d.ubScoreBuffers = 2;            // S, P, O-partial slices double-buffered in UB
+    d.probBufferIsScratch = false;
+    d.scoresAhead = 2;               // S(0), then S(r + 1) before PV(r)
+    d.outputDelay = 1;               // U(r - 1) after SM(r)
+    d.loadsBeforeProbWait = true;    // V(r) and K(r + 2) issued before waiting for P(r)
+    d.queryInL0a = true;
     d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
-    d.l0cBuffers = t.l0cBuffers;
-    d.causalMaskPerRow = true;       // MaskCausal: Compares + Select per row
+    d.l0cBuffers = t.l0cBuffers;     // the S ring
+    d.outputOwnL0c = true;           // O accumulated over the stack in its own buffer
+    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice
     return d;
 }
 
@@ -182,25 +184,6 @@ KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes)
     return d;
 }
 
-KernelDesign PipelinedDesign(const TilingData& t, uint32_t elemBytes, uint32_t keyStack,
-                             uint32_t vecRows)
-{
-    KernelDesign d;
-    d.name = "pipelined design (issue 10)";
-    d.keysPerRound = t.blockK * keyStack;
-    d.headDimPad = t.headDimPad;
-    d.elemBytes = elemBytes;
-    d.vectorSlices = std::max<uint32_t>(1, t.blockQ / 2 / std::max<uint32_t>(1, vecRows));
-    d.ubScoreBuffers = 2;
-    d.probBufferIsScratch = false;
-    d.scoresAhead = 3;               // S(j + 2) before P.V(j)
-    d.outputDelay = 1;               // rescale O(j) after softmax(j + 1)
-    d.loadsBeforeProbWait = true;
-    d.queryInL0a = true;
-    d.causalMaskPerRow = false;
-    return d;
-}
-
 Prediction Predict(const Plan& plan, const PlanRequest& r, const Platform& p)
 {
     return PredictDesign(DesignFromTiling(plan.tiling, ElementBytes(r.dtype)), plan.tiling, r, p);
@@ -217,22 +200,6 @@ Prediction PredictDesign(const KernelDesign& design, const TilingData& split,
                          const PlanRequest& r, const Platform& p)
 {
     return Finish(design, CoreTiles(split, r.causal, design.keysPerRound), r, p);
-}
-
-TilingData SplitFor(const PlanRequest& r, const Platform& p, uint32_t blockQ)
-{
-    TilingData t = ProblemTiling(r);
-    t.blockQ = blockQ;
-    t.blockK = kCubeBlock * 8;
-    SplitRows(t, r.causal, std::min(p.aicCores, kMaxCores));
-    return t;
-}
-
-Prediction PredictPipelined(const PlanRequest& r, const Platform& p, uint32_t blockQ,
-                            uint32_t keyStack, uint32_t vecRows)
-{
-    const TilingData t = SplitFor(r, p, blockQ);
-    return PredictDesign(PipelinedDesign(t, ElementBytes(r.dtype), keyStack, vecRows), t, r, p);
 }
 
 }  // namespace flash_cann

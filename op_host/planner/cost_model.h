@@ -3,10 +3,13 @@
 // (schedule_model.h). PREDICTIONS, used to report expected time and cube utilisation
 // (`flash-cann plan`, benchmarks/npu_model.py), never to decide correctness.
 //
-//   DesignFromTiling   our kernel as the plan's TilingData configures it
-//                      (op_kernel/flash_attention_{cube,vector}.h: one 128-key block per
-//                      round, S one block ahead, the O update right after the softmax, a
-//                      serial cube <-> vector chain)
+//   DesignFromTiling   our kernel as the plan's TilingData configures it (op_kernel/
+//                      flash_attention_{cube,vector}.h, docs/kernel.md): rounds of
+//                      blockK x keyStack keys, S one round ahead of P.V, the O update one
+//                      round behind the softmax, V and the next K loaded before the wait
+//                      for P, Q resident in L0A, O accumulated in its own L0C buffer over
+//                      the stack, vecRows-row double-buffered UB slices, tiles drained
+//                      one by one
 //   IncumbentDesign    FlashAttentionScore's forward on 910B (hicann/ops-transformer
 //                      attention/flash_attention_score/op_kernel/
 //                      flash_attention_score_s1s2_bn2gs1.h, tiling
@@ -14,8 +17,6 @@
 //                      rows x 1024 keys (S2 128 x nRatio 8) per round, the cube serving
 //                      both vector cores (256 rows, K/V shared in L1), ring
 //                      bmm1(i) vec1(i-1) bmm2(i-1) vec2(i-2) running across S1 blocks
-//   PipelinedDesign    the pipelined forward of issue 10 (S two rounds ahead, O update one
-//                      round late, keyStack x 128 keys per round, vecRows-row slices)
 #ifndef FLASH_CANN_PLANNER_COST_MODEL_H
 #define FLASH_CANN_PLANNER_COST_MODEL_H
 
@@ -26,22 +27,15 @@ namespace flash_cann {
 
 KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes);
 KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes);
-KernelDesign PipelinedDesign(const TilingData& t, uint32_t elemBytes, uint32_t keyStack,
-                             uint32_t vecRows);
 
 // The prediction for a plan of our kernel.
 Prediction Predict(const Plan& plan, const PlanRequest& request, const Platform& platform);
 // The incumbent's design on the same problem, with its own work split.
 Prediction PredictIncumbent(const PlanRequest& request, const Platform& platform);
-// The pipelined design with query tiles of `blockQ` rows (planned like ours).
-Prediction PredictPipelined(const PlanRequest& request, const Platform& platform,
-                            uint32_t blockQ, uint32_t keyStack, uint32_t vecRows);
 
 // Any design on the work split of `split` (its blockQ, rowStart, usedCores).
 Prediction PredictDesign(const KernelDesign& design, const TilingData& split,
                          const PlanRequest& request, const Platform& platform);
-// The row split of a design with query tiles of `blockQ` rows, planned like ours.
-TilingData SplitFor(const PlanRequest& request, const Platform& platform, uint32_t blockQ);
 
 // Query-key pairs that are visible (not masked by causality), for one (batch, head).
 double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 namespace flash_cann {
@@ -13,11 +14,6 @@ constexpr double kMacsPerCycle = 16 * 16 * 16;
 // linearly from two simulated lengths (the pipeline's steady state is periodic).
 constexpr uint32_t kExactRounds = 8;
 constexpr uint32_t kExtrapolationStep = 4;
-
-double Repeats(double elements)
-{
-    return std::ceil(elements / kFloatsPerRepeat);
-}
 
 // Costs of one round and one tile of a design for a tile of `rows` query rows.
 struct RoundCosts {
@@ -115,6 +111,7 @@ private:
     };
     struct Matmul {
         Id mte1, mmad, fix;
+        bool output;
     };
 
     const RoundCosts& Cost(size_t g) const { return costs_[rounds_[g].tile]; }
@@ -133,7 +130,7 @@ private:
         i.mte1S = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Scores);
         i.mmadS = timeline_.Add(Engine::kCube, Cost(g).mmad);
         i.fixS = timeline_.Add(Engine::kFixpipe, Cost(g).fixScores);
-        matmuls_.push_back({i.mte1S, i.mmadS, i.fixS});
+        matmuls_.push_back({i.mte1S, i.mmadS, i.fixS, false});
     }
 
     void Output(size_t g)
@@ -142,7 +139,7 @@ private:
         i.mte1O = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Output);
         i.mmadO = timeline_.Add(Engine::kCube, Cost(g).mmad);
         i.fixO = timeline_.Add(Engine::kFixpipe, Cost(g).fixOutput);
-        matmuls_.push_back({i.mte1O, i.mmadO, i.fixO});
+        matmuls_.push_back({i.mte1O, i.mmadO, i.fixO, true});
     }
 
     // The cube's program: S of the first scoresAhead rounds, then per round P.V(j)
@@ -262,13 +259,18 @@ private:
             }
         }
         // Buffer reuse: L0A/L0B and L0C rings of the cube, UB buffers of the vector.
+        std::vector<Id> l0c[2];  // Fixpipes of the results in each L0C ring, in order
         for (size_t m = 0; m < matmuls_.size(); ++m) {
             if (m >= d_.l0Buffers) {
                 t.After(matmuls_[m].mte1, matmuls_[m - d_.l0Buffers].mmad);
             }
-            if (m >= d_.l0cBuffers) {
-                t.After(matmuls_[m].mmad, matmuls_[m - d_.l0cBuffers].fix);
+            const bool own = d_.outputOwnL0c && matmuls_[m].output;
+            std::vector<Id>& ring = l0c[own ? 1 : 0];
+            const size_t depth = own ? 1 : d_.l0cBuffers;
+            if (ring.size() >= depth) {
+                t.After(matmuls_[m].mmad, ring[ring.size() - depth]);
             }
+            ring.push_back(matmuls_[m].fix);
         }
         const size_t probBuffers = d_.probBufferIsScratch ? 1 : 2;
         for (size_t s = 0; s < slices_.size(); ++s) {
@@ -363,15 +365,19 @@ private:
     bool deadlock_ = false;
 };
 
-void Append(std::vector<VecInstr>& program, VecOp op, double repeats, bool barrier,
-            double times = 1)
+}  // namespace
+
+double FloatRepeats(double elements)
+{
+    return std::ceil(elements / kFloatsPerRepeat);
+}
+
+void AppendVec(VecProgram& program, VecOp op, double repeats, bool barrier, double times)
 {
     if (repeats > 0 && times > 0) {
         program.push_back({op, repeats, barrier, times});
     }
 }
-
-}  // namespace
 
 void AppendTile(CoreWorkList& work, const TileWork& tile)
 {
@@ -396,54 +402,54 @@ double VecSeconds(const VecProgram& program, const EngineRates& r)
 
 VecProgram SoftmaxProgram(double rows, double keys, bool b)
 {
-    const double tile = Repeats(rows * keys);
-    const double row = Repeats(rows);
+    const double tile = FloatRepeats(rows * keys);
+    const double row = FloatRepeats(rows);
     VecProgram p;
-    Append(p, VecOp::kScalarArith, tile, b);       // S * scale
-    Append(p, VecOp::kBlockReduce, tile, b);       // row max: per 32-byte block
-    Append(p, VecOp::kWholeReduce, rows, b);       //   then per row
-    Append(p, VecOp::kBinary, row, b);             // m' = max(m, block max)
-    Append(p, VecOp::kScalarArith, row, b);        // clamp
-    Append(p, VecOp::kBinary, row, b);             // m - m'
-    Append(p, VecOp::kExp, row, false);            // alpha
-    Append(p, VecOp::kScalarArith, row, false);    // m = m'
-    Append(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // m' to one block per row
-    Append(p, VecOp::kBinary, tile, b);            // S - m'
-    Append(p, VecOp::kExp, tile, b);               // exp
-    Append(p, VecOp::kBlockReduce, tile, b);       // row sum
-    Append(p, VecOp::kWholeReduce, rows, b);
-    Append(p, VecOp::kBinary, row, b);             // l * alpha
-    Append(p, VecOp::kBinary, row, false);         // + block sum
-    Append(p, VecOp::kCast, tile, false);          // P in the input dtype
+    AppendVec(p, VecOp::kScalarArith, tile, b);       // S * scale
+    AppendVec(p, VecOp::kBlockReduce, tile, b);       // row max: per 32-byte block
+    AppendVec(p, VecOp::kWholeReduce, rows, b);       //   then per row
+    AppendVec(p, VecOp::kBinary, row, b);             // m' = max(m, block max)
+    AppendVec(p, VecOp::kScalarArith, row, b);        // clamp
+    AppendVec(p, VecOp::kBinary, row, b);             // m - m'
+    AppendVec(p, VecOp::kExp, row, false);            // alpha
+    AppendVec(p, VecOp::kScalarArith, row, false);    // m = m'
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // m' to one block per row
+    AppendVec(p, VecOp::kBinary, tile, b);            // S - m'
+    AppendVec(p, VecOp::kExp, tile, b);               // exp
+    AppendVec(p, VecOp::kBlockReduce, tile, b);       // row sum
+    AppendVec(p, VecOp::kWholeReduce, rows, b);
+    AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
+    AppendVec(p, VecOp::kBinary, row, false);         // + block sum
+    AppendVec(p, VecOp::kCast, tile, false);          // P in the input dtype
     return p;
 }
 
 VecProgram OutputUpdateProgram(double rows, double headDim, bool b)
 {
-    const double tile = Repeats(rows * headDim);
+    const double tile = FloatRepeats(rows * headDim);
     VecProgram p;
-    Append(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // alpha per row
-    Append(p, VecOp::kBinary, tile, b);            // O * alpha
-    Append(p, VecOp::kBinary, tile, b);            // + P.V
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // alpha per row
+    AppendVec(p, VecOp::kBinary, tile, b);            // O * alpha
+    AppendVec(p, VecOp::kBinary, tile, b);            // + P.V
     return p;
 }
 
 VecProgram EpilogueProgram(double rows, double headDim)
 {
-    const double tile = Repeats(rows * headDim);
-    const double row = Repeats(rows);
+    const double tile = FloatRepeats(rows * headDim);
+    const double row = FloatRepeats(rows);
     VecProgram p;
-    Append(p, VecOp::kScalarArith, row, false);    // clamp l
-    Append(p, VecOp::kDuplicate, row, true);
-    Append(p, VecOp::kDiv, row, true);             // 1 / l
-    Append(p, VecOp::kBroadcast, std::ceil(rows / 8), true);
-    Append(p, VecOp::kBinary, tile, true);         // O / l
-    Append(p, VecOp::kCast, tile, false);
-    Append(p, VecOp::kLn, row, true);              // lse = m + ln l
-    Append(p, VecOp::kBinary, row, false);
-    Append(p, VecOp::kDuplicate, row, false);      // next tile's m, l, O
-    Append(p, VecOp::kDuplicate, row, false);
-    Append(p, VecOp::kDuplicate, tile, true);
+    AppendVec(p, VecOp::kScalarArith, row, false);    // clamp l
+    AppendVec(p, VecOp::kDuplicate, row, true);
+    AppendVec(p, VecOp::kDiv, row, true);             // 1 / l
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), true);
+    AppendVec(p, VecOp::kBinary, tile, true);         // O / l
+    AppendVec(p, VecOp::kCast, tile, false);
+    AppendVec(p, VecOp::kLn, row, true);              // lse = m + ln l
+    AppendVec(p, VecOp::kBinary, row, false);
+    AppendVec(p, VecOp::kDuplicate, row, false);      // next tile's m, l, O
+    AppendVec(p, VecOp::kDuplicate, row, false);
+    AppendVec(p, VecOp::kDuplicate, tile, true);
     return p;
 }
 
@@ -451,10 +457,10 @@ VecProgram CausalMaskProgram(double rows, double keys, bool perRow)
 {
     VecProgram p;
     if (perRow) {  // one Compares + Select per row, each followed by a barrier
-        Append(p, VecOp::kCompare, Repeats(keys), true, rows);
-        Append(p, VecOp::kSelect, Repeats(keys), true, rows);
+        AppendVec(p, VecOp::kCompare, FloatRepeats(keys), true, rows);
+        AppendVec(p, VecOp::kSelect, FloatRepeats(keys), true, rows);
     } else {       // one 2-D select against a precomputed diagonal mask
-        Append(p, VecOp::kSelect, Repeats(rows * keys), true);
+        AppendVec(p, VecOp::kSelect, FloatRepeats(rows * keys), true);
     }
     return p;
 }
@@ -462,13 +468,13 @@ VecProgram CausalMaskProgram(double rows, double keys, bool perRow)
 VecProgram KeyMaskProgram(double rows, double keys)
 {
     VecProgram p;
-    const double key = Repeats(keys);
-    Append(p, VecOp::kDuplicate, key, true);       // bias row
-    Append(p, VecOp::kCast, key, true);            // mask bytes -> half -> float
-    Append(p, VecOp::kCast, key, true);
-    Append(p, VecOp::kCompare, key, true);
-    Append(p, VecOp::kSelect, key, true);
-    Append(p, VecOp::kBinary, Repeats(rows * keys), true);  // S + bias
+    const double key = FloatRepeats(keys);
+    AppendVec(p, VecOp::kDuplicate, key, true);       // bias row
+    AppendVec(p, VecOp::kCast, key, true);            // mask bytes -> half -> float
+    AppendVec(p, VecOp::kCast, key, true);
+    AppendVec(p, VecOp::kCompare, key, true);
+    AppendVec(p, VecOp::kSelect, key, true);
+    AppendVec(p, VecOp::kBinary, FloatRepeats(rows * keys), true);  // S + bias
     return p;
 }
 

@@ -33,6 +33,10 @@ struct VecInstr {
 using VecProgram = std::vector<VecInstr>;
 
 double VecSeconds(const VecProgram& program, const EngineRates& rates);
+// 256-byte repeats of `elements` fp32 values.
+double FloatRepeats(double elements);
+// Appends an instruction (none when `repeats` or `times` is 0).
+void AppendVec(VecProgram& program, VecOp op, double repeats, bool barrier, double times = 1);
 
 // The vector programs of the online softmax (flash_attention_vector.h's instruction
 // sequence; the incumbent's SoftmaxFlashV2 performs the same steps):
@@ -66,7 +70,9 @@ struct KernelDesign {
                                        // before the current tile drains
     bool queryInL0a = false;     // Q stays in L0A across a tile (no per-round MTE1 of Q)
     uint32_t scoreSlots = 2, probSlots = 2, outputSlots = 2;  // GM workspace rings
-    uint32_t l0Buffers = 2, l0cBuffers = 2;
+    uint32_t l0Buffers = 2;      // L0A/L0B operand ring
+    uint32_t l0cBuffers = 2;     // L0C ring of S (and of O when !outputOwnL0c)
+    bool outputOwnL0c = false;   // O has its own single L0C buffer
     // Workspace bytes per element.
     double scoreBytes = 4;       // S from Fixpipe to the vector cores
     double outputBytes = 4;      // O partial per output element per round (0: none)
