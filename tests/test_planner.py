@@ -124,11 +124,15 @@ def test_cli_prints_the_backward_plan(capsys):
     out = capsys.readouterr().out
     for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
                    "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
-                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00"):
+                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00",
+                   "PREDICTION (backward schedule model", "% of cube peak", "bound"):
         assert needle in out, needle
     assert cli.main([*shape, "--backward", "--json"]) == 0
     json_plan = json.loads(capsys.readouterr().out)
     assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["dq_slots"] == 1
+    prediction = json_plan["prediction"]
+    assert prediction["label"].startswith("PREDICTION") and prediction["seconds"] > 0
+    assert 0 < prediction["cube_utilization"] <= 1
     assert cli.main([*shape, "--deterministic"]) == 2
     assert "--deterministic applies to --backward only" in capsys.readouterr().out
 

@@ -181,6 +181,29 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
     return buffers;
 }
 
+BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
+{
+    const GradTilingData& t = plan.tiling;
+    BackwardDesign d;
+    d.blockQ = t.blockQ;
+    d.blockK = t.blockK;
+    d.headDimPad = t.headDimPad;
+    d.elemBytes = ElementBytes(dtype);
+    d.exchangeSlots = kGradExchangeSlots;
+    d.deterministic = deterministic;
+    d.dqSlots = t.dqSlots;
+    return d;  // stepsAhead and L0C scratch copies: the kernel's serial chain, one scratch
+}
+
+std::vector<BackwardCoreWork> GradModelWork(const GradPlan& plan)
+{
+    std::vector<BackwardCoreWork> work;
+    for (const GradCoreWork& c : plan.cores) {
+        work.push_back({c.unitEnd - c.unitBegin, c.steps});
+    }
+    return work;
+}
+
 uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit)
 {
     return causal ? UnitCost<true>(t, unit) : UnitCost<false>(t, unit);
@@ -248,6 +271,16 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
                                    request.deterministic);
     return result;
+}
+
+BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& request,
+                                   const Platform& platform)
+{
+    const PlanRequest& r = request.problem;
+    const BackwardProblem problem{r.batch, r.headsQ, r.headsKv, r.seqlenQ, r.seqlenK,
+                                  r.headDim, r.causal};
+    return PredictBackward(GradDesign(plan, r.dtype, request.deterministic), problem,
+                           GradModelWork(plan), platform);
 }
 
 }  // namespace flash_cann

@@ -122,6 +122,19 @@ def _backward_report(p: dict, deterministic: bool) -> None:
     print(f"\nworkspace  {p['user_workspace_bytes'] / mib:.2f} MiB (+ the API's system "
           f"workspace): D {ws['delta'] / mib:.2f}, dQ fp32 {ws['dq'] / mib:.2f}, dK/dV fp32 "
           f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}")
+    pred = p["prediction"]
+    print("\nPREDICTION (backward schedule model of docs/planner.md; not a measurement, nothing "
+          "here ran on an NPU)")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
+          f"+ main loop {pred['main_seconds'] * 1e3:.3f} + post-pass "
+          f"{pred['post_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of "
+          f"cube peak ({pred['cube_peak_tflops']:.1f} TFLOP/s), counting 2.5x the forward's "
+          f"{pred['useful_flops'] / 2.5e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    main = pred["main_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, main) if main else ''}")
 
 
 def run(args) -> int:
