@@ -12,6 +12,11 @@
 // workspace (one core owns a unit: no other core writes those rows). Scale and cast
 // happen in the vector post-pass. SyncAll brackets the main loop: the pre-pass (zeroed
 // accumulators, D) must be complete before it, and every dQ add before the post-pass.
+//
+// Preload: the cube issues S and dP of step n+1 (possibly of the next unit) before it
+// waits for P and dS of step n, so the vector cores always have a step to work on while
+// the cube computes the products of the previous one (kGradStepsInFlight steps; two
+// exchange slots; Q, dO, K and V have two L1 buffers each).
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 #define FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 
@@ -35,10 +40,10 @@ public:
         buffers_.Init(userWorkspace, core_, t_);
 
         const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
-        pipe->InitBuffer(qQue_, 1, bytes.qL1);
-        pipe->InitBuffer(doQue_, 1, bytes.doL1);
-        pipe->InitBuffer(kQue_, 1, bytes.kL1);
-        pipe->InitBuffer(vQue_, 1, bytes.vL1);
+        pipe->InitBuffer(qQue_, kGradStepsInFlight, bytes.qL1);
+        pipe->InitBuffer(doQue_, kGradStepsInFlight, bytes.doL1);
+        pipe->InitBuffer(kQue_, kGradStepsInFlight, bytes.kL1);
+        pipe->InitBuffer(vQue_, kGradStepsInFlight, bytes.vL1);
         pipe->InitBuffer(pQue_, 1, bytes.pL1);
         pipe->InitBuffer(dsQue_, 1, bytes.dsL1);
         pipe->InitBuffer(aQue_, 1, bytes.l0a);
@@ -46,48 +51,78 @@ public:
         pipe->InitBuffer(cQue_, 1, bytes.l0c);
         pipe->InitBuffer(dkAcc_, bytes.dkL0c);
         pipe->InitBuffer(dvAcc_, bytes.dvL0c);
+        dk_ = dkAcc_.template Get<float>();
+        dv_ = dvAcc_.template Get<float>();
     }
 
     __aicore__ inline void Process()
     {
         AscendC::SyncAll<false>();  // the pre-pass has zeroed dQ and written D
-        for (uint64_t unit = t_.unitStart[core_]; unit < t_.unitStart[core_ + 1]; ++unit) {
-            ProcessUnit(UnitAt<CAUSAL>(t_, unit));
+        GradStepCursor cursor(t_, core_);
+        while (cursor.Next<CAUSAL>()) {
+            InFlight& step = flight_[issued_ % kGradStepsInFlight];
+            step.unit = cursor.unit;
+            step.step = cursor.step;
+            step.slot = issued_ % kGradExchangeSlots;
+            if (step.step.first) {
+                LoadKeyValue(step);
+            } else {
+                const InFlight& before = flight_[(issued_ + kGradStepsInFlight - 1) % kGradStepsInFlight];
+                step.kL1 = before.kL1;
+                step.vL1 = before.vL1;
+            }
+            ComputeScores(step);
+            ++issued_;
+            if (issued_ - finished_ == kGradStepsInFlight) {
+                FinishStep(flight_[finished_++ % kGradStepsInFlight]);
+            }
+        }
+        while (finished_ < issued_) {
+            FinishStep(flight_[finished_++ % kGradStepsInFlight]);
         }
         AscendC::SyncAll<false>();  // every dQ add and dK/dV write has landed
     }
 
 private:
-    __aicore__ inline void ProcessUnit(const GradUnit& unit)
-    {
-        const uint64_t kvOffset = uint64_t{unit.batch} * t_.kvStrideBatch +
-                                  uint64_t{unit.headKv} * t_.kvStrideHead + uint64_t{unit.key0} * t_.kvStrideRow;
-        kL1_ = kQue_.template AllocTensor<T>();
-        LoadNz(kL1_, k_[kvOffset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
-        kQue_.EnQue(kL1_);
-        kL1_ = kQue_.template DeQue<T>();
-        vL1_ = vQue_.template AllocTensor<T>();
-        LoadNz(vL1_, v_[kvOffset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
-        vQue_.EnQue(vL1_);
-        vL1_ = vQue_.template DeQue<T>();
-
-        dk_ = dkAcc_.template Get<float>();
-        dv_ = dvAcc_.template Get<float>();
+    // A step whose S and dP are issued and whose products are not yet done.
+    struct InFlight {
+        GradUnit unit;
         GradStep step;
-        for (uint32_t index = 0; StepAt(t_, unit, index, step); ++index) {
-            const uint32_t slot = stepSeq_++ % kGradExchangeSlots;
-            rows16_ = AlignUp(step.rows, kCubeBlock);
-            ComputeScores(unit, step, slot);
-            AccumulateKeyValueGrad(step, slot);
-            AccumulateQueryGrad(unit, step);
-            qQue_.FreeTensor(qL1_);
-            doQue_.FreeTensor(doL1_);
-            pQue_.FreeTensor(pL1_);
-            dsQue_.FreeTensor(dsL1_);
+        uint32_t slot;
+        AscendC::LocalTensor<T> qL1, doL1, kL1, vL1;
+    };
+
+    __aicore__ inline void LoadKeyValue(InFlight& step)
+    {
+        const GradUnit& unit = step.unit;
+        const uint64_t offset = uint64_t{unit.batch} * t_.kvStrideBatch +
+                                uint64_t{unit.headKv} * t_.kvStrideHead + uint64_t{unit.key0} * t_.kvStrideRow;
+        step.kL1 = kQue_.template AllocTensor<T>();
+        LoadNz(step.kL1, k_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
+        kQue_.EnQue(step.kL1);
+        step.kL1 = kQue_.template DeQue<T>();
+        step.vL1 = vQue_.template AllocTensor<T>();
+        LoadNz(step.vL1, v_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
+        vQue_.EnQue(step.vL1);
+        step.vL1 = vQue_.template DeQue<T>();
+    }
+
+    // The products of a step whose S and dP were issued; after a unit's last step, its
+    // dK and dV leave L0C and its K and V buffers are released.
+    __aicore__ inline void FinishStep(InFlight& step)
+    {
+        rows16_ = AlignUp(step.step.rows, kCubeBlock);
+        AccumulateKeyValueGrad(step);
+        AccumulateQueryGrad(step);
+        qQue_.FreeTensor(step.qL1);
+        doQue_.FreeTensor(step.doL1);
+        pQue_.FreeTensor(pL1_);
+        dsQue_.FreeTensor(dsL1_);
+        if (step.step.last) {
+            WriteKeyValueGrad(step.unit);
+            kQue_.FreeTensor(step.kL1);
+            vQue_.FreeTensor(step.vL1);
         }
-        WriteKeyValueGrad(unit);
-        kQue_.FreeTensor(kL1_);
-        vQue_.FreeTensor(vL1_);
     }
 
     // One product into L0C and out through Fixpipe (row-major, fp32) to `dst`: the
@@ -120,54 +155,57 @@ private:
     }
 
     // S = Q K^T and dP = dO V^T of the step, into exchange slot `slot`.
-    __aicore__ inline void ComputeScores(const GradUnit& unit, const GradStep& step, uint32_t slot)
+    __aicore__ inline void ComputeScores(InFlight& in)
     {
         const uint32_t d = t_.headDimPad;
         const uint32_t bk = t_.blockK;
-        const uint64_t offset = uint64_t{unit.batch} * t_.qStrideBatch + uint64_t{step.headQ} * t_.qStrideHead +
-                                uint64_t{step.row0} * t_.qStrideRow;
-        qL1_ = qQue_.template AllocTensor<T>();
-        LoadNz(qL1_, q_[offset], step.rows, rows16_, t_.headDim, d, t_.qStrideRow);
-        qQue_.EnQue(qL1_);
-        qL1_ = qQue_.template DeQue<T>();
-        doL1_ = doQue_.template AllocTensor<T>();
-        LoadNz(doL1_, do_[offset], step.rows, rows16_, t_.headDim, d, t_.qStrideRow);
-        doQue_.EnQue(doL1_);
-        doL1_ = doQue_.template DeQue<T>();
+        const GradStep& step = in.step;
+        const uint32_t rows16 = AlignUp(step.rows, kCubeBlock);
+        const uint64_t offset = uint64_t{in.unit.batch} * t_.qStrideBatch +
+                                uint64_t{step.headQ} * t_.qStrideHead + uint64_t{step.row0} * t_.qStrideRow;
+        in.qL1 = qQue_.template AllocTensor<T>();
+        LoadNz(in.qL1, q_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
+        qQue_.EnQue(in.qL1);
+        in.qL1 = qQue_.template DeQue<T>();
+        in.doL1 = doQue_.template AllocTensor<T>();
+        LoadNz(in.doL1, do_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
+        doQue_.EnQue(in.doL1);
+        in.doL1 = doQue_.template DeQue<T>();
 
         AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
-        LoadLeft(a, qL1_, rows16_, d);
+        LoadLeft(a, in.qL1, rows16, d);
         AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
-        LoadRightTransposed(b, kL1_, bk, d);
-        MultiplyOut(buffers_.Scores(slot, 0), a, b, rows16_, bk, d, rows16_, bk, false);
+        LoadRightTransposed(b, in.kL1, bk, d);
+        MultiplyOut(buffers_.Scores(in.slot, 0), a, b, rows16, bk, d, rows16, bk, false);
 
         a = aQue_.template AllocTensor<T>();
-        LoadLeft(a, doL1_, rows16_, d);
+        LoadLeft(a, in.doL1, rows16, d);
         b = bQue_.template AllocTensor<T>();
-        LoadRightTransposed(b, vL1_, bk, d);
-        MultiplyOut(buffers_.ProbsGrad(slot, 0), a, b, rows16_, bk, d, rows16_, bk, false);
+        LoadRightTransposed(b, in.vL1, bk, d);
+        MultiplyOut(buffers_.ProbsGrad(in.slot, 0), a, b, rows16, bk, d, rows16, bk, false);
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagGradScores);
     }
 
     // dV += P^T dO and dK += dS^T Q, in L0C; the unit's first step initialises them.
-    __aicore__ inline void AccumulateKeyValueGrad(const GradStep& step, uint32_t slot)
+    __aicore__ inline void AccumulateKeyValueGrad(const InFlight& in)
     {
         const uint32_t d = t_.headDimPad;
         const uint32_t bk = t_.blockK;
+        const GradStep& step = in.step;
         AscendC::CrossCoreWaitFlag(kFlagGradProbs);
         pL1_ = pQue_.template AllocTensor<T>();
-        LoadNz(pL1_, buffers_.Probs(slot, 0), step.rows, rows16_, bk, bk, bk);
+        LoadNz(pL1_, buffers_.Probs(in.slot, 0), step.rows, rows16_, bk, bk, bk);
         pQue_.EnQue(pL1_);
         pL1_ = pQue_.template DeQue<T>();
         dsL1_ = dsQue_.template AllocTensor<T>();
-        LoadNz(dsL1_, buffers_.ScoresGrad(slot, 0), step.rows, rows16_, bk, bk, bk);
+        LoadNz(dsL1_, buffers_.ScoresGrad(in.slot, 0), step.rows, rows16_, bk, bk, bk);
         dsQue_.EnQue(dsL1_);
         dsL1_ = dsQue_.template DeQue<T>();
 
         const AscendC::MmadParams params(static_cast<uint16_t>(bk), static_cast<uint16_t>(d),
                                          static_cast<uint16_t>(rows16_), 0, false, step.first);
-        Accumulate(dv_, pL1_, doL1_, params);
-        Accumulate(dk_, dsL1_, qL1_, params);
+        Accumulate(dv_, pL1_, in.doL1, params);
+        Accumulate(dk_, dsL1_, in.qL1, params);
     }
 
     // acc (+)= left^T right, with left and right rows16_ rows in L1.
@@ -189,14 +227,16 @@ private:
 
     // dQ += dS K: atomic add into the accumulator slot (fast: the one shared slot;
     // deterministic: the slot of the unit's key-block chunk, which only this core adds to).
-    __aicore__ inline void AccumulateQueryGrad(const GradUnit& unit, const GradStep& step)
+    __aicore__ inline void AccumulateQueryGrad(const InFlight& in)
     {
         const uint32_t d = t_.headDimPad;
         const uint32_t bk = t_.blockK;
+        const GradUnit& unit = in.unit;
+        const GradStep& step = in.step;
         AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
         LoadLeft(a, dsL1_, rows16_, bk);
         AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
-        LoadRight(b, kL1_, bk, d);
+        LoadRight(b, in.kL1, bk, d);
         const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + step.row0;
         MultiplyOut(buffers_.QueryGrad(DETERMINISTIC ? unit.dqSlot : 0, row), a, b, rows16_, d, bk,
                     step.rows, d, true);
@@ -220,8 +260,10 @@ private:
 
     GradTilingData t_;
     uint32_t core_ = 0;
-    uint32_t rows16_ = 0;
-    uint32_t stepSeq_ = 0;
+    uint32_t rows16_ = 0;  // rows of the step being finished, padded to 16
+    uint32_t issued_ = 0;
+    uint32_t finished_ = 0;
+    InFlight flight_[kGradStepsInFlight];
     GradBuffers<T> buffers_;
     AscendC::GlobalTensor<T> q_, k_, v_, do_;
     AscendC::TQue<AscendC::TPosition::A1, 1> qQue_, doQue_, pQue_, dsQue_;
@@ -230,7 +272,7 @@ private:
     AscendC::TQue<AscendC::TPosition::B2, 1> bQue_;
     AscendC::TQue<AscendC::TPosition::CO1, 1> cQue_;
     AscendC::TBuf<AscendC::TPosition::CO1> dkAcc_, dvAcc_;
-    AscendC::LocalTensor<T> qL1_, doL1_, kL1_, vL1_, pL1_, dsL1_;
+    AscendC::LocalTensor<T> pL1_, dsL1_;
     AscendC::LocalTensor<float> dk_, dv_;
 };
 

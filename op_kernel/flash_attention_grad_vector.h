@@ -72,12 +72,9 @@ public:
         ZeroQueryGrad();
         ComputeDelta();
         AscendC::SyncAll<false>();
-        for (uint64_t unit = t_.unitStart[core_]; unit < t_.unitStart[core_ + 1]; ++unit) {
-            const GradUnit u = UnitAt<CAUSAL>(t_, unit);
-            GradStep step;
-            for (uint32_t index = 0; StepAt(t_, u, index, step); ++index) {
-                SoftmaxGrad(u, step, stepSeq_++ % kGradExchangeSlots);
-            }
+        GradStepCursor cursor(t_, core_);
+        for (uint32_t seq = 0; cursor.Next<CAUSAL>(); ++seq) {
+            SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
         }
         AscendC::SyncAll<false>();
         PostPass();
@@ -332,7 +329,6 @@ private:
     uint32_t core_ = 0;
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;  // this vector core's rows of the current step
-    uint32_t stepSeq_ = 0;
     bool hasGradLse_ = false;
     GradBuffers<T> buffers_;
     ScoreMasking<GradTilingData, CAUSAL, MASK> masking_;

@@ -87,10 +87,10 @@ struct GradTilingData {
 // calls. AIC buffers live in L1/L0A/L0B/L0C; each AIV has its own UB.
 struct GradBufferBytes {
     // AIC, L1 (Nz)
-    uint32_t qL1;       // query block (blockQ x D)
-    uint32_t doL1;      // grad_out block (blockQ x D)
-    uint32_t kL1;       // key block (blockK x D), resident for a unit
-    uint32_t vL1;       // value block (blockK x D), resident for a unit
+    uint32_t qL1;       // query block (blockQ x D) (kGradStepsInFlight of them)
+    uint32_t doL1;      // grad_out block (blockQ x D) (kGradStepsInFlight of them)
+    uint32_t kL1;       // key block (blockK x D), resident for a unit (kGradStepsInFlight)
+    uint32_t vL1;       // value block (blockK x D), resident for a unit (kGradStepsInFlight)
     uint32_t pL1;       // probabilities (blockQ x blockK)
     uint32_t dsL1;      // dS (blockQ x blockK)
     // AIC, L0
@@ -281,6 +281,45 @@ __aicore__ inline bool StepAt(const GradTilingData& t, const GradUnit& u, uint32
     step.last = index + 1 == steps;
     return true;
 }
+
+// The steps of one core in order: its units, and each unit's steps (StepAt).
+class GradStepCursor {
+public:
+    __aicore__ GradStepCursor(const GradTilingData& t, uint32_t core)
+        : t_(&t), nextUnit_(t.unitStart[core]), endUnit_(t.unitStart[core + 1]) {}
+
+    // Advances to the next step (unit and step then describe it); false when done.
+    template <bool CAUSAL>
+    __aicore__ bool Next()
+    {
+        for (;;) {
+            if (open_ && StepAt(*t_, unit, index_, step)) {
+                ++index_;
+                return true;
+            }
+            if (nextUnit_ >= endUnit_) {
+                return false;
+            }
+            unit = UnitAt<CAUSAL>(*t_, nextUnit_++);
+            index_ = 0;
+            open_ = true;
+        }
+    }
+
+    GradUnit unit{};
+    GradStep step{};
+
+private:
+    const GradTilingData* t_;
+    uint64_t nextUnit_;
+    uint64_t endUnit_;
+    uint32_t index_ = 0;
+    bool open_ = false;
+};
+
+// Steps in flight on the cube: it issues S and dP of the next step before the products
+// of the current one, so Q, dO, K and V have this many L1 buffers each.
+constexpr uint32_t kGradStepsInFlight = 2;
 
 // Deterministic dQ: no core boundary may cut a chunk of dqChunkBlocks key blocks.
 __aicore__ inline bool GradSplitKeepsChunks(const GradTilingData& t)

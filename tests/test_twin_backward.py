@@ -1,6 +1,7 @@
 """The Ascend C backward kernel (op_kernel/flash_cann_attention_grad.cpp) run on the CPU
 twin: gradients match the float64 oracle under the project's tolerance rule across
-dtypes, masks, GQA/MQA, head dims, tails and core counts; fully masked rows get zero
+dtypes, masks, GQA/MQA, head dims, tails and core counts, and the kernel allocates
+exactly the bytes the backward planner accounts for; fully masked rows get zero
 gradients; the deterministic dQ variant is bitwise repeatable across runs and across
 core counts that split the work differently.
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy
+from flash_cann import accuracy, planner
+from flash_cann import layout as layouts
 from flash_cann.backends import cpu, twin
 
 from conftest import make_qkv, random_key_padding_mask
@@ -44,13 +46,29 @@ class _TwinGrad(torch.autograd.Function):
         return (*grads, None, None)
 
 
+def _planned_bytes(q, k, mask, causal, layout, options):
+    """The backward planner's per-level buffer figures (plan["levels"])."""
+    b, hq, sq, d = layouts.sizes(q, layout)
+    hk, sk = layouts.sizes(k, layout)[1:3]
+    plan = planner.grad_plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk,
+                             dtype=str(q.dtype).removeprefix("torch."), layout=layout,
+                             causal=causal, has_mask=mask is not None,
+                             deterministic=options.get("deterministic", False),
+                             aic_cores=options.get("ai_cores") or 0)
+    return {level["level"]: level["used"] for level in plan["levels"]}
+
+
 def _check(q, k, v, mask, causal, layout, gen, **options):
+    """The twin's gradients match the oracle, and the bytes the kernel allocated per
+    memory level (every InitBuffer, measured by the twin) are the planner's figures."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    options = dict(scale=scale, causal=causal, layout=layout, **options)
+    allocated = {}
+    options = dict(scale=scale, causal=causal, layout=layout, allocated=allocated, **options)
     results = accuracy.check_against_oracle(
         lambda q_, k_, v_: _TwinGrad.apply(q_, k_, v_, mask, options), q, k, v, scale=scale,
         causal=causal, layout=layout, key_padding_mask=mask, generator=gen)
     assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+    assert allocated == _planned_bytes(q, k, mask, causal, layout, options)
 
 
 # Each feature at least once, not the cartesian product: dtype x causal x mask x heads.

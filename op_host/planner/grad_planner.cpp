@@ -147,10 +147,10 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
 {
     const GradBufferBytes b = ComputeGradBufferBytes(t, elemBytes);
     std::vector<BufferUse> buffers = {
-        {"cube: Q block", "q_l1", MemLevel::L1, b.qL1, 1},
-        {"cube: dO block", "do_l1", MemLevel::L1, b.doL1, 1},
-        {"cube: K block, resident for a unit", "k_l1", MemLevel::L1, b.kL1, 1},
-        {"cube: V block, resident for a unit", "v_l1", MemLevel::L1, b.vL1, 1},
+        {"cube: Q block", "q_l1", MemLevel::L1, b.qL1, kGradStepsInFlight},
+        {"cube: dO block", "do_l1", MemLevel::L1, b.doL1, kGradStepsInFlight},
+        {"cube: K block, resident for a unit", "k_l1", MemLevel::L1, b.kL1, kGradStepsInFlight},
+        {"cube: V block, resident for a unit", "v_l1", MemLevel::L1, b.vL1, kGradStepsInFlight},
         {"cube: P block", "p_l1", MemLevel::L1, b.pL1, 1},
         {"cube: dS block", "ds_l1", MemLevel::L1, b.dsL1, 1},
         {"cube: A operand (Q, dO, dS, P^T, dS^T)", "a_l0a", MemLevel::L0A, b.l0a, 1},
