@@ -189,10 +189,12 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.blockK = t.blockK;
     d.headDimPad = t.headDimPad;
     d.elemBytes = ElementBytes(dtype);
+    d.stepsAhead = kGradStepsInFlight;  // S, dP of the next step issue before this one's products
     d.exchangeSlots = kGradExchangeSlots;
+    d.l0cScratchBuffers = 1;            // the kernel's one product buffer (c_l0c)
     d.deterministic = deterministic;
     d.dqSlots = t.dqSlots;
-    return d;  // stepsAhead and L0C scratch copies: the kernel's serial chain, one scratch
+    return d;
 }
 
 std::vector<BackwardCoreWork> GradModelWork(const GradPlan& plan)
