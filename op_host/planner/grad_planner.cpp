@@ -1,7 +1,6 @@
 #include "grad_planner.h"
 
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 
 #include "balanced_split.h"
@@ -249,6 +248,14 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
         return result;
     }
     ChooseDqChunks(t, request.deterministic);
+    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
+    const double keyRows = static_cast<double>(t.batch) * t.headsKv * t.seqlenK;
+    const double fp32Bytes = (queryRows * t.dqSlots + 2 * keyRows) * t.headDimPad * 4.0;
+    if (fp32Bytes > kMaxWorkspaceBytes) {
+        result.error = Message("the backward's fp32 workspace (dQ x ", t.dqSlots, ", dK, dV: ",
+                               fp32Bytes, " bytes) overflows the kernel's 64-bit offsets");
+        return result;
+    }
 
     const SegmentProfile profile(t, r.causal, request.deterministic);
     SplitUnits(t, profile, std::min(platform.aicCores, kMaxCores));
@@ -262,11 +269,6 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
     plan.blockDim = t.usedCores;
 
-    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
-    if (queryRows * t.headDimPad * 4.0 * (t.dqSlots + 2) > kMaxWorkspaceBytes) {
-        result.error = "the backward's fp32 workspace (dQ, dK, dV) overflows 64-bit offsets";
-        return result;
-    }
     const GradWorkspace ws(t, elemBytes);
     plan.userWorkspaceBytes = ws.total;
     plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};

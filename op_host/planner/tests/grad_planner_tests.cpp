@@ -402,6 +402,13 @@ void TestRefusals()
                   "heads_q (8) must be a multiple of heads_kv (3)");
     ExpectRefusal(with([](GradPlanRequest& r) { r.problem.seqlenQ = 0; }), b2,
                   "seqlen_q must be >= 1 (got 0)");
+    ExpectRefusal(with([](GradPlanRequest& r) {
+                      r.problem.batch = int64_t{1} << 24;
+                      r.problem.headsQ = r.problem.headsKv = int64_t{1} << 14;
+                      r.problem.seqlenQ = r.problem.seqlenK = int64_t{1} << 14;
+                      r.problem.headDim = 256;
+                  }),
+                  b2, "the backward's fp32 workspace (dQ x 1, dK, dV: ");
     Platform noCores = b2;
     noCores.aicCores = 0;
     ExpectRefusal(ok, noCores, "reports no AI cores");
@@ -409,7 +416,7 @@ void TestRefusals()
     smallL0c.l0cBytes = 16 * 1024;
     ExpectRefusal(ok, smallL0c, "head_dim 128: no block shape of the backward fits Ascend910B2's "
                                 "buffers (the smallest, 16x16, needs L0C 24576 of 16384 bytes");
-    std::printf("refusals: 6 unsupported inputs refused with specific messages\n");
+    std::printf("refusals: 7 unsupported inputs refused with specific messages\n");
 }
 
 }  // namespace
