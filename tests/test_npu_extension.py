@@ -323,3 +323,16 @@ def test_compile_time_detection_of_op_plugins_calls(tmp_path, declarations, pres
         "}\n")
     _run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CSRC}",
           str(probe)])
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)], ids=["CI", "elsewhere"])
+def test_an_unavailable_wheel_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    import torch_npu_wheel as wheel
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(wheel, "CACHE", tmp_path)
+    monkeypatch.setattr(wheel.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, "", "ERROR: No matching distribution found for torch-npu==2.13.0"))
+    with pytest.raises(outcome, match="the torch-npu 2.13.0 wheel is needed: pip download "
+                                      "torch-npu==2.13.0 failed: ERROR: No matching"):
+        wheel.torch_npu_wheel()
