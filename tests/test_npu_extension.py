@@ -257,6 +257,11 @@ def test_each_stage_takes_the_streams_resources_when_torch_npu_asks(results):
                      ("aclnnFlashCannAttention", FAKE_STREAM)]
     # ...and without core control (every other scenario), never.
     assert not _calls(results["fwd_bnsd_gqa"]["log"], "aclrtUseStreamResInCurrentThread")
+    # A failure to take them stops the call before stage 1, and nothing leaks.
+    failing = results["core_control_failing"]
+    assert failing["error"] == ("RuntimeError: flash_cann: aclrtUseStreamResInCurrentThread "
+                                "returned 107002")
+    assert not [c for c in failing["log"] if c["call"].startswith("aclnn")]
 
 
 @pytest.mark.parametrize("case, stage, status, meaning", [
