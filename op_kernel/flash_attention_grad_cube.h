@@ -10,8 +10,11 @@
 //                           accumulator slot of the unit's key-block chunk
 // After the unit's last step, WriteKeyValueGrad: dK, dV leave L0C once, into the fp32
 // workspace (one core owns a unit: no other core writes those rows). Scale and cast
-// happen in the vector post-pass. SyncAll brackets the main loop: the pre-pass (zeroed
-// accumulators, D) must be complete before it, and every dQ add before the post-pass.
+// happen in the vector post-pass. The cube does not wait for the pre-pass: it starts on
+// S and dP while the vector cores zero dQ and compute D, and its first dQ add follows its
+// vector cores' first P/dS flag, which they raise only after the pre-pass barrier
+// (SyncAll<true>, vector cores only). SyncAll<false> (every core) ends the main loop:
+// every dQ add and dK/dV write lands before the post-pass reads them.
 //
 // Preload: the cube issues S and dP of step n+1 (possibly of the next unit) before it
 // waits for P and dS of step n, so the vector cores always have a step to work on while
@@ -57,7 +60,6 @@ public:
 
     __aicore__ inline void Process()
     {
-        AscendC::SyncAll<false>();  // the pre-pass has zeroed dQ and written D
         GradStepCursor cursor(t_, core_);
         while (cursor.Next<CAUSAL>()) {
             InFlight& step = flight_[issued_ % kGradStepsInFlight];

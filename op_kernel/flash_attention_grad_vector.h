@@ -2,7 +2,8 @@
 //
 //   PrePass       ZeroQueryGrad: the fp32 dQ accumulator slots <- 0 (the cube adds into
 //                 them); ComputeDelta: D = rowsum(dO * O) - dLSE per query row (dLSE is
-//                 optional: softmax_lse is a differentiable output); then SyncAll.
+//                 optional: softmax_lse is a differentiable output); then SyncAll of
+//                 the vector cores (the cube is already computing S and dP).
 //   SoftmaxGrad   per step of the main loop (the cube's query block x key block), on this
 //                 vector core's half of the rows: P = exp(S scale + mask - lse) from the
 //                 saved lse, dS = P (dP - D); P and dS in the input dtype -> exchange slot
@@ -71,7 +72,9 @@ public:
     {
         ZeroQueryGrad();
         ComputeDelta();
-        AscendC::SyncAll<false>();
+        // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
+        // this core's P/dS flags, so the cube need not join this barrier.
+        AscendC::SyncAll<true>();
         GradStepCursor cursor(t_, core_);
         for (uint32_t seq = 0; cursor.Next<CAUSAL>(); ++seq) {
             SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
@@ -288,6 +291,7 @@ private:
         AscendC::PipeBarrier<PIPE_V>();
         AscendC::LocalTensor<T> cast = passOutQue_.template AllocTensor<T>();
         AscendC::Cast(cast, acc_, AscendC::RoundMode::CAST_RINT, count);
+        AscendC::PipeBarrier<PIPE_V>();  // the next chunk rewrites acc_
         passOutQue_.EnQue(cast);
         cast = passOutQue_.template DeQue<T>();
         AscendC::DataCopyPad(dst, cast,

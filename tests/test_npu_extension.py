@@ -257,6 +257,11 @@ def test_each_stage_takes_the_streams_resources_when_torch_npu_asks(results):
                      ("aclnnFlashCannAttention", FAKE_STREAM)]
     # ...and without core control (every other scenario), never.
     assert not _calls(results["fwd_bnsd_gqa"]["log"], "aclrtUseStreamResInCurrentThread")
+    # A failure to take them stops the call before stage 1, and nothing leaks.
+    failing = results["core_control_failing"]
+    assert failing["error"] == ("RuntimeError: flash_cann: aclrtUseStreamResInCurrentThread "
+                                "returned 107002")
+    assert not [c for c in failing["log"] if c["call"].startswith("aclnn")]
 
 
 @pytest.mark.parametrize("case, stage, status, meaning", [
@@ -323,3 +328,16 @@ def test_compile_time_detection_of_op_plugins_calls(tmp_path, declarations, pres
         "}\n")
     _run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CSRC}",
           str(probe)])
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)], ids=["CI", "elsewhere"])
+def test_an_unavailable_wheel_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    import torch_npu_wheel as wheel
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(wheel, "CACHE", tmp_path)
+    monkeypatch.setattr(wheel.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, "", "ERROR: No matching distribution found for torch-npu==2.13.0"))
+    with pytest.raises(outcome, match="the torch-npu 2.13.0 wheel is needed: pip download "
+                                      "torch-npu==2.13.0 failed: ERROR: No matching"):
+        wheel.torch_npu_wheel()

@@ -186,6 +186,7 @@ FAKE_NPU = Path(__file__).resolve().parent / "npu_standins" / "fake_npu"
 LAZY_TORCHAIR = {  # id: environment of tests/npu_standins/fake_npu/lazy_torchair.py
     "torch_npu 2.1-2.8 (proxy at import)": {"FAKE_TORCH_NPU_TORCHAIR": "import"},
     "torch_npu 2.9+ (proxy at Dynamo set-up)": {"FAKE_TORCH_NPU_TORCHAIR": "dynamo"},
+    "torchair imported first": {"FAKE_TORCH_NPU_TORCHAIR": "import", "IMPORT_TORCHAIR_FIRST": "1"},
     "torchair fails to load": {"FAKE_TORCH_NPU_TORCHAIR": "import",
                                "FAKE_TORCHAIR_IMPORT_ERROR": "libge_runner.so: cannot open"},
 }
@@ -223,6 +224,13 @@ def test_import_flash_cann_under_torch_npus_lazy_torchair(lazy_torchair, case):
     assert not state["torchair_loaded_by_import"] and not state["registered_at_import"]
     assert state["enable_torchair"] == "ok"
     assert state["torchair_loaded"] and state["registered"]
+    assert state["registered_with"] == "torch_npu.dynamo.torchair"
+
+
+def test_import_flash_cann_after_torchair_was_imported_through_the_proxy_registers(lazy_torchair):
+    state = lazy_torchair["torchair imported first"]
+    assert state["import_torchair"] == "ok" and state["import_flash_cann"] == "ok"
+    assert state["registered_at_import"]
     assert state["registered_with"] == "torch_npu.dynamo.torchair"
 
 

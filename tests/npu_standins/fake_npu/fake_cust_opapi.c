@@ -41,6 +41,12 @@ static int Status(const char *symbol) {
   return 0;
 }
 
+int aclrtUseStreamResInCurrentThread(aclrtStream stream) {
+  fprintf(Log(), "{\"call\": \"aclrtUseStreamResInCurrentThread\", \"stream\": %llu}\n",
+          (unsigned long long)(uintptr_t)stream);
+  return Status("aclrtUseStreamResInCurrentThread");
+}
+
 static int last_status = 0;
 
 const char *aclGetRecentErrMsg(void) {
@@ -49,11 +55,6 @@ const char *aclGetRecentErrMsg(void) {
   return "fake CANN: the op rejected its arguments";
 }
 
-int aclrtUseStreamResInCurrentThread(aclrtStream stream) {
-  fprintf(Log(), "{\"call\": \"aclrtUseStreamResInCurrentThread\", \"stream\": %llu}\n",
-          (unsigned long long)(uintptr_t)stream);
-  return 0;
-}
 
 static void Ints(FILE *f, const int64_t *v, uint64_t n) {
   fputc('[', f);

@@ -146,6 +146,10 @@ q, k, v = on_npu(1, 2, 4, 8), on_npu(1, 2, 4, 8), on_npu(1, 2, 4, 8)
 log_lines()
 torch.ops.flash_cann.fwd(q, k, v, None, 0.25)
 results["core_control"] = {"log": log_lines()}
+os.environ["FAKE_ACLNN_FAIL"] = "aclrtUseStreamResInCurrentThread=107002"
+results["core_control_failing"] = {
+    "error": error_of(lambda: torch.ops.flash_cann.fwd(q, k, v, None, 0.25)), "log": log_lines()}
+os.environ.pop("FAKE_ACLNN_FAIL")
 os.environ.pop("FAKE_NPU_CORE_CONTROL")
 
 # Every non-zero status is an exception that says what it means.
