@@ -383,6 +383,14 @@ void TestTargetsReport()
             std::printf("targets: backward %s seqlen %5lld: %.1f%% of cube peak (2.5x forward "
                         "FLOPs); bound: %s\n", causal ? "causal    " : "non-causal",
                         static_cast<long long>(seqlen), 100 * b.cubeUtilization, b.bound.c_str());
+            BackwardDesign ahead;  // two L0C scratch copies, S/dP one step ahead, 128 x 128
+            ahead.stepsAhead = 2;
+            ahead.l0cScratchBuffers = 2;
+            const BackwardPrediction a =
+                PredictBackward(ahead, problem, EvenBackwardSplit(ahead, problem, 24), b2);
+            std::printf("targets: backward*%s seqlen %5lld: %.1f%% of cube peak (2.5x forward "
+                        "FLOPs); bound: %s\n", causal ? "causal    " : "non-causal",
+                        static_cast<long long>(seqlen), 100 * a.cubeUtilization, a.bound.c_str());
         }
     }
 }
