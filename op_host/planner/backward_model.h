@@ -24,7 +24,10 @@
 
 namespace flash_cann {
 
-// The design knobs of the backward kernel, as the grad tiling configures them.
+// The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad
+// and dqSlots from GradTilingData, deterministic from its tiling key; the kernel on
+// branch `grad` issues one step at a time (stepsAhead 1) with one L0C product scratch
+// (GradBufferBytes::l0c) and kGradExchangeSlots workspace slots.
 struct BackwardDesign {
     uint32_t blockQ = 128;
     uint32_t blockK = 128;
@@ -45,7 +48,7 @@ struct BackwardProblem {
 };
 
 // One AI core's main-loop work: `units` key blocks, `steps` (query block, key block)
-// products in total.
+// products in total (the grad plan's per-core units and UnitCost steps).
 struct BackwardCoreWork {
     uint64_t units = 0;
     uint64_t steps = 0;
