@@ -121,10 +121,11 @@ void CheckPlan(const PlanRequest& r, uint32_t cores)
            static_cast<unsigned long long>(covered), static_cast<unsigned long long>(totalRows));
     EXPECT(plan.userWorkspaceBytes == t.workspacePerCore * t.usedCores, "%s: workspace",
            what.c_str());
-    EXPECT(plan.prediction.seconds > 0 && plan.prediction.cubeUtilization > 0 &&
-               plan.prediction.cubeUtilization <= 1.0,
-           "%s: prediction %g s, utilisation %g", what.c_str(), plan.prediction.seconds,
-           plan.prediction.cubeUtilization);
+    const Prediction prediction = Predict(plan, r, platform);
+    EXPECT(prediction.seconds > 0 && prediction.cubeUtilization > 0 &&
+               prediction.cubeUtilization <= 1.0,
+           "%s: prediction %g s, utilisation %g", what.c_str(), prediction.seconds,
+           prediction.cubeUtilization);
 }
 
 int64_t LogUniform(std::mt19937_64& rng, int64_t lo, int64_t hi)
@@ -367,7 +368,7 @@ void TestTargetsReport()
         for (int64_t seqlen : {8192, 16384, 32768}) {
             const PlanRequest r = Square(16, seqlen, causal);
             const PlanResult plan = MakePlan(r, b2);
-            const Prediction& p = plan.plan.prediction;
+            const Prediction p = Predict(plan.plan, r, b2);
             EXPECT(p.seconds > 0 && p.cubeUtilization < 1, "forward prediction");
             std::printf("targets: forward %s seqlen %5lld: %.1f%% of cube peak (%.0f TFLOP/s), "
                         "work imbalance %.3f, modelled core time max/mean %.3f; bound: %s\n",
