@@ -113,7 +113,7 @@ def doc_tables(report: str) -> dict[str, str]:
         elif m := _BACKWARD.match(line):
             alt, causal, s, pct, bound = m.groups()
             design = ("two L0C scratch, S/dP one step ahead, 128×128 (does not fit)"
-                      if alt == "*" else "grad plan: 128×64, one L0C scratch, serial")
+                      if alt == "*" else "grad plan: 128×64, one L0C scratch, 2 steps in flight")
             backward.append(f"| {design} | {int(s) // 1024}k | "
                             f"{'yes' if causal == 'causal' else 'no'} | {pct} % | {bound} |")
         elif m := _CHANGE.match(line):

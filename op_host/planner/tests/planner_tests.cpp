@@ -376,8 +376,9 @@ void TestTargetsReport()
                         100 * p.cubeUtilization, p.usefulFlops / p.seconds / 1e12,
                         plan.plan.imbalance, p.coreSeconds / p.meanCoreSeconds, p.bound.c_str());
             BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
-            BackwardDesign design;  // the grad plan's D = 128 blocks, one L0C scratch
-            design.blockK = 64;
+            BackwardDesign design;  // the grad plan at D = 128: 128 x 64 blocks, one L0C
+            design.blockK = 64;     // scratch, 2 steps in flight (kGradStepsInFlight)
+            design.stepsAhead = 2;
             const BackwardPrediction b =
                 PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
             EXPECT(b.seconds > 0 && b.cubeUtilization < 1, "backward prediction");
