@@ -131,6 +131,7 @@ private:
         if (rows_ == 0) {
             return;
         }
+        AscendC::PipeBarrier<PIPE_V>();  // the previous tile's epilogue still reads m, l and acc
         AscendC::Duplicate(rowMax_, negInf_, rows_);
         AscendC::Duplicate(rowSum_, 0.0f, rows_);
         if (rounds == 0) {  // no key at all: out = acc / max(l, tiny) = 0

@@ -324,6 +324,8 @@ void SyncAllAndAtomicAdd()
             pipe.InitBuffer(que, 1, 32);
             LocalTensor<float> t = que.AllocTensor<float>();
             Duplicate(t, mine, 8);
+            que.EnQue(t);
+            t = que.DeQue<float>();
             DataCopy(g, t, 8);
             que.FreeTensor(t);
         } else {
@@ -333,6 +335,7 @@ void SyncAllAndAtomicAdd()
             for (uint32_t i = 0; i < 256; ++i) {
                 c.SetValue(i, 10 * mine);
             }
+            PipeBarrier<PIPE_ALL>();  // the scalar stores before the FIX pipe reads L0C
             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(8, 1, 16, 8, false));
             que.FreeTensor(c);
         }
