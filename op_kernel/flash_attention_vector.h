@@ -89,6 +89,7 @@ public:
         bits_ = bitsBuf_.template Get<uint8_t>();
         acc_ = accBuf_.template Get<float>();
         AscendC::CreateVecIndex(column_, 0.0f, w);  // column index, for the round's last key
+        AscendC::PipeBarrier<PIPE_V>();  // column_ -> every round's Compares
     }
 
     __aicore__ inline void Process()

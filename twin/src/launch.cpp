@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "kernel_operator.h"
 #include "twin/launch.h"
+#include "twin/race.h"
 
 namespace twin {
 namespace {
@@ -31,17 +33,21 @@ constexpr int kMaxPendingFlag = 15;
 // 11-14 (asc-devkit docs, SyncAll / CrossCoreWaitFlag: "flagId 0-10").
 constexpr uint16_t kMaxUserFlag = 10;
 
-// Cross-core flags of one AI core: AIC -> each AIV, and each AIV -> AIC.
+// Cross-core flags of one AI core: AIC -> each AIV, and each AIV -> AIC; with each
+// pending set, the work it releases (race detector).
 struct FlagGroup {
     std::condition_variable changed;
     int toAiv[2][16] = {};
     int toAic[2][16] = {};
+    std::deque<Clock> toAivWork[2][16], toAicWork[2][16];
 };
 
-struct Barrier {
+struct AllCoreBarrier {
     int participants = 0;
     int arrived = 0;
     uint64_t generation = 0;
+    Clock arrivedWork;   // joined from every unit that arrived
+    Clock released[2];   // per generation parity, once all have arrived
 };
 
 // A thread blocked in a wait.
@@ -61,9 +67,10 @@ struct Run {
     int live = 0;  // threads that have not finished
     std::vector<Waiter*> waiting;
     std::unique_ptr<FlagGroup[]> groups;
-    Barrier all, aivs;
+    AllCoreBarrier all, aivs;
     std::condition_variable barrierChanged;
     uint64_t peakBytes[2][6] = {};  // [AIC, AIV][Memory]
+    RaceLaunch* race = nullptr;
 };
 
 Run* g_run = nullptr;
@@ -203,6 +210,7 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
         state.blockIdx = 2 * int64_t{core} + state.subBlockIdx;
         memories.ub.assign(MemoryBytes(Memory::UB), 0xFF);
     }
+    BeginRaceThread(run.race, core, role);
     std::string error;
     try {
         kernel();
@@ -218,6 +226,7 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
         std::lock_guard<std::mutex> lock(run.mutex);
         RecordLocked(run, error);
     }
+    EndRaceThread(run.race);
     ThreadFinished(run);
 }
 
@@ -257,25 +266,28 @@ void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what
          " lies outside every tensor handed to the kernel");
 }
 
-void CrossCoreSet(uint16_t flag, const Site& site)
+void CrossCoreSet(uint16_t flag, int pipe, const Site& site)
 {
     RequireMix(site, "CrossCoreSetFlag");
     Require(flag <= kMaxUserFlag, site, "CrossCoreSetFlag: flag id ", flag,
             " outside [0, 10] (11-14 belong to SyncAll)");
+    const Clock work = SyncEdge("CrossCoreSetFlag", site) ? Completed(pipe) : Clock{};
     Run& run = *g_run;
     std::lock_guard<std::mutex> lock(run.mutex);
     FlagGroup& group = Group();
     if (g_core.type == CoreType::AIC) {
-        for (auto& aiv : group.toAiv) {
-            Require(aiv[flag] < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
+        for (int sub = 0; sub < 2; ++sub) {
+            Require(group.toAiv[sub][flag] < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
                     "): more than 15 sets not yet waited on");
-            ++aiv[flag];
+            ++group.toAiv[sub][flag];
+            group.toAivWork[sub][flag].push_back(work);
         }
     } else {
         int& pending = group.toAic[g_core.subBlockIdx][flag];
         Require(pending < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
                 "): more than 15 sets not yet waited on");
         ++pending;
+        group.toAicWork[g_core.subBlockIdx][flag].push_back(work);
     }
     group.changed.notify_all();
 }
@@ -298,11 +310,20 @@ void CrossCoreWait(uint16_t flag, const Site& site)
     };
     BlockUntil(lock, group.changed, ready, "CrossCoreWaitFlag(" + std::to_string(flag) + ")",
                site);
+    // The wait blocks every later instruction of this unit (CrossCoreWaitFlag docs).
+    const bool edge = SyncEdge("CrossCoreWaitFlag", site);
+    auto take = [edge](int& count, std::deque<Clock>& work) {
+        --count;
+        if (edge) {
+            AcquireAll(work.front());
+        }
+        work.pop_front();
+    };
     if (type == CoreType::AIC) {
-        --group.toAic[0][flag];
-        --group.toAic[1][flag];
+        take(group.toAic[0][flag], group.toAicWork[0][flag]);
+        take(group.toAic[1][flag], group.toAicWork[1][flag]);
     } else {
-        --group.toAiv[sub][flag];
+        take(group.toAiv[sub][flag], group.toAivWork[sub][flag]);
     }
 }
 
@@ -314,17 +335,26 @@ void SyncAllCores(bool aivOnly, const Site& site)
             "a MIX kernel calls SyncAll<false>()");
     Run& run = *g_run;
     std::unique_lock<std::mutex> lock(run.mutex);
-    Barrier& barrier = aivOnly ? run.aivs : run.all;
+    const bool edge = SyncEdge("SyncAll", site);
+    AllCoreBarrier& barrier = aivOnly ? run.aivs : run.all;
     const uint64_t generation = barrier.generation;
+    if (edge) {
+        Join(barrier.arrivedWork, CompletedAll());
+    }
     if (++barrier.arrived == barrier.participants) {
         barrier.arrived = 0;
+        barrier.released[generation % 2] = std::move(barrier.arrivedWork);
+        barrier.arrivedWork.clear();
         ++barrier.generation;
         run.barrierChanged.notify_all();
-        return;
+    } else {
+        BlockUntil(lock, run.barrierChanged,
+                   [&barrier, generation] { return barrier.generation != generation; },
+                   aivOnly ? "SyncAll<true>" : "SyncAll<false>", site);
     }
-    BlockUntil(lock, run.barrierChanged,
-               [&barrier, generation] { return barrier.generation != generation; },
-               aivOnly ? "SyncAll<true>" : "SyncAll<false>", site);
+    if (edge) {
+        AcquireAll(barrier.released[generation % 2]);
+    }
 }
 
 void AtomicAddFloat(float* to, float value)
@@ -363,6 +393,7 @@ std::string Launch(const LaunchConfig& config, const std::function<void()>& kern
     run.live = 3 * static_cast<int>(config.blockDim);
     run.all.participants = run.live;
     run.aivs.participants = 2 * static_cast<int>(config.blockDim);
+    run.race = BeginRaceLaunch(config);
     g_run = &run;
     std::vector<std::thread> threads;
     for (uint32_t core = 0; core < config.blockDim; ++core) {
@@ -374,6 +405,7 @@ std::string Launch(const LaunchConfig& config, const std::function<void()>& kern
         t.join();
     }
     g_run = nullptr;
+    EndRaceLaunch(run.race);
     if (report != nullptr) {
         std::memcpy(report->peakBytes, run.peakBytes, sizeof(run.peakBytes));
     }

@@ -156,7 +156,7 @@ void Pipe::Register(QueueBase& queue, AscendC::TPosition position, uint32_t coun
     queue.initSite = site;
     queue.owner = this;
     for (uint32_t i = 0; i < count; ++i) {
-        queue.buffers.push_back({used + i * rounded});
+        queue.buffers.push_back({used + i * rounded, QueueBase::State::Free, {}, {}});
     }
     used = static_cast<uint32_t>(need);
     uint64_t& peak = Core().peakBytes[static_cast<int>(memory)];
@@ -169,7 +169,45 @@ uint32_t Pipe::Used(Memory memory) const
     return used_[static_cast<int>(memory)];
 }
 
+std::string Pipe::Owner(Memory memory, uint32_t offset) const
+{
+    for (const QueueBase* q : queues_) {
+        if (AscendC::PhysicalMemory(q->position) != memory) {
+            continue;
+        }
+        for (const QueueBase::Buffer& b : q->buffers) {
+            if (offset >= b.offset && offset < b.offset + q->bytes) {
+                return " (the buffer initialised at " + std::string(q->initSite.file) + ":" +
+                       std::to_string(q->initSite.line) + ")";
+            }
+        }
+    }
+    return "";
+}
+
 namespace {
+
+// The pipes of a queue position's hand-off events (asc-devkit impl/basic_api/
+// kernel_event.h, GetQueEvt on 2201): EnQue -> DeQue from the producer to the consumer,
+// FreeTensor -> AllocTensor back. VECCALC/TBuf has none.
+struct HandOff {
+    int producer, consumer;
+};
+
+HandOff HandOffPipes(AscendC::TPosition position)
+{
+    using AscendC::TPosition;
+    switch (position) {
+        case TPosition::A1:
+        case TPosition::B1: return {kPipeMte2, kPipeMte1};  // GM -> L1: MTE2_MTE1
+        case TPosition::A2:
+        case TPosition::B2: return {kPipeMte1, kPipeM};     // L1 -> L0A/L0B: MTE1_M
+        case TPosition::CO1: return {kPipeM, kPipeFix};     // L0C -> GM: M_FIX
+        case TPosition::VECIN: return {kPipeMte2, kPipeV};  // GM -> UB: MTE2_V
+        case TPosition::VECOUT: return {kPipeV, kPipeMte3}; // UB -> GM: V_MTE3
+        default: return {-1, -1};
+    }
+}
 
 std::string Unbalanced(const QueueBase& q)
 {
@@ -238,6 +276,10 @@ size_t QueueBase::Allocate(const Site& site)
         if (buffers[i].state == State::Free) {
             buffers[i].state = State::Allocated;
             next = (i + 1) % buffers.size();
+            const HandOff pipes = HandOffPipes(position);
+            if (pipes.producer >= 0 && SyncEdge("AllocTensor", site, &initSite)) {
+                Acquire(pipes.producer, buffers[i].freed);
+            }
             return i;
         }
     }
@@ -254,6 +296,10 @@ void QueueBase::Enqueue(uint32_t offset, const Site& site)
             " is exceeded (DeQue first)");
     b.state = State::Enqueued;
     fifo.push_back(static_cast<size_t>(&b - buffers.data()));
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0) {
+        b.handedOver = SyncEdge("EnQue", site, &initSite) ? Completed(pipes.producer) : Clock{};
+    }
 }
 
 size_t QueueBase::Dequeue(const Site& site)
@@ -262,6 +308,10 @@ size_t QueueBase::Dequeue(const Site& site)
     const size_t i = fifo.front();
     fifo.erase(fifo.begin());
     buffers[i].state = State::Dequeued;
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0 && SyncEdge("DeQue", site, &initSite)) {
+        Acquire(pipes.consumer, buffers[i].handedOver);
+    }
     return i;
 }
 
@@ -272,6 +322,10 @@ void QueueBase::Release(uint32_t offset, const Site& site)
     Require(b.state != State::Enqueued, site, "FreeTensor of a tensor still in the queue "
             "(EnQue without DeQue)");
     b.state = State::Free;
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0) {
+        b.freed = SyncEdge("FreeTensor", site, &initSite) ? Completed(pipes.consumer) : Clock{};
+    }
 }
 
 }  // namespace twin

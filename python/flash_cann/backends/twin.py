@@ -10,6 +10,7 @@ backward kernel yet.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 
@@ -37,6 +38,10 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_forward.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
         + [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_twin_drop_sync.restype = None
+    lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
+    lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
+    lib.flash_cann_twin_sync_sites.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     return lib
 
 
@@ -71,6 +76,28 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     if allocated is not None:
         allocated.update(zip(MEMORY_LEVELS, measured))
     return out, lse
+
+
+def sync_sites() -> list[str]:
+    """The sync call sites ("kind file:line") the last twin launch executed."""
+    capacity = 1 << 14
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        length = _library().flash_cann_twin_sync_sites(buffer, capacity)
+        if length >= 0:
+            return buffer.value.decode().splitlines()
+        capacity = -length
+
+
+@contextlib.contextmanager
+def dropped_sync(site: str):
+    """Mutation testing: launches inside the block run without the happens-before edge of
+    the sync call site ``site`` ("file:line"); its bookkeeping still runs."""
+    _library().flash_cann_twin_drop_sync(site.encode())
+    try:
+        yield
+    finally:
+        _library().flash_cann_twin_drop_sync(b"")
 
 
 def backward(*args, **kwargs):

@@ -78,8 +78,10 @@ struct CoreState {
     LocalMemories* memories = nullptr;
     Pipe* pipe = nullptr;
     bool mixDeclared = false;  // KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) ran
-    // Intra-core events: outstanding SetFlag count per (HardEvent, event id).
+    // Intra-core events: outstanding SetFlag count per (HardEvent, event id), and the
+    // work each outstanding SetFlag releases (race detector).
     int events[64][8] = {};
+    std::vector<uint32_t> eventWork[64][8];
     // A violation found when the kernel's TPipe was torn down.
     std::string pending;
     // The most bytes the kernel's TPipe(s) held at once per memory (every InitBuffer).
@@ -95,8 +97,12 @@ uint64_t TilingKey();
 void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what);
 
 // Cross-core flags (mode 2: an AIC and the two AIVs of its AI core).
-void CrossCoreSet(uint16_t flag, const Site& site);
+void CrossCoreSet(uint16_t flag, int pipe, const Site& site);
 void CrossCoreWait(uint16_t flag, const Site& site);
+// Intra-core events (SetFlag/WaitFlag) and PipeBarrier, with their race-detector edges.
+void SetEvent(int event, int srcPipe, int32_t id, const Site& site);
+void WaitEvent(int event, int dstPipe, int32_t id, const Site& site);
+void PipeBarrierAt(int pipe, const Site& site);
 // The hardware SyncAll: a barrier over every AIC and AIV of the launch (aivOnly: over
 // the AIVs only).
 void SyncAllCores(bool aivOnly, const Site& site);

@@ -16,6 +16,9 @@ struct GmRegion {
     const void* begin;
     size_t bytes;
     std::string name;
+    // The race detector checks accesses to it (outputs, workspace); read-only inputs
+    // need no check.
+    bool checkRaces = true;
 };
 
 struct LaunchConfig {
