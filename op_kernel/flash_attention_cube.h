@@ -336,6 +336,9 @@ private:
             IssueValues();
 
             const AscendC::LocalTensor<T> a = pL0a_.BeginUse();
+            if (sub > 0) {
+                AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
+            }
             AscendC::Mmad(o, a, l0b_.BeginUse(),
                           AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(d),
                                               static_cast<uint16_t>(bk), 0, false, sub == 0));

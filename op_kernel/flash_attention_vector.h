@@ -89,6 +89,7 @@ public:
         bits_ = bitsBuf_.template Get<uint8_t>();
         acc_ = accBuf_.template Get<float>();
         AscendC::CreateVecIndex(column_, 0.0f, w);  // column index, for the round's last key
+        AscendC::PipeBarrier<PIPE_V>();  // column_ -> every round's Compares
     }
 
     __aicore__ inline void Process()
@@ -131,7 +132,6 @@ private:
         if (rows_ == 0) {
             return;
         }
-        AscendC::PipeBarrier<PIPE_V>();  // the previous tile's epilogue still reads m, l and acc
         AscendC::Duplicate(rowMax_, negInf_, rows_);
         AscendC::Duplicate(rowSum_, 0.0f, rows_);
         if (rounds == 0) {  // no key at all: out = acc / max(l, tiny) = 0

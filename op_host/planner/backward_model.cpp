@@ -107,8 +107,8 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         const uint64_t u = i / steps;
         if (i % steps == 0) {
             unitKv[u] = t.Add(Engine::kCubeMte2, c.loadKv);
-            if (u > 0) {  // K/V buffers hold the previous unit until its last product
-                t.After(unitKv[u], ids[i - 1].mmadDk);
+            if (u >= d.kvL1Buffers) {  // the K/V buffer of unit u - kvL1Buffers is free
+                t.After(unitKv[u], ids[(u - d.kvL1Buffers + 1) * steps - 1].mmadDk);
             }
         }
         const Id q = t.Add(Engine::kCubeMte2, c.loadQ);

@@ -24,7 +24,10 @@
 
 namespace flash_cann {
 
-// The design knobs of the backward kernel, as the grad tiling configures them.
+// The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad
+// and dqSlots from GradTilingData, deterministic from its tiling key; the kernel keeps
+// kGradStepsInFlight steps in flight (stepsAhead), one L0C product scratch
+// (GradBufferBytes::l0c), kGradExchangeSlots workspace slots, two K/V L1 buffers.
 struct BackwardDesign {
     uint32_t blockQ = 128;
     uint32_t blockK = 128;
@@ -33,6 +36,8 @@ struct BackwardDesign {
     uint32_t stepsAhead = 1;       // S/dP of step i + stepsAhead - 1 issue before the
                                    // gradient matmuls of step i (1: a serial chain)
     uint32_t exchangeSlots = 2;    // workspace slots of S, dP, P, dS per AI core
+    uint32_t kvL1Buffers = 2;      // K/V copies in L1: a unit's load waits for the unit
+                                   // this many before it to finish its products
     uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
     bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
     uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
@@ -45,7 +50,7 @@ struct BackwardProblem {
 };
 
 // One AI core's main-loop work: `units` key blocks, `steps` (query block, key block)
-// products in total.
+// products in total (the grad plan's per-core units and UnitCost steps).
 struct BackwardCoreWork {
     uint64_t units = 0;
     uint64_t steps = 0;

@@ -189,6 +189,7 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.headDimPad = t.headDimPad;
     d.elemBytes = ElementBytes(dtype);
     d.stepsAhead = kGradStepsInFlight;  // S, dP of the next step issue before this one's products
+    d.kvL1Buffers = kGradStepsInFlight;  // K and V of the unit in flight and of the next
     d.exchangeSlots = kGradExchangeSlots;
     d.l0cScratchBuffers = 1;            // the kernel's one product buffer (c_l0c)
     d.deterministic = deterministic;

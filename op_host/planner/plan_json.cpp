@@ -215,7 +215,7 @@ std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
         out << ']';
         o.Key("imbalance") << plan.imbalance;
         o.Key("prediction");
-        WritePrediction(out, plan.prediction, platform);
+        WritePrediction(out, Predict(plan, request, platform), platform);
         o.Key("incumbent_design_prediction");
         WritePrediction(out, PredictIncumbent(request, platform), platform);
     }

@@ -302,7 +302,6 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
-    plan.prediction = Predict(plan, request, platform);
     return result;
 }
 

@@ -63,7 +63,8 @@ struct CoreWork {
     double macs;             // 2 x scoreElements x padded head_dim (Q.K^T and P.V)
 };
 
-// Schedule-model prediction (a model, not a measurement): see cost_model.h.
+// Schedule-model prediction (a model, not a measurement): see cost_model.h. Computed on
+// request (Predict), not by MakePlan: the CANN shell plans at every launch.
 struct Prediction {
     std::string design;          // the kernel design the model ran
     double seconds = 0;          // launch + slowest AI core (or the HBM floor)
@@ -86,7 +87,6 @@ struct Plan {
     std::vector<LevelUse> levels;
     std::vector<CoreWork> cores;
     double imbalance = 0;              // max core work / (total work / platform AI cores)
-    Prediction prediction;
 };
 
 struct PlanResult {

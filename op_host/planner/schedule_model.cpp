@@ -297,6 +297,13 @@ private:
     std::vector<Slice> slices_;
 };
 
+struct CoreSchedule {
+    double seconds = 0;      // the core's modelled time (schedule or L2 floor)
+    double l2Bytes = 0;      // all of its GM/L2 traffic
+    EngineSeconds busy{};    // per engine
+    bool l2Bound = false;    // the shared-L2 floor set the time
+};
+
 struct TileCost {
     double single = 0;   // the tile alone: fill + steady work + drain
     double steady = 0;   // one more such tile in a stream of them

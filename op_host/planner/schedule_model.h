@@ -104,13 +104,6 @@ using CoreWorkList = std::vector<TileRun>;
 // Appends `tile` to `work`, extending the last run when it is the same tile.
 void AppendTile(CoreWorkList& work, const TileWork& tile);
 
-struct CoreSchedule {
-    double seconds = 0;      // the core's modelled time (schedule or L2 floor)
-    double l2Bytes = 0;      // all of its GM/L2 traffic
-    EngineSeconds busy{};    // per engine
-    bool l2Bound = false;    // the shared-L2 floor set the time
-};
-
 struct SchedulePrediction {
     double seconds = 0;            // launch + slowest core (or the HBM floor)
     double launchSeconds = 0;
