@@ -54,7 +54,7 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
     if (!refusal.empty()) {
         return Emit(refusal, out, capacity);
     }
-    return Emit(PlanToJson(MakePlan(request, platform), platform), out, capacity);
+    return Emit(PlanToJson(MakePlan(request, platform), request, platform), out, capacity);
 }
 
 extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_q,
@@ -73,7 +73,7 @@ extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int
         return Emit(refusal, out, capacity);
     }
     request.deterministic = deterministic != 0;
-    return Emit(GradPlanToJson(MakeGradPlan(request, platform), platform), out, capacity);
+    return Emit(GradPlanToJson(MakeGradPlan(request, platform), request, platform), out, capacity);
 }
 
 extern "C" int64_t flash_cann_platforms_json(char* out, uint64_t capacity)

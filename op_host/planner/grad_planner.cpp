@@ -1,7 +1,6 @@
 #include "grad_planner.h"
 
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 
 #include "balanced_split.h"
@@ -181,6 +180,32 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
     return buffers;
 }
 
+BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
+{
+    const GradTilingData& t = plan.tiling;
+    BackwardDesign d;
+    d.blockQ = t.blockQ;
+    d.blockK = t.blockK;
+    d.headDimPad = t.headDimPad;
+    d.elemBytes = ElementBytes(dtype);
+    d.stepsAhead = kGradStepsInFlight;  // S, dP of the next step issue before this one's products
+    d.kvL1Buffers = kGradStepsInFlight;  // K and V of the unit in flight and of the next
+    d.exchangeSlots = kGradExchangeSlots;
+    d.l0cScratchBuffers = 1;            // the kernel's one product buffer (c_l0c)
+    d.deterministic = deterministic;
+    d.dqSlots = t.dqSlots;
+    return d;
+}
+
+std::vector<BackwardCoreWork> GradModelWork(const GradPlan& plan)
+{
+    std::vector<BackwardCoreWork> work;
+    for (const GradCoreWork& c : plan.cores) {
+        work.push_back({c.unitEnd - c.unitBegin, c.steps});
+    }
+    return work;
+}
+
 uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit)
 {
     return causal ? UnitCost<true>(t, unit) : UnitCost<false>(t, unit);
@@ -224,6 +249,14 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
         return result;
     }
     ChooseDqChunks(t, request.deterministic);
+    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
+    const double keyRows = static_cast<double>(t.batch) * t.headsKv * t.seqlenK;
+    const double fp32Bytes = (queryRows * t.dqSlots + 2 * keyRows) * t.headDimPad * 4.0;
+    if (fp32Bytes > kMaxWorkspaceBytes) {
+        result.error = Message("the backward's fp32 workspace (dQ x ", t.dqSlots, ", dK, dV: ",
+                               fp32Bytes, " bytes) overflows the kernel's 64-bit offsets");
+        return result;
+    }
 
     const SegmentProfile profile(t, r.causal, request.deterministic);
     SplitUnits(t, profile, std::min(platform.aicCores, kMaxCores));
@@ -237,17 +270,22 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
     plan.blockDim = t.usedCores;
 
-    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
-    if (queryRows * t.headDimPad * 4.0 * (t.dqSlots + 2) > kMaxWorkspaceBytes) {
-        result.error = "the backward's fp32 workspace (dQ, dK, dV) overflows 64-bit offsets";
-        return result;
-    }
     const GradWorkspace ws(t, elemBytes);
     plan.userWorkspaceBytes = ws.total;
     plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};
     plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
                                    request.deterministic);
     return result;
+}
+
+BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& request,
+                                   const Platform& platform)
+{
+    const PlanRequest& r = request.problem;
+    const BackwardProblem problem{r.batch, r.headsQ, r.headsKv, r.seqlenQ, r.seqlenK,
+                                  r.headDim, r.causal};
+    return PredictBackward(GradDesign(plan, r.dtype, request.deterministic), problem,
+                           GradModelWork(plan), platform);
 }
 
 }  // namespace flash_cann

@@ -5,7 +5,9 @@
 // pre/post-pass chunk, the deterministic dQ chunking, the split of the flattened
 // (batch, head_kv, key block) unit space over AI cores, the workspace, the tiling key --
 // and proves that every buffer fits, from the kernel's own GradBufferBytes. Unsupported
-// input is refused with a message that says what and why.
+// input is refused with a message that says what and why. PredictGradPlan runs the
+// schedule model on a plan (backward_model.h: a PREDICTION, not a measurement); it is
+// separate because it costs about a millisecond that the TilingFunc does not need.
 #ifndef FLASH_CANN_PLANNER_GRAD_PLANNER_H
 #define FLASH_CANN_PLANNER_GRAD_PLANNER_H
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "../../op_kernel/flash_cann_grad_tiling.h"
+#include "backward_model.h"
 #include "planner.h"
 
 namespace flash_cann {
@@ -61,9 +64,16 @@ struct GradPlanResult {
 
 GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& platform);
 
+BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& request,
+                                   const Platform& platform);
+
 // Every buffer the kernel allocates for `t`, from ComputeGradBufferBytes (the key mask's
 // only with a mask).
 std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes, bool hasMask);
+
+// The schedule model's description of a plan's kernel and work.
+BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic);
+std::vector<BackwardCoreWork> GradModelWork(const GradPlan& plan);
 
 // The modelled work of one unit (planner's unit of balance: the kernel's steps) and its
 // cube multiply-accumulates.

@@ -40,6 +40,21 @@ def _pct(used: int, capacity: int) -> str:
     return f"{100.0 * used / capacity:5.1f}%" if capacity else "  n/a"
 
 
+def _print_prediction(pred: dict, plat: dict) -> None:
+    print(f"PREDICTION (schedule model of docs/planner.md, calibrated against the incumbent's "
+          f"measured 910B2 figures; not a measurement, nothing here ran on an NPU)")
+    print(f"  design     {pred['design']}")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (launch {pred['launch_seconds'] * 1e6:.1f} us "
+          f"+ slowest AI core {pred['core_seconds'] * 1e3:.3f} ms; mean core "
+          f"{pred['mean_core_seconds'] * 1e3:.3f} ms; HBM floor {pred['hbm_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of cube "
+          f"peak ({plat['cube_peak_tflops']:.1f} TFLOP/s), useful {pred['useful_flops'] / 1e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    core = pred["core_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, core) if core else ''}")
+
+
 def _problem_lines(p: dict, args, batch, heads, seqlen, head_dim, dtype) -> None:
     plat = p["platform"]
     print(f"platform   {plat['name']}: {plat['aic_cores']} AI cores (cube) x 2 vector cores; "
@@ -77,13 +92,11 @@ def _forward_report(p: dict) -> None:
     _memory_lines(p)
     print(f"\nworkspace  {p['user_workspace_bytes'] / 2**20:.2f} MiB for the cube<->vector "
           f"exchange (+ the API's system workspace)")
-    print("\nPREDICTION (roofline model of docs/planner.md; not a measurement, not run on an NPU)")
-    print(f"  time {pred['seconds'] * 1e3:.3f} ms, bound by {pred['bound']}: cube "
-          f"{pred['cube_seconds'] * 1e3:.3f} ms, vector {pred['vector_seconds'] * 1e3:.3f} ms, "
-          f"HBM {pred['hbm_seconds'] * 1e3:.3f} ms, L2 {pred['l2_seconds'] * 1e3:.3f} ms")
-    tflops = pred["useful_flops"] / pred["seconds"] / 1e12 if pred["seconds"] else 0.0
-    print(f"  useful {pred['useful_flops'] / 1e12:.2f} TFLOP -> {tflops:.1f} TFLOP/s = "
-          f"{100 * pred['cube_utilization']:.1f}% of cube peak")
+    print()
+    _print_prediction(pred, plat)
+    inc = p["incumbent_design_prediction"]
+    print(f"  same model, incumbent's design ({inc['design']}): {inc['tflops']:.1f} TFLOP/s = "
+          f"{100 * inc['cube_utilization']:.1f}% of cube peak, bound: {inc['bound']}")
 
 
 def _backward_report(p: dict, deterministic: bool) -> None:
@@ -109,6 +122,19 @@ def _backward_report(p: dict, deterministic: bool) -> None:
     print(f"\nworkspace  {p['user_workspace_bytes'] / mib:.2f} MiB (+ the API's system "
           f"workspace): D {ws['delta'] / mib:.2f}, dQ fp32 {ws['dq'] / mib:.2f}, dK/dV fp32 "
           f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}")
+    pred = p["prediction"]
+    print("\nPREDICTION (backward schedule model of docs/planner.md; not a measurement, nothing "
+          "here ran on an NPU)")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
+          f"+ main loop {pred['main_seconds'] * 1e3:.3f} + post-pass "
+          f"{pred['post_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of "
+          f"cube peak ({pred['cube_peak_tflops']:.1f} TFLOP/s), counting 2.5x the forward's "
+          f"{pred['useful_flops'] / 2.5e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    main = pred["main_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, main) if main else ''}")
 
 
 def run(args) -> int:

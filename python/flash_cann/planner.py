@@ -1,7 +1,7 @@
 """The Ascend tiling planner (op_host/planner, C++), reached through its C ABI.
 
 ``plan(...)`` returns the forward's plan as a dict: blocks, per-core work, buffer use per
-memory level against capacity, the tiling key, and a roofline PREDICTION of time and cube
+memory level against capacity, the tiling key, and a schedule-model PREDICTION of time and cube
 utilisation (a model, not a measurement; nothing here has run on an NPU).
 ``grad_plan(...)`` returns the backward's: blocks, dQ variant, per-core units, buffers,
 workspace regions.

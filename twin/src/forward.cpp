@@ -10,6 +10,7 @@
 #include "planner.h"
 #include "report.h"
 #include "twin/launch.h"
+#include "twin/race.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                      GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
@@ -43,13 +44,14 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
-    config.gm = {{query, qBytes, "query"}, {key, kvBytes, "key"}, {value, kvBytes, "value"},
-                 {out, qBytes, "out"},
+    // The race detector checks what the kernel writes: the outputs and the workspace.
+    config.gm = {{query, qBytes, "query", false}, {key, kvBytes, "key", false},
+                 {value, kvBytes, "value", false}, {out, qBytes, "out"},
                  {softmaxLse, size_t(batch) * headsQ * seqlenQ * sizeof(float), "softmax_lse"},
                  {workspace.data(), workspace.size(), "workspace"},
-                 {tiling.data(), tiling.size(), "tiling"}};
+                 {tiling.data(), tiling.size(), "tiling", false}};
     if (keyPaddingMask != nullptr) {
-        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
+        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask", false});
     }
     twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
@@ -63,4 +65,26 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
         return twin::Report(violation, error, errorCapacity);
     }
     return 0;
+}
+
+// Mutation testing of the kernel's synchronisation (tests/test_twin_races.py): drop the
+// happens-before edge of one sync call site ("file:line"; "" restores all) for the
+// following launches, and list the sync sites the last launch executed.
+extern "C" void flash_cann_twin_drop_sync(const char* fileAndLine)
+{
+    twin::DropSyncSite(fileAndLine != nullptr ? fileAndLine : "");
+}
+
+// "kind file:line" lines; returns the length, or minus the capacity needed.
+extern "C" int64_t flash_cann_twin_sync_sites(char* buffer, uint64_t capacity)
+{
+    std::string text;
+    for (const std::string& site : twin::ExecutedSyncSites()) {
+        text += site + "\n";
+    }
+    if (text.size() + 1 > capacity) {
+        return -static_cast<int64_t>(text.size() + 1);
+    }
+    std::memcpy(buffer, text.c_str(), text.size() + 1);
+    return static_cast<int64_t>(text.size());
 }

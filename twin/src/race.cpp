@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "kernel_operator.h"
@@ -91,7 +92,7 @@ struct RaceLaunch {
     uint32_t agents = 0;
     std::vector<std::unique_ptr<GmShadow>> gm;
     std::mutex mutex;
-    std::set<std::pair<std::string, uint32_t>> executed;  // (kind, site id)
+    std::set<std::tuple<std::string, uint32_t, uint32_t>> executed;  // (kind, site, queue site)
 };
 
 namespace {
@@ -102,13 +103,12 @@ struct Unit {
     uint32_t issued[kPipes] = {};
     Clock vc[kPipes];
     LocalShadow shadow[6];
-    std::set<std::pair<std::string, uint32_t>> executed;
+    std::set<std::tuple<std::string, uint32_t, uint32_t>> executed;
 };
 
 thread_local Unit* t_unit = nullptr;
 std::mutex g_dropMutex;
-std::string g_dropFile;  // the sync site switched off: basename and line
-int g_dropLine = -1;
+std::set<std::pair<std::string, int>> g_dropped;  // sync sites switched off: basename, line
 bool g_envRead = false;
 
 const char* kUnitNames[] = {"AIC", "AIV0", "AIV1"};
@@ -363,29 +363,33 @@ void InterlockM()
     Barrier(kPipeM);
 }
 
-bool SyncEdge(const char* kind, const Site& site)
+bool SyncEdge(const char* kind, const Site& site, const Site* queue)
 {
     Unit* unit = t_unit;
     if (unit == nullptr) {
         return true;
     }
-    unit->executed.emplace(kind, Intern(site));
+    unit->executed.emplace(kind, Intern(site), queue != nullptr ? Intern(*queue) : 0);
     std::lock_guard<std::mutex> lock(g_dropMutex);
-    return !(site.line == g_dropLine && Basename(site.file) == g_dropFile);
+    return g_dropped.empty() || g_dropped.count({Basename(site.file), site.line}) == 0;
 }
 
-void DropSyncSite(const std::string& fileAndLine)
+void DropSyncSite(const std::string& sites)
 {
     std::lock_guard<std::mutex> lock(g_dropMutex);
     g_envRead = true;  // an explicit choice overrides the environment
-    const size_t colon = fileAndLine.rfind(':');
-    if (fileAndLine.empty() || colon == std::string::npos) {
-        g_dropFile.clear();
-        g_dropLine = -1;
-        return;
+    g_dropped.clear();
+    size_t start = 0;
+    while (start < sites.size()) {
+        size_t end = sites.find(',', start);
+        end = end == std::string::npos ? sites.size() : end;
+        const std::string one = sites.substr(start, end - start);
+        const size_t colon = one.rfind(':');
+        if (colon != std::string::npos) {
+            g_dropped.emplace(Basename(one.substr(0, colon).c_str()), std::atoi(one.c_str() + colon + 1));
+        }
+        start = end + 1;
     }
-    g_dropFile = Basename(fileAndLine.substr(0, colon).c_str());
-    g_dropLine = std::atoi(fileAndLine.c_str() + colon + 1);
 }
 
 namespace {
@@ -435,9 +439,12 @@ void EndRaceLaunch(RaceLaunch* launch)
         return;
     }
     g_lastExecuted.clear();
-    for (const auto& [kind, id] : launch->executed) {
+    auto text = [](uint32_t id) {
         const Site s = SiteOf(id);
-        g_lastExecuted.push_back(kind + " " + Basename(s.file) + ":" + std::to_string(s.line));
+        return Basename(s.file) + ":" + std::to_string(s.line);
+    };
+    for (const auto& [kind, id, queue] : launch->executed) {
+        g_lastExecuted.push_back(kind + " " + text(id) + (queue != 0 ? " queue " + text(queue) : ""));
     }
     std::sort(g_lastExecuted.begin(), g_lastExecuted.end());
     g_lastExecuted.erase(std::unique(g_lastExecuted.begin(), g_lastExecuted.end()),

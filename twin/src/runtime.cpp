@@ -277,7 +277,7 @@ size_t QueueBase::Allocate(const Site& site)
             buffers[i].state = State::Allocated;
             next = (i + 1) % buffers.size();
             const HandOff pipes = HandOffPipes(position);
-            if (pipes.producer >= 0 && SyncEdge("AllocTensor", site)) {
+            if (pipes.producer >= 0 && SyncEdge("AllocTensor", site, &initSite)) {
                 Acquire(pipes.producer, buffers[i].freed);
             }
             return i;
@@ -298,7 +298,7 @@ void QueueBase::Enqueue(uint32_t offset, const Site& site)
     fifo.push_back(static_cast<size_t>(&b - buffers.data()));
     const HandOff pipes = HandOffPipes(position);
     if (pipes.producer >= 0) {
-        b.handedOver = SyncEdge("EnQue", site) ? Completed(pipes.producer) : Clock{};
+        b.handedOver = SyncEdge("EnQue", site, &initSite) ? Completed(pipes.producer) : Clock{};
     }
 }
 
@@ -309,7 +309,7 @@ size_t QueueBase::Dequeue(const Site& site)
     fifo.erase(fifo.begin());
     buffers[i].state = State::Dequeued;
     const HandOff pipes = HandOffPipes(position);
-    if (pipes.producer >= 0 && SyncEdge("DeQue", site)) {
+    if (pipes.producer >= 0 && SyncEdge("DeQue", site, &initSite)) {
         Acquire(pipes.consumer, buffers[i].handedOver);
     }
     return i;
@@ -324,7 +324,7 @@ void QueueBase::Release(uint32_t offset, const Site& site)
     b.state = State::Free;
     const HandOff pipes = HandOffPipes(position);
     if (pipes.producer >= 0) {
-        b.freed = SyncEdge("FreeTensor", site) ? Completed(pipes.consumer) : Clock{};
+        b.freed = SyncEdge("FreeTensor", site, &initSite) ? Completed(pipes.consumer) : Clock{};
     }
 }
 

@@ -188,20 +188,40 @@ void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
            static_cast<unsigned long long>(plan.tilingKey));
 }
 
+// The schedule model's prediction of a plan is a time and a utilisation within the peak.
+void CheckGradPrediction(const GradPlanRequest& r, uint32_t cores)
+{
+    const Platform platform = WithCores(cores);
+    const GradPlanResult result = MakeGradPlan(r, platform);
+    if (!result.ok()) {
+        return;  // CheckGradPlan reports it
+    }
+    const std::string what = Describe(r, cores);
+    const BackwardPrediction p = PredictGradPlan(result.plan, r, platform);
+    EXPECT(p.seconds > 0 && p.mainSeconds > 0 && p.cubeUtilization > 0 && p.cubeUtilization <= 1,
+           "%s: prediction %g s, utilisation %g", what.c_str(), p.seconds, p.cubeUtilization);
+}
+
 void TestRandomShapes(uint64_t seed)
 {
     std::mt19937_64 rng(seed);
     const int kShapes = 10000;
+    const int kPredictEvery = 20;  // the schedule model costs ~1 ms a plan
     const int failuresBefore = g_failures;
     for (int i = 0; i < kShapes && g_failures - failuresBefore < 20; ++i) {
         GradPlanRequest r;
         // Every unit is walked: at most ~1M query rows per plan.
         r.problem = RandomProblem(rng, int64_t{1} << 20);
         r.deterministic = rng() & 1;
-        CheckGradPlan(r, RandomCores(rng));
+        const uint32_t cores = RandomCores(rng);
+        CheckGradPlan(r, cores);
+        if (i % kPredictEvery == 0) {
+            CheckGradPrediction(r, cores);
+        }
     }
-    std::printf("random shapes: %d backward plans (seed %llu) fit and walk every unit once\n",
-                kShapes, static_cast<unsigned long long>(seed));
+    std::printf("random shapes: %d backward plans (seed %llu) fit and walk every unit once; "
+                "%d predicted\n", kShapes, static_cast<unsigned long long>(seed),
+                kShapes / kPredictEvery);
 }
 
 // The deterministic dQ chunks fix the summation order, so they must be the same for
@@ -382,6 +402,13 @@ void TestRefusals()
                   "heads_q (8) must be a multiple of heads_kv (3)");
     ExpectRefusal(with([](GradPlanRequest& r) { r.problem.seqlenQ = 0; }), b2,
                   "seqlen_q must be >= 1 (got 0)");
+    ExpectRefusal(with([](GradPlanRequest& r) {
+                      r.problem.batch = int64_t{1} << 24;
+                      r.problem.headsQ = r.problem.headsKv = int64_t{1} << 14;
+                      r.problem.seqlenQ = r.problem.seqlenK = int64_t{1} << 14;
+                      r.problem.headDim = 256;
+                  }),
+                  b2, "the backward's fp32 workspace (dQ x 1, dK, dV: ");
     Platform noCores = b2;
     noCores.aicCores = 0;
     ExpectRefusal(ok, noCores, "reports no AI cores");
@@ -389,7 +416,7 @@ void TestRefusals()
     smallL0c.l0cBytes = 16 * 1024;
     ExpectRefusal(ok, smallL0c, "head_dim 128: no block shape of the backward fits Ascend910B2's "
                                 "buffers (the smallest, 16x16, needs L0C 24576 of 16384 bytes");
-    std::printf("refusals: 6 unsupported inputs refused with specific messages\n");
+    std::printf("refusals: 7 unsupported inputs refused with specific messages\n");
 }
 
 }  // namespace

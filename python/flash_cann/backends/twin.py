@@ -9,6 +9,7 @@ goes. Select it with ``flash_cann.use_backend("twin")``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 
@@ -41,6 +42,10 @@ def _library() -> ctypes.CDLL:
         [ctypes.c_void_p] * 11 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
         + [ctypes.c_int32] * 2
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_twin_drop_sync.restype = None
+    lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
+    lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
+    lib.flash_cann_twin_sync_sites.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     return lib
 
 
@@ -83,6 +88,28 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             LAYOUTS[layout], int(causal), float(scale), AI_CORES if ai_cores is None else ai_cores,
             allocated=allocated)
     return out, lse
+
+
+def sync_sites() -> list[str]:
+    """The sync call sites ("kind file:line") the last twin launch executed."""
+    capacity = 1 << 14
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        length = _library().flash_cann_twin_sync_sites(buffer, capacity)
+        if length >= 0:
+            return buffer.value.decode().splitlines()
+        capacity = -length
+
+
+@contextlib.contextmanager
+def dropped_sync(site: str):
+    """Mutation testing: launches inside the block run without the happens-before edge of
+    the sync call site ``site`` ("file:line"); its bookkeeping still runs."""
+    _library().flash_cann_twin_drop_sync(site.encode())
+    try:
+        yield
+    finally:
+        _library().flash_cann_twin_drop_sync(b"")
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,

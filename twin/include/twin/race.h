@@ -72,12 +72,13 @@ void Barrier(int pipe);                  // PipeBarrier<pipe> (kPipeAll: every p
 void InterlockM();
 void Join(Clock& into, const Clock& from);
 
-// Sync call sites: every one is recorded; one may be switched off (a mutation) with
-// FLASH_CANN_TWIN_DROP_SYNC=<file>:<line> or DropSyncSite(). Returns false when the site's
-// edge must be dropped (its bookkeeping still runs).
-bool SyncEdge(const char* kind, const Site& site);
-void DropSyncSite(const std::string& fileAndLine);  // "" restores every edge
-// "kind file:line" of every sync site the last launch executed, sorted.
+// Sync call sites: every one is recorded; some may be switched off (a mutation) with
+// FLASH_CANN_TWIN_DROP_SYNC=<file>:<line>[,<file>:<line>...] or DropSyncSite(). Returns
+// false when the site's edge must be dropped (its bookkeeping still runs). `queue`: the
+// InitBuffer site of the queue a hand-off belongs to.
+bool SyncEdge(const char* kind, const Site& site, const Site* queue = nullptr);
+void DropSyncSite(const std::string& sites);  // "" restores every edge
+// "kind file:line [queue file:line]" of every sync site the last launch executed, sorted.
 std::vector<std::string> ExecutedSyncSites();
 
 // Launch plumbing (launch.cpp).
