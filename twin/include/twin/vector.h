@@ -98,12 +98,23 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
     for (int write = 0; write < 2; ++write) {  // what each repeat's blocks read, then write
         for (uint32_t r = 0; r < repeatTime; ++r) {
             for (int o = write ? 0 : 1; o < (write ? 1 : 3); ++o) {
-                for (uint32_t b = 0; operands[o] != nullptr && b <= lastBlock; ++b) {
-                    const uint64_t at = (uint64_t{r} * rep[o] + uint64_t{b} * blk[o]) * PerBlock<T>();
-                    operands[o]->CheckElements(at, b < lastBlock ? PerBlock<T>() : (mask - 1) % PerBlock<T>() + 1,
-                                               site, what);
-                    instruction.Rows(twin::Memory::UB, operands[o]->Data() + at, 1, twin::kBlockBytes, 0,
-                                     write);
+                if (operands[o] == nullptr) {
+                    continue;
+                }
+                const uint64_t first = uint64_t{r} * rep[o] * PerBlock<T>();
+                // the repeat's first and last element bound it
+                operands[o]->CheckElements(first, 1, site, what);
+                operands[o]->CheckElements(first + uint64_t{lastBlock} * blk[o] * PerBlock<T>() +
+                                               (mask - 1) % PerBlock<T>(), 1, site, what);
+                if (blk[o] <= 1) {  // contiguous blocks, or one block read over and over
+                    instruction.Rows(twin::Memory::UB, operands[o]->Data() + first, 1,
+                                     (blk[o] == 1 ? lastBlock + 1 : 1) * twin::kBlockBytes, 0, write);
+                    continue;
+                }
+                for (uint32_t b = 0; b <= lastBlock; ++b) {
+                    instruction.Rows(twin::Memory::UB,
+                                     operands[o]->Data() + first + uint64_t{b} * blk[o] * PerBlock<T>(), 1,
+                                     twin::kBlockBytes, 0, write);
                 }
             }
         }
