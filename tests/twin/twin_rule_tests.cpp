@@ -586,6 +586,37 @@ void RaceAtomicVersusPlain()
     }, line);
 }
 
+// The queue's FreeTensor -> AllocTensor edge orders the next fill of a reused buffer
+// after the vector reads of the previous one; with that edge dropped at the FreeTensor
+// call (a mutation, as tests/test_twin_races.py does to the kernel) it is a race.
+void RaceQueueReuseWithoutFreeEdge()
+{
+    int line = 0;
+    ExpectRace("race: queue reuse, no Free edge", 1, [&](bool synced, float* gm) {
+        if (!OnAiv0()) return;
+        struct Restore {  // the race ends the body early
+            ~Restore() { twin::DropSyncSite(""); }
+        } restore;
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        TBuf<TPosition::VECCALC> sum;
+        pipe.InitBuffer(que, 1, 256);
+        pipe.InitBuffer(sum, 256);
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 64);
+        for (int round = 0; round < 2; ++round) {
+            LocalTensor<float> t = que.AllocTensor<float>();
+            if (round == 1) line = AT;
+            DataCopy(t, g, 64);  // MTE2 refills the buffer the vector read in round 0
+            que.EnQue(t);
+            t = que.DeQue<float>();
+            Adds(sum.Get<float>(), t, 1.0f, 64);
+            if (!synced) twin::DropSyncSite("twin_rule_tests.cpp:" + std::to_string(__LINE__ + 1));
+            que.FreeTensor(t);
+        }
+    }, line);
+}
+
 // A scalar store into UB read by a vector instruction needs S -> V.
 void RaceScalarThenVector()
 {
@@ -961,7 +992,7 @@ int main()
                       SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
                       RaceMissingFixToM, RaceAtomicVersusPlain, RaceScalarThenVector,
-                      RaceSmallMmadAccumulation, RuleCasesFire, BackstopTimeout, KernelValid,
+                      RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }
