@@ -1,0 +1,107 @@
+"""Mutations of the backward kernel's synchronisation: every explicit sync call site of the
+backward's files that a run executes -- PipeBarrier, SetFlag/WaitFlag, CrossCoreSetFlag/
+WaitFlag, SyncAll -- has its happens-before edge switched off in turn inside the twin (no
+kernel edit, no rebuild), and the race detector must then stop the kernel with a race or a
+deadlock. Queue hand-offs are left to the queue rules (one hand-off often orders another's
+pipes too). The one exception is listed in IMPLIED with its reason, and asserted to stay
+uncaught, so the list cannot go stale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_cann import native
+from flash_cann.backends import cpu, twin
+
+from conftest import make_qkv, random_key_padding_mask
+from native_build import built
+
+BACKWARD_FILES = ("flash_attention_grad_cube.h", "flash_attention_grad_vector.h",
+                  "flash_attention_vector_ops.h", "flash_attention_fractal.h")
+EXPLICIT = {"PipeBarrier", "SetFlag", "WaitFlag", "CrossCoreSetFlag", "CrossCoreWaitFlag",
+            "SyncAll"}
+# Sites whose edge another edge always implies; kept because they protect non-queue buffers.
+IMPLIED = {
+    "M_FIX": "WriteKeyValueGrad's M -> FIX flag: the dQ product's queue hand-off (EnQue on M, "
+             "DeQue on FIX) always comes between the dK/dV Mmads and their Fixpipe",
+}
+
+
+def _problems():
+    """Small shapes that, together, take every path: key mask + causal + deterministic on 2
+    cores; causal without a mask and head_dim 128 (row sums over two column groups); one
+    core whose units are single steps (the dK/dV accumulators reused back to back)."""
+    g = torch.Generator().manual_seed(11)
+    problems = []
+    for b, hq, hk, sq, sk, d, causal, masked, det, cores in [
+            (1, 2, 1, 130, 150, 32, True, True, True, 2),
+            (1, 2, 1, 70, 90, 128, True, False, False, 1),
+            (1, 1, 1, 100, 300, 32, False, False, False, 1)]:
+        q, k, v = make_qkv(b, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=g)
+        mask = random_key_padding_mask(b, sk, g) if masked else None
+        out, lse = cpu.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD")
+        grad_out = torch.randn(out.shape, generator=g).to(out.dtype)
+        grad_lse = torch.randn(lse.shape, generator=g)
+        problems.append(((grad_out, q, k, v, out, lse, mask, grad_lse),
+                         dict(scale=0.1, causal=causal, layout="BNSD", deterministic=det,
+                              ai_cores=cores)))
+    return problems
+
+
+def _run(problem) -> str:
+    args, options = problem
+    try:
+        twin.backward(*args, **options)
+    except twin.TwinViolation as violation:
+        return str(violation)
+    return ""
+
+
+def _line(site: str) -> str:
+    return site.split(":")[0]
+
+
+@pytest.fixture(scope="module")
+def mutations():
+    built("twin/libflash_cann_twin.so")
+    problems = _problems()
+    executed: dict[str, tuple[str, list[int]]] = {}  # site -> kind, problems that ran it
+    for index, problem in enumerate(problems):
+        assert _run(problem) == "", "the unmutated kernel must be race-free"
+        for line in twin.sync_sites():
+            kind, site, *_ = line.split()
+            if kind in EXPLICIT and _line(site) in BACKWARD_FILES:
+                executed.setdefault(site, (kind, []))[1].append(index)
+    verdicts = {}
+    for site, (kind, runs) in sorted(executed.items()):
+        message = ""
+        with twin.dropped_sync(site):
+            for index in runs:
+                message = _run(problems[index])
+                if message:
+                    break
+        verdicts[site] = (kind, "race" if " race: " in message else
+                          "deadlock" if " deadlock: " in message else message or "NOT CAUGHT")
+    return verdicts
+
+
+def _implied(site: str) -> bool:
+    path, line = site.split(":")
+    text = (native.ROOT / "op_kernel" / path).read_text().splitlines()[int(line) - 1]
+    return any(f"HardEvent::{event}" in text for event in IMPLIED)
+
+
+def test_the_runs_reach_every_kind_of_sync(mutations):
+    kinds = {kind for kind, _ in mutations.values()}
+    assert kinds == EXPLICIT, f"sync kinds no run executed: {EXPLICIT - kinds}"
+
+
+def test_every_explicit_sync_site_is_caught(mutations):
+    missed = [f"{kind} {site}" for site, (kind, verdict) in mutations.items()
+              if verdict not in ("race", "deadlock") and not _implied(site)]
+    assert not missed, f"sync sites whose removal no run catches: {missed}"
+    unexpected = [site for site, (kind, verdict) in mutations.items()
+                  if verdict in ("race", "deadlock") and _implied(site)]
+    assert not unexpected, f"IMPLIED lists sites whose removal is caught: {unexpected}"
+
