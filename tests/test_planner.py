@@ -1,8 +1,10 @@
-"""The tiling planner (op_host/planner): its C++ tests (10,000 random shapes, balance,
-refusals), the Python binding, and `flash-cann plan`."""
+"""The tiling planner (op_host/planner): its C++ tests for the forward and the backward
+plans (10,000 random shapes each, balance, refusals), the Python binding, and
+`flash-cann plan` (--backward too)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -31,6 +33,16 @@ def test_cpp_planner_tests(capsys, planner_tests_run):
     assert "all planner tests passed" in result.stdout
 
 
+def test_cpp_grad_planner_tests(capsys):
+    """Runs op_host/planner/tests/grad_planner_tests.cpp and shows its figures in the log."""
+    result = run("planner/grad_planner_tests")
+    with capsys.disabled():
+        print("\n" + result.stdout.strip())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "random shapes: 10000 backward plans" in result.stdout
+    assert "all backward planner tests passed" in result.stdout
+
+
 def test_plan_fits_and_balances():
     built("planner/libflash_cann_planner.so")
     p = planner.plan("Ascend910B2", 4, 32, 8192, 128, heads_kv=8, dtype="bfloat16",
@@ -44,6 +56,27 @@ def test_plan_fits_and_balances():
     assert 0 < p["prediction"]["cube_utilization"] <= 1
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
+    built("planner/libflash_cann_planner.so")
+    b, hq, hk, s, d = 1, 16, 16, 8192, 128  # issue 11's reference shape, causal
+    p = planner.grad_plan("Ascend910B2", b, hq, s, d, heads_kv=hk, causal=True,
+                          deterministic=deterministic)
+    assert p["tiling_key"] == 20010 + 1000 * deterministic
+    assert all(level["used"] <= level["capacity"] for level in p["levels"])
+    assert p["block_dim"] == 24 and p["imbalance"] <= 1.05
+    t = p["tiling"]
+    units = [c["units"] for c in p["cores"]]
+    assert units[0][0] == 0 and units[-1][1] == t["units"] == b * hk * t["key_blocks"]
+    assert all(a[1] == b[0] for a, b in zip(units, units[1:]))
+    # fp32 dQ per slot, fp32 dK and dV, D per query row, each 512-byte aligned
+    ws = p["workspace"]
+    assert ws["dq"] == t["dq_slots"] * b * hq * s * d * 4
+    assert ws["dk_dv"] == 2 * b * hk * s * d * 4 and ws["delta"] == b * hq * s * 4
+    assert p["user_workspace_bytes"] == sum(ws.values())
+    assert (t["dq_slots"] > 1) == deterministic
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"head_dim": 300}, "head_dim 300 exceeds the kernel's maximum of 256"),
     ({"dtype": "float32"}, "dtype float32 is not supported by the Ascend kernel"),
@@ -55,6 +88,14 @@ def test_refusals_raise(kwargs, message):
     args.update(kwargs)
     with pytest.raises(planner.PlanRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
         planner.plan(**args)
+
+
+def test_grad_refusals_raise():
+    built("planner/libflash_cann_planner.so")
+    with pytest.raises(planner.PlanRefused, match="head_dim 300 exceeds the kernel's maximum"):
+        planner.grad_plan("Ascend910B2", 1, 8, 128, 300)
+    with pytest.raises(ValueError, match="layout must be one of BNSD, BSND"):
+        planner.grad_plan("Ascend910B2", 1, 8, 128, 64, layout="SBH")
 
 
 def test_platform_table():
@@ -79,6 +120,29 @@ def test_cli_prints_the_plan():
     for needle in ("tiling     key 1110", "work per AI core", "max/mean", "L0A", "UB",
                    "PREDICTION (schedule model", "% of cube peak", "bound ", "incumbent's design"):
         assert needle in out, needle
+
+
+def test_cli_prints_the_backward_plan(capsys):
+    """In-process (the subprocess tests above cover the entry point)."""
+    from flash_cann import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "1,16,8192,128"]
+    assert cli.main([*shape, "--causal", "--backward", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
+                   "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
+                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00",
+                   "PREDICTION (backward schedule model", "% of cube peak", "bound"):
+        assert needle in out, needle
+    assert cli.main([*shape, "--backward", "--json"]) == 0
+    json_plan = json.loads(capsys.readouterr().out)
+    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["dq_slots"] == 1
+    prediction = json_plan["prediction"]
+    assert prediction["label"].startswith("PREDICTION") and prediction["seconds"] > 0
+    assert 0 < prediction["cube_utilization"] <= 1
+    assert cli.main([*shape, "--deterministic"]) == 2
+    assert "--deterministic applies to --backward only" in capsys.readouterr().out
 
 
 def test_cli_reports_refusals():

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "grad_planner.h"
 #include "planner.h"
 
 namespace flash_cann {
@@ -12,6 +13,9 @@ namespace flash_cann {
 // design on the same problem.
 std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
                        const Platform& platform);
+// The backward plan and its schedule-model prediction.
+std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& request,
+                           const Platform& platform);
 std::string PlatformsToJson();
 std::string ErrorJson(const std::string& message);
 

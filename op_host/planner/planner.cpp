@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include "cost_model.h"
+#include "plan_parts.h"
 #include "work_model.h"
 
 namespace flash_cann {
@@ -37,15 +39,9 @@ constexpr uint32_t kBlockCandidates[][2] = {
 // start 32-byte aligned.
 constexpr uint32_t kVecRowCandidates[] = {32, 24, 16, 8};
 
-template <typename... Parts>
-std::string Message(const Parts&... parts)
-{
-    std::ostringstream out;
-    (out << ... << parts);
-    return out.str();
-}
+}  // namespace
 
-std::string Validate(const PlanRequest& r)
+std::string ValidateProblem(const PlanRequest& r)
 {
     const std::pair<const char*, int64_t> sizes[] = {
         {"batch", r.batch}, {"heads_q", r.headsQ}, {"heads_kv", r.headsKv},
@@ -94,38 +90,7 @@ std::string Validate(const PlanRequest& r)
     return "";
 }
 
-void SetProblem(TilingData& t, const PlanRequest& r)
-{
-    t.batch = static_cast<uint32_t>(r.batch);
-    t.headsQ = static_cast<uint32_t>(r.headsQ);
-    t.headsKv = static_cast<uint32_t>(r.headsKv);
-    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
-    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
-    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
-    t.headDim = static_cast<uint32_t>(r.headDim);
-    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
-    t.causalOffset = r.seqlenK - r.seqlenQ;
-    t.scale = static_cast<float>(r.scale);
-    t.layout = static_cast<uint32_t>(r.layout);
-    t.causal = r.causal ? 1 : 0;
-    t.hasMask = r.hasMask ? 1 : 0;
-    const uint64_t d = t.headDim;
-    if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
-        t.qStrideRow = d;
-        t.qStrideHead = d * t.seqlenQ;
-        t.qStrideBatch = t.qStrideHead * t.headsQ;
-        t.kvStrideRow = d;
-        t.kvStrideHead = d * t.seqlenK;
-        t.kvStrideBatch = t.kvStrideHead * t.headsKv;
-    } else {  // BSND: (batch, seqlen, heads, head_dim)
-        t.qStrideHead = d;
-        t.qStrideRow = d * t.headsQ;
-        t.qStrideBatch = t.qStrideRow * t.seqlenQ;
-        t.kvStrideHead = d;
-        t.kvStrideRow = d * t.headsKv;
-        t.kvStrideBatch = t.kvStrideRow * t.seqlenK;
-    }
-}
+namespace {
 
 std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
 {
@@ -162,6 +127,8 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
     return buffers;
 }
 
+}  // namespace
+
 uint64_t Capacity(MemLevel level, const Platform& p)
 {
     switch (level) {
@@ -197,6 +164,29 @@ bool Fits(const std::vector<LevelUse>& levels)
     return std::all_of(levels.begin(), levels.end(),
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
+
+std::string CheckPlatform(const Platform& platform)
+{
+    if (platform.aicCores < 1) {
+        return Message("platform ", platform.name, " reports no AI cores");
+    }
+    return "";
+}
+
+std::string CheckPipeBuffers(const std::vector<BufferUse>& buffers)
+{
+    uint32_t pipeBuffers = 0;
+    for (const BufferUse& b : buffers) {
+        pipeBuffers += b.copies;
+    }
+    if (pipeBuffers > kMaxBuffersPerPipe) {
+        return Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
+                       kMaxBuffersPerPipe);
+    }
+    return "";
+}
+
+namespace {
 
 // Complete the plan for one block shape with (at least) `l0Copies` copies of the L0 rings
 // (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
@@ -274,18 +264,19 @@ uint32_t ElementBytes(DType dtype)
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
-    result.error = Validate(request);
-    if (!result.ok()) {
-        return result;
+    result.error = ValidateProblem(request);
+    if (result.ok()) {
+        result.error = CheckPlatform(platform);
     }
-    if (platform.aicCores < 1) {
-        result.error = Message("platform ", platform.name, " reports no AI cores");
+    if (!result.ok()) {
         return result;
     }
     Plan& plan = result.plan;
     TilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(request.dtype);
     SetProblem(t, request);
+    t.causal = request.causal ? 1 : 0;
+    t.hasMask = request.hasMask ? 1 : 0;
     if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
@@ -293,13 +284,8 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);
-    uint32_t pipeBuffers = 0;
-    for (const BufferUse& b : plan.buffers) {
-        pipeBuffers += b.copies;
-    }
-    if (pipeBuffers > kMaxBuffersPerPipe) {
-        result.error = Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
-                               kMaxBuffersPerPipe);
+    result.error = CheckPipeBuffers(plan.buffers);
+    if (!result.ok()) {
         return result;
     }
 

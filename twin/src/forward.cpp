@@ -8,25 +8,13 @@
 
 #include "kernel_operator.h"
 #include "planner.h"
+#include "report.h"
 #include "twin/launch.h"
 #include "twin/race.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                      GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
-
-namespace {
-
-int Report(const std::string& message, char* error, uint64_t capacity)
-{
-    if (capacity > 0) {
-        std::strncpy(error, message.c_str(), capacity - 1);
-        error[capacity - 1] = '\0';
-    }
-    return 1;
-}
-
-}  // namespace
 
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
@@ -44,7 +32,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                               causal != 0, keyPaddingMask != nullptr, scale};
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
-        return Report("the planner refused: " + result.error, error, errorCapacity);
+        return twin::Report("the planner refused: " + result.error, error, errorCapacity);
     }
     const Plan& plan = result.plan;
     const size_t e = ElementBytes(request.dtype);
@@ -72,16 +60,9 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                              static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
                              workspace.data(), tiling.data());
     }, &report);
-    if (allocatedBytes != nullptr) {  // the planner's MemLevel order: L1, L0A, L0B, L0C (AIC), UB (AIV)
-        const twin::Memory aic[] = {twin::Memory::L1, twin::Memory::L0A, twin::Memory::L0B,
-                                    twin::Memory::L0C};
-        for (int i = 0; i < 4; ++i) {
-            allocatedBytes[i] = report.PeakBytes(twin::CoreType::AIC, aic[i]);
-        }
-        allocatedBytes[4] = report.PeakBytes(twin::CoreType::AIV, twin::Memory::UB);
-    }
+    twin::CopyAllocated(report, allocatedBytes);
     if (!violation.empty()) {
-        return Report(violation, error, errorCapacity);
+        return twin::Report(violation, error, errorCapacity);
     }
     return 0;
 }

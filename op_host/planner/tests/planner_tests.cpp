@@ -13,41 +13,12 @@
 #include "cost_model.h"
 #include "planner.h"
 #include "work_model.h"
+#include "planner_test_support.h"
 
 using namespace flash_cann;
+using namespace flash_cann_test;
 
 namespace {
-
-int g_failures = 0;
-
-#define EXPECT(cond, ...)                                                        \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            ++g_failures;                                                        \
-            std::fprintf(stderr, "%s:%d: EXPECT(%s) failed: ", __FILE__, __LINE__, #cond); \
-            std::fprintf(stderr, __VA_ARGS__);                                   \
-            std::fprintf(stderr, "\n");                                          \
-        }                                                                        \
-    } while (0)
-
-std::string Describe(const PlanRequest& r, uint32_t cores)
-{
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld dtype=%u layout=%u causal=%d "
-                  "mask=%d cores=%u",
-                  static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
-                  static_cast<long long>(r.headsKv), static_cast<long long>(r.seqlenQ),
-                  static_cast<long long>(r.seqlenK), static_cast<long long>(r.headDim),
-                  static_cast<unsigned>(r.dtype), static_cast<unsigned>(r.layout), r.causal,
-                  r.hasMask, cores);
-    return buf;
-}
-
-Platform WithCores(uint32_t cores)
-{
-    return WithAiCores(*FindPlatform("Ascend910B2"), cores);
-}
 
 // Visible keys of query row `row` (bottom-right causal).
 uint32_t VisibleKeys(const TilingData& t, bool causal, uint32_t row)
@@ -138,33 +109,15 @@ void CheckPrediction(const PlanRequest& r, uint32_t cores)
            p.cubeUtilization);
 }
 
-int64_t LogUniform(std::mt19937_64& rng, int64_t lo, int64_t hi)
-{
-    std::uniform_real_distribution<double> u(std::log(double(lo)), std::log(double(hi) + 1));
-    return std::min<int64_t>(hi, static_cast<int64_t>(std::exp(u(rng))));
-}
-
 void TestRandomShapes(uint64_t seed)
 {
     std::mt19937_64 rng(seed);
     const int kShapes = 10000;
     const int failuresBefore = g_failures;
     for (int i = 0; i < kShapes && g_failures - failuresBefore < 20; ++i) {
-        PlanRequest r;
-        r.headsKv = LogUniform(rng, 1, 16);
-        r.headsQ = r.headsKv * LogUniform(rng, 1, 8);
-        r.seqlenQ = LogUniform(rng, 1, 128 * 1024);
-        r.seqlenK = LogUniform(rng, 1, 128 * 1024);
         // Keep the exhaustive tile walk affordable: at most ~4M query rows per plan.
-        const int64_t maxBatch = std::max<int64_t>(1, (int64_t{1} << 22) / (r.headsQ * r.seqlenQ));
-        r.batch = LogUniform(rng, 1, std::min<int64_t>(64, maxBatch));
-        r.headDim = 1 + static_cast<int64_t>(rng() % 256);
-        r.dtype = (rng() & 1) ? DType::BFloat16 : DType::Float16;
-        r.layout = (rng() & 1) ? Layout::BSND : Layout::BNSD;
-        r.causal = rng() & 1;
-        r.hasMask = rng() & 1;
-        r.scale = 1.0 / std::sqrt(double(r.headDim));
-        const uint32_t cores = (rng() % 4 == 0) ? 1 + rng() % kMaxCores : (rng() & 1 ? 20 : 24);
+        const PlanRequest r = RandomProblem(rng, int64_t{1} << 22);
+        const uint32_t cores = RandomCores(rng);
         CheckPlan(r, cores);
         if (i % 8 == 0) {  // every 8th: the model costs more than the plan
             CheckPrediction(r, cores);
