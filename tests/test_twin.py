@@ -7,6 +7,8 @@ What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +31,42 @@ def test_rule_checks_fire():
     """tests/twin/twin_rule_tests.cpp: each hardware rule, broken once, is caught."""
     result = run("twin_tests/twin_rule_tests")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "39 of 39 twin rule tests passed" in result.stdout
+    assert re.search(r"(\d+) of \1 twin rule tests passed", result.stdout), result.stdout
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _twin_rules() -> dict[str, str]:
+    """Every Require/Fail call in twin/ -> its rule id ("[R07] " in its message)."""
+    rules, missing = {}, []
+    for path in sorted((ROOT / "twin").rglob("*")):
+        if path.suffix not in (".h", ".cpp"):
+            continue
+        text = path.read_text()
+        for call in re.finditer(r"(?<![\w:])(?:twin::)?(?:Require|Fail)\((?!site, parts)", text):
+            if re.search(r"void\s*$", text[:call.start()]):
+                continue  # the definitions in core.h
+            body = text[call.end():text.index(";", call.end())]
+            where = f"{path.relative_to(ROOT)}:{text[:call.start()].count(chr(10)) + 1}"
+            found = re.search(r'"\[(R\d+)\] "', body)
+            if found is None:
+                missing.append(where)
+            else:
+                assert found.group(1) not in rules, f"rule id {found.group(1)} used twice: {where}"
+                rules[found.group(1)] = where
+    assert not missing, f"twin rules without an id (add \"[Rnn] \" to the message): {missing}"
+    return rules
+
+
+def test_every_twin_rule_has_a_negative_test():
+    """Issue 16: a rule (Require/Fail) of twin/ without a test in twin_rule_tests.cpp that
+    makes it fire fails here."""
+    rules = _twin_rules()
+    tested = set(re.findall(r'"(R\d+)"', (ROOT / "tests/twin/twin_rule_tests.cpp").read_text()))
+    untested = {rule: where for rule, where in rules.items() if rule not in tested}
+    assert not untested, f"twin rules no test makes fire: {untested}"
+    assert not tested - set(rules), f"tests name rules that do not exist: {tested - set(rules)}"
 
 
 def _planned_bytes(q, k, mask, causal, layout, scale):

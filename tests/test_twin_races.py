@@ -81,7 +81,7 @@ def _verdict(message: str) -> str:
 
 def _short(message: str) -> str:
     """'file:line: race: PIPE_X ...' -> 'race at file:line (PIPE_X ...) vs file:line'."""
-    match = re.search(r"([\w.]+:\d+): race: (\w+ \w+) of (\w+)[^(]*(?:\(the buffer[^)]*\) )?"
+    match = re.search(r"([\w.]+:\d+): (?:\[R\d+\] )?race: (\w+ \w+) of (\w+)[^(]*(?:\(the buffer[^)]*\) )?"
                       r"\([^)]*\) conflicts with the (\w+ \w+) at \S*?([\w.]+:\d+)", message)
     if match:
         site, mine, memory, other, other_site = match.groups()

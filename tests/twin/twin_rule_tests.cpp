@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -36,11 +38,17 @@ std::string RunOn(twin::CoreType role, std::vector<float>& gm, const std::functi
     });
 }
 
-void Expect(const char* name, const std::string& violation, const std::string& fragment, int line)
+// `rule`: the id ("R07") the twin's check carries in its message, "" for the checks
+// that are not a Require/Fail (deadlocks, unbalanced queues). tests/test_twin.py fails
+// when a rule of twin/ has no test here.
+void Expect(const std::string& rule, const char* name, const std::string& violation,
+            const std::string& fragment, int line)
 {
     ++g_tests;
     const std::string site = "twin_rule_tests.cpp:" + std::to_string(line) + ":";
-    if (violation.find(fragment) == std::string::npos || violation.find(site) == std::string::npos) {
+    const std::string tag = rule.empty() ? "" : "[" + rule + "] ";
+    if (violation.find(fragment) == std::string::npos || violation.find(site) == std::string::npos ||
+        violation.find(tag) == std::string::npos) {
         ++g_failures;
         std::fprintf(stderr, "FAIL %s: expected '%s' at %s, got: %s\n", name, fragment.c_str(),
                      site.c_str(), violation.empty() ? "(no violation)" : violation.c_str());
@@ -65,7 +73,7 @@ void MisalignedCopy()
         line = AT;
         DataCopy(t[3], g, 8);
     });
-    Expect("misaligned copy", v, "is not 32-byte aligned", line);
+    Expect("R42", "misaligned copy", v, "is not 32-byte aligned", line);
 }
 
 void TruncatingCopy()
@@ -82,7 +90,7 @@ void TruncatingCopy()
         line = AT;
         DataCopy(t, g, 5);
     });
-    Expect("copy of a partial block", v, "DataCopy of 20 bytes is not a multiple of 32", line);
+    Expect("R02", "copy of a partial block", v, "DataCopy of 20 bytes is not a multiple of 32", line);
 }
 
 void OverCapacity()
@@ -96,7 +104,7 @@ void OverCapacity()
         line = AT;
         pipe.InitBuffer(b, 1, 96 * 1024);
     });
-    Expect("UB over capacity", v, "UB over capacity: 131072 bytes in use + 1 x 98304", line);
+    Expect("R50", "UB over capacity", v, "UB over capacity: 131072 bytes in use + 1 x 98304", line);
 }
 
 void L0OverCapacity()
@@ -109,7 +117,7 @@ void L0OverCapacity()
         line = AT;
         pipe.InitBuffer(a, 2, 40 * 1024);
     });
-    Expect("L0A over capacity", v, "L0A over capacity", line);
+    Expect("R50", "L0A over capacity", v, "L0A over capacity", line);
 }
 
 void UnbalancedQueue()
@@ -124,7 +132,7 @@ void UnbalancedQueue()
         LocalTensor<float> t = que.AllocTensor<float>();
         que.EnQue(t);
     });
-    Expect("unbalanced queue", v, "unbalanced: buffer 0 of this queue is still enqueued", line);
+    Expect("", "unbalanced queue", v, "unbalanced: buffer 0 of this queue is still enqueued", line);
 }
 
 void AllocWithoutFree()
@@ -139,7 +147,7 @@ void AllocWithoutFree()
         line = AT;
         que.AllocTensor<float>();
     });
-    Expect("alloc without free", v, "are in use (a FreeTensor is missing)", line);
+    Expect("R53", "alloc without free", v, "are in use (a FreeTensor is missing)", line);
 }
 
 void DequeueEmpty()
@@ -153,7 +161,7 @@ void DequeueEmpty()
         line = AT;
         que.DeQue<float>();
     });
-    Expect("DeQue without EnQue", v, "DeQue on an empty queue", line);
+    Expect("R56", "DeQue without EnQue", v, "DeQue on an empty queue", line);
 }
 
 void OutOfBoundsGm()
@@ -170,7 +178,7 @@ void OutOfBoundsGm()
         line = AT;
         DataCopy(t, g[60], 8);
     });
-    Expect("GM out of bounds", v, "outside every tensor handed to the kernel", line);
+    Expect("R33", "GM out of bounds", v, "outside every tensor handed to the kernel", line);
 }
 
 void OutOfBoundsLocal()
@@ -185,7 +193,7 @@ void OutOfBoundsLocal()
         line = AT;
         Adds(t, t, 1.0f, 128);
     });
-    Expect("UB tensor out of bounds", v, "exceed the UB tensor of 64 elements", line);
+    Expect("R15", "UB tensor out of bounds", v, "exceed the UB tensor of 64 elements", line);
 }
 
 void WaitWithoutSet()
@@ -196,7 +204,7 @@ void WaitWithoutSet()
         line = AT;
         WaitFlag<HardEvent::MTE2_V>(0);
     });
-    Expect("WaitFlag without SetFlag", v, "with no matching SetFlag", line);
+    Expect("R62", "WaitFlag without SetFlag", v, "with no matching SetFlag", line);
 }
 
 void SetTwice()
@@ -208,7 +216,7 @@ void SetTwice()
         line = AT;
         SetFlag<HardEvent::V_MTE3>(1);
     });
-    Expect("SetFlag twice", v, "already set and not yet waited on", line);
+    Expect("R60", "SetFlag twice", v, "already set and not yet waited on", line);
 }
 
 void ComparePartialRepeat()
@@ -223,7 +231,7 @@ void ComparePartialRepeat()
         line = AT;
         Compares(bits.Get<uint8_t>(), src.Get<float>(), 0.0f, CMPMODE::LT, 100);
     });
-    Expect("Compares partial repeat", v, "is not whole 256-byte repeats", line);
+    Expect("R25", "Compares partial repeat", v, "is not whole 256-byte repeats", line);
 }
 
 void VectorOnCube()
@@ -237,7 +245,7 @@ void VectorOnCube()
         line = AT;
         Muls(buf.Get<float>(), buf.Get<float>(), 2.0f, 64);
     });
-    Expect("vector op on the cube core", v, "runs on the vector (AIV) core only", line);
+    Expect("R40", "vector op on the cube core", v, "runs on the vector (AIV) core only", line);
 }
 
 void GemvMode()
@@ -258,7 +266,7 @@ void GemvMode()
         line = AT;
         Mmad(lc, la, lb, MmadParams(1, 16, 16, 0, false, true));
     });
-    Expect("Mmad with m == 1", v, "GEMV mode", line);
+    Expect("R09", "Mmad with m == 1", v, "GEMV mode", line);
 }
 
 void ScratchOverlap()
@@ -274,7 +282,7 @@ void ScratchOverlap()
         Select(big.Get<float>(64), bits.Get<uint8_t>(), big.Get<float>(64), 0.0f,
                SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);
     });
-    Expect("Select over the UB scratch", v, "uses the top 8 KB of UB as scratch", line);
+    Expect("R43", "Select over the UB scratch", v, "uses the top 8 KB of UB as scratch", line);
 }
 
 void CrossCoreDeadlock()
@@ -286,7 +294,7 @@ void CrossCoreDeadlock()
         line = AT;
         CrossCoreWaitFlag(5);
     });
-    Expect("cross-core wait, no set", v, "deadlock: every core of the launch that has not "
+    Expect("", "cross-core wait, no set", v, "deadlock: every core of the launch that has not "
            "finished is waiting", line);
 }
 
@@ -299,7 +307,7 @@ void CrossCoreReservedFlag()
         line = AT;
         CrossCoreSetFlag<2, PIPE_FIX>(11);
     });
-    Expect("cross-core flag id 11", v, "outside [0, 10] (11-14 belong to SyncAll)", line);
+    Expect("R34", "cross-core flag id 11", v, "outside [0, 10] (11-14 belong to SyncAll)", line);
 }
 
 // Every AIC and AIV of a two-core launch; each core adds its index + 1 into gm[0] with
@@ -370,7 +378,7 @@ void SyncAllMissed()
             SyncAll<false>();
         }
     });
-    Expect("SyncAll skipped by a core", v, "SyncAll<false> at", line);
+    Expect("", "SyncAll skipped by a core", v, "SyncAll<false> at", line);
 }
 
 void SyncAllAivOnlyOnCube()
@@ -382,7 +390,7 @@ void SyncAllAivOnlyOnCube()
         line = AT;
         SyncAll();
     });
-    Expect("SyncAll<true> on the cube", v, "SyncAll<true> synchronises the vector cores only", line);
+    Expect("R38", "SyncAll<true> on the cube", v, "SyncAll<true> synchronises the vector cores only", line);
 }
 
 void AtomicTypeMismatch()
@@ -400,7 +408,7 @@ void AtomicTypeMismatch()
         line = AT;
         DataCopy(g, t, 16);
     });
-    Expect("atomic float, half data", v, "SetAtomicAdd<float> is in force, but the copy moves 2-byte", line);
+    Expect("R01", "atomic float, half data", v, "SetAtomicAdd<float> is in force, but the copy moves 2-byte", line);
 }
 
 void CrossCoreNeedsMix()
@@ -411,7 +419,7 @@ void CrossCoreNeedsMix()
         line = AT;
         CrossCoreSetFlag<2, PIPE_FIX>(1);
     });
-    Expect("cross-core flag, no MIX", v, "needs a MIX kernel", line);
+    Expect("R31", "cross-core flag, no MIX", v, "needs a MIX kernel", line);
 }
 
 // --- races: each tiny kernel misses one edge and must be stopped at the racing access;
@@ -435,7 +443,7 @@ void ExpectRace(const char* name, uint32_t cores, const RaceBody& body, const in
 {
     std::vector<float> gm(4096, 1.0f);
     const std::string racy = RunRace(cores, gm, body, false);
-    Expect(name, racy, " race: ", line);
+    Expect("R39", name, racy, " race: ", line);
     std::vector<float> gm2(4096, 1.0f);
     const std::string clean = RunRace(cores, gm2, body, true);
     ++g_tests;
@@ -619,6 +627,236 @@ void RaceSmallMmadAccumulation()
     }, line);
 }
 
+// --- one negative case per remaining rule of twin/ (the rule id in its message): each
+// body breaks the rule once, at a call in this file. ---
+struct RuleCase {
+    const char* rule;
+    twin::CoreType role;
+    std::function<void(float* gm)> body;
+};
+
+using twin::CoreType;
+
+const std::vector<RuleCase>& RuleCases()
+{
+    static const std::vector<RuleCase> cases = {
+        {"R03", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECOUT, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopy(g, q.AllocTensor<float>(), 5);  // 20 bytes UB -> GM
+         }},
+        {"R04", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A1, 1> q; pipe.InitBuffer(q, 1, 4096);
+             GlobalTensor<half> g; g.SetGlobalBuffer(reinterpret_cast<half*>(gm), 512);
+             DataCopy(q.AllocTensor<half>(), g, Nd2NzParams(0, 1, 16, 0, 16, 16, 1, 0));  // ndNum 0
+         }},
+        {"R05", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A1, 1> q; pipe.InitBuffer(q, 1, 4096);
+             GlobalTensor<half> g; g.SetGlobalBuffer(reinterpret_cast<half*>(gm), 512);
+             DataCopy(q.AllocTensor<half>(), g, Nd2NzParams(1, 2, 32, 0, 16, 16, 1, 0));  // dValue > pitch
+         }},
+        {"R06", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopyPad(q.AllocTensor<float>(), g, DataCopyExtParams(1, 6, 0, 0, 0),
+                         DataCopyPadExtParams<float>(false, 0, 0, 0));  // 6 bytes of float
+         }},
+        {"R07", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECOUT, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopyPad(g, q.AllocTensor<float>(), DataCopyExtParams(1, 6, 0, 0, 0));
+         }},
+        {"R08", CoreType::AIC, [](float*) {
+             TPipe pipe; TQue<TPosition::A1, 1> l1; TQue<TPosition::A2, 1> a;
+             pipe.InitBuffer(l1, 1, 1024); pipe.InitBuffer(a, 1, 1024);
+             LoadData(a.AllocTensor<float>(), l1.AllocTensor<float>(), LoadData2DParams(0, 1, 0, 0, 0, true, 0));
+         }},
+        {"R10", CoreType::AIC, [](float*) {
+             TPipe pipe; TBuf<TPosition::A2> a; TBuf<TPosition::B2> b; TBuf<TPosition::CO1> c;
+             pipe.InitBuffer(a, 512); pipe.InitBuffer(b, 512); pipe.InitBuffer(c, 1024);
+             Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(4096, 16, 16, 0, false, true));
+         }},
+        {"R11", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             FixpipeParamsV220 p(16, 16, 16, 16, false);
+             p.quantPre = QuantMode_t::F322F16;
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), p);
+         }},
+        {"R12", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 8, 16, false));
+         }},
+        {"R13", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 8, false));
+         }},
+        {"R14", CoreType::AIV, [](float*) { LocalTensor<float> unbound; unbound.GetValue(0); }},
+        {"R16", CoreType::AIV, [](float*) { TBuf<TPosition::VECCALC> b; b.Get<float>(); }},
+        {"R17", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.GetWithOffset<float>(8, 4);
+         }},
+        {"R18", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.Get<float>(128);
+         }},
+        {"R19", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             const LocalTensor<float> t = b.Get<float>();
+             Add(t, t, t, 0, 1, BinaryRepeatParams());  // mask 0
+         }},
+        {"R20", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             const LocalTensor<float> t = b.Get<float>();
+             Add(t, t, t, 64, 1, BinaryRepeatParams(0, 1, 1, 8, 8, 8));
+         }},
+        {"R21", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Adds(b.Get<float>(), b.Get<float>(), 1.0f, -1);
+         }},
+        {"R22", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.Get<float>(), b.GetWithOffset<half>(16, 128), RoundMode::CAST_RINT, 16);
+         }},
+        {"R23", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.GetWithOffset<half>(16, 128), b.Get<float>(), RoundMode::CAST_NONE, 16);
+         }},
+        {"R24", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.Get<float>(), b.Get<half>(), RoundMode::CAST_NONE, 16);  // in place, widening
+         }},
+        {"R26", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b, bits; pipe.InitBuffer(b, 256); pipe.InitBuffer(bits, 32);
+             Select(b.Get<float>(), bits.Get<uint8_t>(), b.Get<float>(), 0.0f, SELMODE::VSEL_CMPMASK_SPR, 64);
+         }},
+        {"R27", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceSum(b.Get<float>(), b.Get<float>(), 64, 256, 1, 1, 8);
+         }},
+        {"R28", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceSum(b.Get<float>(), b.Get<float>(), 0, 1, 1, 1, 8);
+         }},
+        {"R29", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceMax(b.Get<float>(), b.Get<float>(), 64, 1, 1, 1, 8);  // value/index pairs
+         }},
+        {"R30", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 1024);
+             Brcb(b.Get<float>(), b.Get<float>(), 1, BrcbRepeatParams(1, 8));
+         }},
+        {"R35", CoreType::AIC, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_FIX>(2);
+         }},
+        {"R36", CoreType::AIV, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_MTE3>(2);
+         }},
+        {"R37", CoreType::AIV, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             CrossCoreWaitFlag(11);
+         }},
+        {"R41", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A2, 1> q; pipe.InitBuffer(q, 1, 512);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopy(q.AllocTensor<float>(), g, 8);  // GM -> L0A is no DataCopy path
+         }},
+        {"R44", CoreType::AIV, [](float*) { TPipe pipe; TBuf<TPosition::GM> b; pipe.InitBuffer(b, 32); }},
+        {"R45", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32); pipe.InitBuffer(q, 1, 32);
+         }},
+        {"R46", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 0, 32); }},
+        {"R47", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 0); }},
+        {"R48", CoreType::AIV, [](float*) {
+             TPipe pipe;
+             std::unique_ptr<TBuf<TPosition::VECCALC>[]> bufs(new TBuf<TPosition::VECCALC>[65]);
+             for (int i = 0; i < 65; ++i) pipe.InitBuffer(bufs[i], 32);
+         }},
+        {"R49", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 9, 32); }},
+        {"R51", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q1, q2; pipe.InitBuffer(q1, 1, 32); pipe.InitBuffer(q2, 1, 32);
+             LocalTensor<float> other = q2.AllocTensor<float>();
+             q1.FreeTensor(other);
+         }},
+        {"R52", CoreType::AIV, [](float*) { TQue<TPosition::VECIN, 1> q; q.AllocTensor<float>(); }},
+        {"R54", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.FreeTensor(t);
+             q.EnQue(t);
+         }},
+        {"R55", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 2, 32);
+             q.EnQue(q.AllocTensor<float>());
+             q.EnQue(q.AllocTensor<float>());  // depth 1
+         }},
+        {"R57", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.FreeTensor(t);
+             q.FreeTensor(t);
+         }},
+        {"R58", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.EnQue(t);
+             q.FreeTensor(t);
+         }},
+        {"R59", CoreType::AIV, [](float*) { SetFlag<HardEvent::MTE2_V>(8); }},
+        {"R61", CoreType::AIV, [](float*) { WaitFlag<HardEvent::MTE2_V>(8); }},
+        {"R63", CoreType::AIV, [](float*) { PipeBarrier<PIPE_S>(); }},
+        {"R42", CoreType::AIV, [](float*) {  // a vector operand off the 32-byte grid
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 512);
+             Adds(b.Get<float>()[1], b.Get<float>()[1], 1.0f, 8);
+         }},
+    };
+    return cases;
+}
+
+// A wait on a core that is alive but slow is no deadlock: only the backstop timeout
+// ends it (the cube sleeps past it, then sets the flag).
+void BackstopTimeout()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(100));
+    twin::LaunchConfig config;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        if (twin::Core().type == twin::CoreType::AIC) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));
+            CrossCoreSetFlag<2, PIPE_FIX>(1);
+        } else if (twin::Core().subBlockIdx == 0) {
+            line = AT;
+            CrossCoreWaitFlag(1);
+        }
+    });
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(120000));
+    Expect("R32", "backstop timeout", v, "still waiting after 100 ms", line);
+}
+
+void RuleCasesFire()
+{
+    for (const RuleCase& c : RuleCases()) {
+        std::vector<float> gm(1024, 1.0f);
+        const std::string v = RunOn(c.role, gm, [&] { c.body(gm.data()); });
+        ++g_tests;
+        const std::string tag = std::string("[") + c.rule + "] ";
+        if (v.find(tag) == std::string::npos || v.find("twin_rule_tests.cpp:") == std::string::npos) {
+            ++g_failures;
+            std::fprintf(stderr, "FAIL rule %s: got %s\n", c.rule, v.empty() ? "(no violation)" : v.c_str());
+        } else {
+            std::printf("ok   rule %-23s %s\n", c.rule, v.c_str());
+        }
+    }
+}
+
 // The real kernel on a small problem: valid, then with a corrupted plan and a
 // truncated input.
 struct Problem {
@@ -723,7 +961,7 @@ int main()
                       SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
                       RaceMissingFixToM, RaceAtomicVersusPlain, RaceScalarThenVector,
-                      RaceSmallMmadAccumulation, KernelValid,
+                      RaceSmallMmadAccumulation, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

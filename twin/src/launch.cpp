@@ -94,7 +94,7 @@ FlagGroup& Group()
 
 void RequireMix(const Site& site, const char* what)
 {
-    Require(g_core.mixDeclared, site, what, " needs a MIX kernel: declare "
+    Require(g_core.mixDeclared, site, "[R31] ", what, " needs a MIX kernel: declare "
             "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)");
 }
 
@@ -172,7 +172,7 @@ void BlockUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cha
             throw Violation(report);
         }
         if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
-            Fail(site, what, ": still waiting after ", g_backstopTimeout.count(),
+            Fail(site, "[R32] ", what, ": still waiting after ", g_backstopTimeout.count(),
                  " ms (backstop timeout)");
         }
     }
@@ -262,14 +262,14 @@ void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what
             return;
         }
     }
-    Fail(site, what, ": GM access of ", bytes, " bytes at ", begin,
+    Fail(site, "[R33] ", what, ": GM access of ", bytes, " bytes at ", begin,
          " lies outside every tensor handed to the kernel");
 }
 
 void CrossCoreSet(uint16_t flag, int pipe, const Site& site)
 {
     RequireMix(site, "CrossCoreSetFlag");
-    Require(flag <= kMaxUserFlag, site, "CrossCoreSetFlag: flag id ", flag,
+    Require(flag <= kMaxUserFlag, site, "[R34] ", "CrossCoreSetFlag: flag id ", flag,
             " outside [0, 10] (11-14 belong to SyncAll)");
     const Clock work = SyncEdge("CrossCoreSetFlag", site) ? Completed(pipe) : Clock{};
     Run& run = *g_run;
@@ -277,14 +277,14 @@ void CrossCoreSet(uint16_t flag, int pipe, const Site& site)
     FlagGroup& group = Group();
     if (g_core.type == CoreType::AIC) {
         for (int sub = 0; sub < 2; ++sub) {
-            Require(group.toAiv[sub][flag] < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
+            Require(group.toAiv[sub][flag] < kMaxPendingFlag, site, "[R35] ", "CrossCoreSetFlag(", flag,
                     "): more than 15 sets not yet waited on");
             ++group.toAiv[sub][flag];
             group.toAivWork[sub][flag].push_back(work);
         }
     } else {
         int& pending = group.toAic[g_core.subBlockIdx][flag];
-        Require(pending < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
+        Require(pending < kMaxPendingFlag, site, "[R36] ", "CrossCoreSetFlag(", flag,
                 "): more than 15 sets not yet waited on");
         ++pending;
         group.toAicWork[g_core.subBlockIdx][flag].push_back(work);
@@ -295,7 +295,7 @@ void CrossCoreSet(uint16_t flag, int pipe, const Site& site)
 void CrossCoreWait(uint16_t flag, const Site& site)
 {
     RequireMix(site, "CrossCoreWaitFlag");
-    Require(flag <= kMaxUserFlag, site, "CrossCoreWaitFlag: flag id ", flag,
+    Require(flag <= kMaxUserFlag, site, "[R37] ", "CrossCoreWaitFlag: flag id ", flag,
             " outside [0, 10] (11-14 belong to SyncAll)");
     Run& run = *g_run;
     std::unique_lock<std::mutex> lock(run.mutex);
@@ -330,7 +330,7 @@ void CrossCoreWait(uint16_t flag, const Site& site)
 void SyncAllCores(bool aivOnly, const Site& site)
 {
     RequireMix(site, "SyncAll (the hardware barrier)");
-    Require(!aivOnly || g_core.type == CoreType::AIV, site,
+    Require(!aivOnly || g_core.type == CoreType::AIV, site, "[R38] ",
             "SyncAll<true> synchronises the vector cores only: the cube core would hang in it; "
             "a MIX kernel calls SyncAll<false>()");
     Run& run = *g_run;

@@ -129,7 +129,7 @@ std::string SiteText(uint32_t id)
 [[noreturn]] void Race(const Site& here, int pipe, bool write, const std::string& where,
                        uint32_t otherAgent, bool otherWrite, uint32_t otherSite)
 {
-    Fail(here, "race: ", PipeName(pipe), write ? " write" : " read", " of ", where, " (",
+    Fail(here, "[R39] ", "race: ", PipeName(pipe), write ? " write" : " read", " of ", where, " (",
          AgentName(t_unit->base + static_cast<uint32_t>(pipe)), ") conflicts with the ",
          PipeName(static_cast<int>(otherAgent % kPipes)), otherWrite ? " write" : " read", " at ",
          SiteText(otherSite), " (", AgentName(otherAgent),

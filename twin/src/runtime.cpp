@@ -70,7 +70,7 @@ namespace twin_detail {
 
 void RequireCore(twin::CoreType type, const twin::Site& site, const char* what)
 {
-    twin::Require(twin::Core().type == type, site, what, " runs on the ",
+    twin::Require(twin::Core().type == type, site, "[R40] ", what, " runs on the ",
                   type == twin::CoreType::AIC ? "cube (AIC)" : "vector (AIV)",
                   " core only; guard it with ",
                   type == twin::CoreType::AIC ? "ASCEND_IS_AIC" : "ASCEND_IS_AIV");
@@ -86,12 +86,12 @@ void RequireMemory(twin::Memory actual, std::initializer_list<twin::Memory> allo
     for (twin::Memory m : allowed) {
         names += std::string(names.empty() ? "" : "/") + twin::MemoryName(m);
     }
-    twin::Fail(site, what, ": a ", twin::MemoryName(actual), " tensor where ", names, " is required");
+    twin::Fail(site, "[R41] ", what, ": a ", twin::MemoryName(actual), " tensor where ", names, " is required");
 }
 
 void RequireAligned(uint32_t byteOffset, uint32_t alignment, const twin::Site& site, const char* what)
 {
-    twin::Require(byteOffset % alignment == 0, site, what, ": address ", byteOffset,
+    twin::Require(byteOffset % alignment == 0, site, "[R42] ", what, ": address ", byteOffset,
                   " is not ", alignment, "-byte aligned");
 }
 
@@ -100,7 +100,7 @@ void RequireUbScratchFree(const twin::Site& site, const char* what)
     const twin::Pipe* pipe = twin::Core().pipe;
     const uint32_t used = pipe ? pipe->Used(twin::Memory::UB) : 0;
     const uint32_t limit = twin::MemoryBytes(twin::Memory::UB) - twin::kUbApiScratch;
-    twin::Require(used <= limit, site, what, " uses the top 8 KB of UB as scratch, but the "
+    twin::Require(used <= limit, site, "[R43] ", what, " uses the top 8 KB of UB as scratch, but the "
                   "pipe's buffers occupy ", used, " bytes (at most ", limit, " leave it free)");
 }
 
@@ -128,25 +128,25 @@ void Pipe::Register(QueueBase& queue, AscendC::TPosition position, uint32_t coun
                     int32_t depth, bool isQueue, const Site& site)
 {
     const Memory memory = AscendC::PhysicalMemory(position);
-    Require(memory != Memory::GM, site, "InitBuffer: a buffer cannot live in GM");
-    Require(queue.buffers.empty(), site, "InitBuffer called twice for the same queue");
-    Require(count >= 1 && count <= 64, site, "InitBuffer: ", count, " buffers (1..64 allowed)");
-    Require(bytes >= 1, site, "InitBuffer: a buffer of 0 bytes");
+    Require(memory != Memory::GM, site, "[R44] ", "InitBuffer: a buffer cannot live in GM");
+    Require(queue.buffers.empty(), site, "[R45] ", "InitBuffer called twice for the same queue");
+    Require(count >= 1 && count <= 64, site, "[R46] ", "InitBuffer: ", count, " buffers (1..64 allowed)");
+    Require(bytes >= 1, site, "[R47] ", "InitBuffer: a buffer of 0 bytes");
     buffers_ += count;
-    Require(buffers_ <= 64, site, "InitBuffer: a TPipe manages at most 64 buffers (now ", buffers_,
+    Require(buffers_ <= 64, site, "[R48] ", "InitBuffer: a TPipe manages at most 64 buffers (now ", buffers_,
             ")");
     if (isQueue) {
         uint32_t atPosition = count;
         for (const QueueBase* q : queues_) {
             atPosition += q->isQueue && q->position == position ? q->buffers.size() : 0;
         }
-        Require(atPosition <= 8, site, "InitBuffer: more than 8 queue buffers at one position (",
+        Require(atPosition <= 8, site, "[R49] ", "InitBuffer: more than 8 queue buffers at one position (",
                 atPosition, "): there are 8 hardware event ids");
     }
     const uint32_t rounded = (bytes + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint32_t& used = used_[static_cast<int>(memory)];
     const uint64_t need = uint64_t{used} + uint64_t{count} * rounded;
-    Require(need <= MemoryBytes(memory), site, "InitBuffer: ", MemoryName(memory),
+    Require(need <= MemoryBytes(memory), site, "[R50] ", "InitBuffer: ", MemoryName(memory),
             " over capacity: ", used, " bytes in use + ", count, " x ", rounded, " bytes = ", need,
             " > ", MemoryBytes(memory));
     queue.position = position;
@@ -265,12 +265,12 @@ QueueBase::Buffer& QueueBase::Find(uint32_t offset, const Site& site, const char
             return b;
         }
     }
-    Fail(site, what, ": the tensor is not one of this queue's buffers");
+    Fail(site, "[R51] ", what, ": the tensor is not one of this queue's buffers");
 }
 
 size_t QueueBase::Allocate(const Site& site)
 {
-    Require(!buffers.empty(), site, "AllocTensor before TPipe::InitBuffer");
+    Require(!buffers.empty(), site, "[R52] ", "AllocTensor before TPipe::InitBuffer");
     for (size_t tried = 0; tried < buffers.size(); ++tried) {
         const size_t i = (next + tried) % buffers.size();
         if (buffers[i].state == State::Free) {
@@ -283,16 +283,16 @@ size_t QueueBase::Allocate(const Site& site)
             return i;
         }
     }
-    Fail(site, "AllocTensor: all ", buffers.size(), " buffers of the queue initialised at ",
+    Fail(site, "[R53] ", "AllocTensor: all ", buffers.size(), " buffers of the queue initialised at ",
          initSite.file, ":", initSite.line, " are in use (a FreeTensor is missing)");
 }
 
 void QueueBase::Enqueue(uint32_t offset, const Site& site)
 {
     Buffer& b = Find(offset, site, "EnQue");
-    Require(b.state == State::Allocated || b.state == State::Dequeued, site,
+    Require(b.state == State::Allocated || b.state == State::Dequeued, site, "[R54] ",
             "EnQue of a tensor that is not allocated");
-    Require(static_cast<int32_t>(fifo.size()) < depth, site, "EnQue: the queue's depth ", depth,
+    Require(static_cast<int32_t>(fifo.size()) < depth, site, "[R55] ", "EnQue: the queue's depth ", depth,
             " is exceeded (DeQue first)");
     b.state = State::Enqueued;
     fifo.push_back(static_cast<size_t>(&b - buffers.data()));
@@ -304,7 +304,7 @@ void QueueBase::Enqueue(uint32_t offset, const Site& site)
 
 size_t QueueBase::Dequeue(const Site& site)
 {
-    Require(!fifo.empty(), site, "DeQue on an empty queue: no EnQue precedes it");
+    Require(!fifo.empty(), site, "[R56] ", "DeQue on an empty queue: no EnQue precedes it");
     const size_t i = fifo.front();
     fifo.erase(fifo.begin());
     buffers[i].state = State::Dequeued;
@@ -318,8 +318,8 @@ size_t QueueBase::Dequeue(const Site& site)
 void QueueBase::Release(uint32_t offset, const Site& site)
 {
     Buffer& b = Find(offset, site, "FreeTensor");
-    Require(b.state != State::Free, site, "FreeTensor of a tensor that is already free");
-    Require(b.state != State::Enqueued, site, "FreeTensor of a tensor still in the queue "
+    Require(b.state != State::Free, site, "[R57] ", "FreeTensor of a tensor that is already free");
+    Require(b.state != State::Enqueued, site, "[R58] ", "FreeTensor of a tensor still in the queue "
             "(EnQue without DeQue)");
     b.state = State::Free;
     const HandOff pipes = HandOffPipes(position);

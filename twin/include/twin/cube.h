@@ -163,7 +163,7 @@ void StoreGm(T* to, const T* from, uint64_t count, const twin::Site& site, const
             twin::AtomicAddFloat(to + i, from[i]);
         }
     } else {
-        twin::Fail(site, what, ": SetAtomicAdd<float> is in force, but the copy moves ",
+        twin::Fail(site, "[R01] ", what, ": SetAtomicAdd<float> is in force, but the copy moves ",
                    sizeof(T), "-byte elements: the hardware would add them as float");
     }
 }
@@ -191,7 +191,7 @@ template <typename T>
 void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count, TWIN_SITE)
 {
     const uint64_t bytes = uint64_t{count} * sizeof(T);
-    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "DataCopy of ", bytes,
+    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "[R02] ", "DataCopy of ", bytes,
                   " bytes is not a multiple of 32: the hardware would drop the last ",
                   bytes % twin::kBlockBytes, " bytes");
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::UB, twin::Memory::L1}, TWIN_HERE,
@@ -210,7 +210,7 @@ template <typename T>
 void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count, TWIN_SITE)
 {
     const uint64_t bytes = uint64_t{count} * sizeof(T);
-    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "DataCopy of ", bytes,
+    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "[R03] ", "DataCopy of ", bytes,
                   " bytes is not a multiple of 32: the hardware would drop the last ",
                   bytes % twin::kBlockBytes, " bytes");
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopy UB->GM source");
@@ -233,9 +233,9 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::L1}, TWIN_HERE, "ND2NZ destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "ND2NZ destination");
     twin::Require(p.ndNum >= 1 && p.dstNzC0Stride >= 1 && p.dstNzNStride >= 1 && p.nValue <= 16384,
-                  TWIN_HERE, "Nd2NzParams out of range (ndNum ", p.ndNum, ", nValue ", p.nValue,
+                  TWIN_HERE, "[R04] ", "Nd2NzParams out of range (ndNum ", p.ndNum, ", nValue ", p.nValue,
                   ", dstNzC0Stride ", p.dstNzC0Stride, ", dstNzNStride ", p.dstNzNStride, ")");
-    twin::Require(p.dValue <= p.srcDValue || p.nValue <= 1, TWIN_HERE, "Nd2NzParams: dValue ",
+    twin::Require(p.dValue <= p.srcDValue || p.nValue <= 1, TWIN_HERE, "[R05] ", "Nd2NzParams: dValue ",
                   p.dValue, " exceeds the source row pitch srcDValue ", p.srcDValue);
     constexpr uint32_t c0 = twin::kBlockBytes / sizeof(T);
     const uint32_t blocks = (p.dValue + c0 - 1) / c0;
@@ -277,7 +277,7 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
 {
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopyPad destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopyPad destination");
-    twin::Require(p.blockLen % sizeof(T) == 0 && p.blockLen <= 2097151, TWIN_HERE,
+    twin::Require(p.blockLen % sizeof(T) == 0 && p.blockLen <= 2097151, TWIN_HERE, "[R06] ",
                   "DataCopyPad: blockLen ", p.blockLen, " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     const uint8_t* from = reinterpret_cast<const uint8_t*>(src.Data());
@@ -306,7 +306,7 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
 {
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopyPad source");
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopyPad source");
-    twin::Require(p.blockLen % sizeof(T) == 0, TWIN_HERE, "DataCopyPad: blockLen ", p.blockLen,
+    twin::Require(p.blockLen % sizeof(T) == 0, TWIN_HERE, "[R07] ", "DataCopyPad: blockLen ", p.blockLen,
                   " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     uint8_t* to = reinterpret_cast<uint8_t*>(dst.Data());
@@ -353,7 +353,7 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
                                "LoadData destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "LoadData destination");
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "LoadData source");
-    twin::Require(!p.ifTranspose || sizeof(T) == 2, TWIN_HERE,
+    twin::Require(!p.ifTranspose || sizeof(T) == 2, TWIN_HERE, "[R08] ",
                   "LoadData ifTranspose is only for 16-bit types");
     constexpr uint32_t perFractal = twin::kFractalBytes / sizeof(T);
     const twin::Instruction op(twin::kPipeMte1, TWIN_HERE);
@@ -387,8 +387,8 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& a, const LocalTensor<
     twin_detail::RequireAligned(a.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "Mmad left matrix");
     twin_detail::RequireAligned(b.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "Mmad right matrix");
     twin_detail::RequireAligned(dst.ByteOffset(), 1024, TWIN_HERE, "Mmad result");
-    twin::Require(p.m != 1, TWIN_HERE, "Mmad with m == 1 runs in GEMV mode on 910B: pad m to 16");
-    twin::Require(p.m <= 4095 && p.n <= 4095 && p.k <= 4095, TWIN_HERE, "Mmad m/n/k above 4095");
+    twin::Require(p.m != 1, TWIN_HERE, "[R09] ", "Mmad with m == 1 runs in GEMV mode on 910B: pad m to 16");
+    twin::Require(p.m <= 4095 && p.n <= 4095 && p.k <= 4095, TWIN_HERE, "[R10] ", "Mmad m/n/k above 4095");
     const uint32_t m1 = (p.m + 15) / 16, n1 = (p.n + 15) / 16, k1 = (p.k + 15) / 16;
     a.CheckElements(0, uint64_t{m1} * k1 * 256, TWIN_HERE, "Mmad left matrix");
     b.CheckElements(0, uint64_t{k1} * n1 * 256, TWIN_HERE, "Mmad right matrix");
@@ -447,12 +447,12 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
     twin_detail::RequireCore(twin::CoreType::AIC, TWIN_HERE, "Fixpipe");
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::L0C}, TWIN_HERE, "Fixpipe source");
     twin_detail::RequireAligned(src.ByteOffset(), 64, TWIN_HERE, "Fixpipe source");
-    twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE,
+    twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE, "[R11] ",
                   "Fixpipe float -> float needs quantPre NoQuant");
-    twin::Require(p.srcStride >= p.mSize && p.srcStride % 16 == 0, TWIN_HERE,
+    twin::Require(p.srcStride >= p.mSize && p.srcStride % 16 == 0, TWIN_HERE, "[R12] ",
                   "Fixpipe srcStride ", p.srcStride, " must be a multiple of 16 and >= mSize ",
                   p.mSize);
-    twin::Require(p.dstStride >= p.nSize, TWIN_HERE, "Fixpipe dstStride ", p.dstStride,
+    twin::Require(p.dstStride >= p.nSize, TWIN_HERE, "[R13] ", "Fixpipe dstStride ", p.dstStride,
                   " is smaller than nSize ", p.nSize);
     const uint32_t n1 = (p.nSize + 15) / 16;
     src.CheckElements(0, uint64_t{n1} * p.srcStride * 16, TWIN_HERE, "Fixpipe source");

@@ -79,8 +79,8 @@ public:
     // `count` elements from element `first` must lie inside this tensor.
     void CheckElements(uint64_t first, uint64_t count, const twin::Site& site, const char* what) const
     {
-        twin::Require(base_ != nullptr, site, what, ": the LocalTensor is not bound to a buffer");
-        twin::Require((first + count) * sizeof(T) <= byteLength_, site, what, ": elements [",
+        twin::Require(base_ != nullptr, site, "[R14] ", what, ": the LocalTensor is not bound to a buffer");
+        twin::Require((first + count) * sizeof(T) <= byteLength_, site, "[R15] ", what, ": elements [",
                       first, ", ", first + count, ") exceed the ", twin::MemoryName(Memory()),
                       " tensor of ", byteLength_ / sizeof(T), " elements");
     }
@@ -243,10 +243,10 @@ public:
     template <typename T>
     LocalTensor<T> GetWithOffset(uint32_t size, uint32_t bufOffset, TWIN_SITE) const
     {
-        twin::Require(!buffers.empty(), TWIN_HERE, "TBuf::Get before TPipe::InitBuffer");
-        twin::Require(bufOffset % twin::kBlockBytes == 0, TWIN_HERE,
+        twin::Require(!buffers.empty(), TWIN_HERE, "[R16] ", "TBuf::Get before TPipe::InitBuffer");
+        twin::Require(bufOffset % twin::kBlockBytes == 0, TWIN_HERE, "[R17] ",
                       "TBuf::GetWithOffset: offset ", bufOffset, " is not 32-byte aligned");
-        twin::Require(bufOffset + uint64_t{size} * sizeof(T) <= bytes, TWIN_HERE,
+        twin::Require(bufOffset + uint64_t{size} * sizeof(T) <= bytes, TWIN_HERE, "[R18] ",
                       "TBuf::Get: ", size, " elements at byte ", bufOffset,
                       " exceed the buffer of ", bytes, " bytes");
         LocalTensor<T> tensor;

@@ -80,9 +80,9 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
             const char* what, F op)
 {
     RequireCore(twin::CoreType::AIV, site, what);
-    twin::Require(mask >= 1 && mask <= PerRepeat<T>(), site, what, ": mask ", mask,
+    twin::Require(mask >= 1 && mask <= PerRepeat<T>(), site, "[R19] ", what, ": mask ", mask,
                   " must be in [1, ", PerRepeat<T>(), "] for a ", sizeof(T), "-byte type");
-    twin::Require(p.dstBlkStride != 0, site, what, ": the destination block stride must not be 0");
+    twin::Require(p.dstBlkStride != 0, site, "[R20] ", what, ": the destination block stride must not be 0");
     const LocalTensor<T>* operands[3] = {&dst, src0, src1};
     const uint32_t blk[3] = {p.dstBlkStride, p.src0BlkStride, p.src1BlkStride};
     const uint32_t rep[3] = {p.dstRepStride, p.src0RepStride, p.src1RepStride};
@@ -126,7 +126,7 @@ template <typename T, typename F>
 void Elementwise(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTensor<T>* src1,
                  int32_t count, const twin::Site& site, const char* what, F op)
 {
-    twin::Require(count >= 0, site, what, ": negative count ", count);
+    twin::Require(count >= 0, site, "[R21] ", what, ": negative count ", count);
     RequireVector(dst, count, site, what);
     if (src0) RequireVector(*src0, count, site, what);
     if (src1) RequireVector(*src1, count, site, what);
@@ -240,17 +240,17 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     constexpr bool byteToHalf = std::is_same<T, half>::value && std::is_same<U, uint8_t>::value;
     static_assert(widen || narrow || byteToHalf, "twin Cast: half/bf16 <-> float, uint8 -> half");
     if constexpr (widen || byteToHalf) {
-        twin::Require(roundMode == RoundMode::CAST_NONE, TWIN_HERE,
+        twin::Require(roundMode == RoundMode::CAST_NONE, TWIN_HERE, "[R22] ",
                       "Cast to a wider type takes CAST_NONE on 910B");
     } else {
-        twin::Require(roundMode == RoundMode::CAST_RINT, TWIN_HERE,
+        twin::Require(roundMode == RoundMode::CAST_RINT, TWIN_HERE, "[R23] ",
                       "twin Cast float -> half/bfloat16 implements CAST_RINT");
     }
     twin_detail::RequireVector(dst, count, TWIN_HERE, "Cast destination");
     twin_detail::RequireVector(src, count, TWIN_HERE, "Cast source");
     twin::Require(sizeof(T) == sizeof(U) || dst.Bytes() + uint64_t{count} * sizeof(T) <= src.Bytes() ||
                       src.Bytes() + uint64_t{count} * sizeof(U) <= dst.Bytes(),
-                  TWIN_HERE, "Cast between different widths must not overlap");
+                  TWIN_HERE, "[R24] ", "Cast between different widths must not overlap");
     const twin::Instruction op(twin::kPipeV, TWIN_HERE);
     op.Read(twin::Memory::UB, src.Bytes(), uint64_t{count} * sizeof(U));
     op.Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
@@ -265,7 +265,7 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
               CMPMODE cmpMode, uint32_t count, TWIN_SITE)
 {
     static_assert(std::is_same<U, uint8_t>::value, "twin Compares writes uint8 bit masks");
-    twin::Require(uint64_t{count} * sizeof(T) % twin::kRepeatBytes == 0, TWIN_HERE,
+    twin::Require(uint64_t{count} * sizeof(T) % twin::kRepeatBytes == 0, TWIN_HERE, "[R25] ",
                   "Compares of ", count, " elements is not whole 256-byte repeats: the hardware "
                   "would drop the partial repeat");
     twin_detail::RequireUbScratchFree(TWIN_HERE, "Compares");
@@ -299,7 +299,7 @@ template <typename T, typename U>
 void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
             T src1, SELMODE selMode, uint32_t count, TWIN_SITE)
 {
-    twin::Require(selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE, TWIN_HERE,
+    twin::Require(selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE, TWIN_HERE, "[R26] ",
                   "Select with a scalar takes VSEL_TENSOR_SCALAR_MODE");
     twin_detail::RequireUbScratchFree(TWIN_HERE, "Select");
     twin_detail::RequireVector(dst, count, TWIN_HERE, "Select destination");
@@ -326,9 +326,9 @@ void ReduceRepeats(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t
                    Reduce reduce)
 {
     RequireCore(twin::CoreType::AIV, site, what);
-    twin::Require(repeatTime >= 0 && repeatTime <= static_cast<int32_t>(twin::kMaxRepeat), site,
+    twin::Require(repeatTime >= 0 && repeatTime <= static_cast<int32_t>(twin::kMaxRepeat), site, "[R27] ",
                   what, ": repeatTime ", repeatTime, " outside [0, 255]");
-    twin::Require(mask >= 1 && mask <= static_cast<int32_t>(PerRepeat<T>()), site, what, ": mask ",
+    twin::Require(mask >= 1 && mask <= static_cast<int32_t>(PerRepeat<T>()), site, "[R28] ", what, ": mask ",
                   mask, " outside [1, ", PerRepeat<T>(), "]");
     RequireMemory(src.Memory(), {twin::Memory::UB}, site, what);
     RequireMemory(dst.Memory(), {twin::Memory::UB}, site, what);
@@ -385,7 +385,7 @@ void WholeReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const 
                     const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX,
                     TWIN_SITE)
 {
-    twin::Require(order == ReduceOrder::ORDER_ONLY_VALUE, TWIN_HERE,
+    twin::Require(order == ReduceOrder::ORDER_ONLY_VALUE, TWIN_HERE, "[R29] ",
                   "twin WholeReduceMax implements ORDER_ONLY_VALUE (the default writes value/index "
                   "pairs)");
     twin_detail::ReduceRepeats(dst, src, mask, repeatTime, dstRepStride, srcBlkStride, srcRepStride,
@@ -433,7 +433,7 @@ void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t re
     src.CheckElements(0, uint64_t{repeatTime} * 8, TWIN_HERE, "Brcb source");
     twin::Require(src.Bytes() + uint64_t{repeatTime} * 8 * sizeof(T) <= dst.Bytes() ||
                       dst.Bytes() + uint64_t{repeatTime} * 8 * twin::kBlockBytes <= src.Bytes(),
-                  TWIN_HERE, "Brcb must not work in place");
+                  TWIN_HERE, "[R30] ", "Brcb must not work in place");
     constexpr uint32_t perBlock = twin::kBlockBytes / sizeof(T);
     const twin::Instruction op(twin::kPipeV, TWIN_HERE);
     op.Read(twin::Memory::UB, src.Bytes(), uint64_t{repeatTime} * 8 * sizeof(T));
