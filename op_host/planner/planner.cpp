@@ -5,7 +5,6 @@
 #include <limits>
 #include <sstream>
 
-#include "cost_model.h"
 #include "work_model.h"
 
 namespace flash_cann {
@@ -317,7 +316,6 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
-    plan.prediction = Predict(plan, request, platform);
     return result;
 }
 

@@ -85,7 +85,9 @@ def best_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+# deterministic (autograd_only in the spec) only reaches the backward, through autograd.
+def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+                deterministic=False):
     backend = backend_for(query.device.type)
     check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
     return _module(backend).forward(query, key, value, key_padding_mask,
@@ -93,13 +95,13 @@ def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout
 
 
 def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                grad_softmax_lse, scale, causal=False, layout="BNSD"):
+                grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
     backend = backend_for(query.device.type)
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend)
     return _module(backend).backward(grad_out, query, key, value, out, softmax_lse,
-                                     key_padding_mask, grad_softmax_lse,
-                                     scale=scale, causal=causal, layout=layout)
+                                     key_padding_mask, grad_softmax_lse, scale=scale,
+                                     causal=causal, layout=layout, deterministic=deterministic)
 
 
 def register_device(device_type: str) -> None:
@@ -158,7 +160,8 @@ for _op in SPEC.ops:
 
 
 @torch.library.register_fake(FWD, lib=_LIB)
-def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+              deterministic=False):
     p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
                   backend_for(query.device.type))
     out = query.new_empty(query.shape)
@@ -168,29 +171,30 @@ def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="
 
 @torch.library.register_fake(BWD, lib=_LIB)
 def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal=False, layout="BNSD"):
+              grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, key_padding_mask, scale, causal, layout = inputs
+    query, key, value, key_padding_mask, scale, causal, layout, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, key_padding_mask)
-    ctx.attrs = (scale, causal, layout)
+    ctx.attrs = (scale, causal, layout, deterministic)
     # Unused outputs arrive as None, so an unused lse costs nothing in backward.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     query, key, value, out, lse, key_padding_mask = ctx.saved_tensors
-    scale, causal, layout = ctx.attrs
+    scale, causal, layout, deterministic = ctx.attrs
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.flash_cann.bwd(grad_out, query, key, value, out, lse,
-                                          key_padding_mask, grad_lse, scale, causal, layout)
-    return dq, dk, dv, None, None, None, None
+                                          key_padding_mask, grad_lse, scale, causal, layout,
+                                          deterministic)
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)
