@@ -304,14 +304,14 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     with _launching_on(query.device, use_tma):
         FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
                    q, k, v, o, lse, key_padding_mask,
-                   q.stride(), k.stride(), v.stride(), o.stride(),
+                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                    *_mask_strides(key_padding_mask),
-                   heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
+                   batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
                    _bucket(seqlen_q), _bucket(seqlen_k),
                    scores=batch * heads_q * seqlen_q * seqlen_k,
                    HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), CAUSAL=causal,
                    HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
-                   USE_TMA=use_tma)
+                   USE_TMA=use_tma, PERSISTENT=False)
     return out, lse
 
 
@@ -333,22 +333,24 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     lse = softmax_lse.contiguous()
     dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
     inputs = (q, k, v, do, lse, delta, key_padding_mask)
-    input_strides = (q.stride(), k.stride(), v.stride(), do.stride())
-    scalars = (*_mask_strides(key_padding_mask), heads_q, heads_q // heads_kv, seqlen_q,
+    input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
                seqlen_k, scale, scale * math.log2(math.e), _bucket(seqlen_q), _bucket(seqlen_k))
     shared = dict(scores=batch * heads_q * seqlen_q * seqlen_k, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, CAUSAL=causal, HAS_MASK=key_padding_mask is not None,
-                  USE_TMA=use_tma)
+                  USE_TMA=use_tma, PERSISTENT=False)
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE.
         rows = max(16, PREPROCESS_TILE // block_d)
         kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, batch)](
-            o, do, dlse, delta, o.stride(), do.stride(), heads_q, seqlen_q, HEAD_DIM=head_dim,
-            BLOCK_D=block_d, HAS_DLSE=dlse is not None, BLOCK_M=rows)
+            o, do, dlse, delta, *o.stride(), *do.stride(), batch, heads_q, seqlen_q,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
+            BLOCK_M=rows)
         # Stage: dK, dV per key block.
         DKDV.launch(lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch),
-                    *inputs, dk, dv, *input_strides, dk.stride(), dv.stride(), *scalars, **shared)
+                    *inputs, dk, dv, *input_strides, *dk.stride(), *dv.stride(), *scalars,
+                    **shared)
         # Stage: dQ per query block.
         DQ.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
-                  *inputs, dq, *input_strides, dq.stride(), *scalars, **shared)
+                  *inputs, dq, *input_strides, *dq.stride(), *scalars, **shared)
     return grad_query, grad_key, grad_value
