@@ -48,7 +48,7 @@ def _assert_tiles(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.con
                   BLOCK_N: tl.constexpr):
     """Tile constraints every MMA kernel relies on."""
     tl.static_assert(BLOCK_D >= HEAD_DIM, "BLOCK_D pads head_dim, never cuts it")
-    tl.static_assert(BLOCK_D >= MIN_DOT_DIM and BLOCK_M >= MIN_DOT_DIM
+    tl.static_assert((BLOCK_D >= MIN_DOT_DIM and BLOCK_M >= MIN_DOT_DIM)
                      and BLOCK_N >= MIN_DOT_DIM, "tl.dot needs every tile edge >= 16")
 
 

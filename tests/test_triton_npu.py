@@ -1,0 +1,161 @@
+"""The Triton kernels lowered for Ascend by Huawei's compilers (triton-ascend 3.2.0,
+bishengir-compile 1.2.0), with no NPU and no CANN: every launch the NPU backend makes
+(forward, preprocess, dK/dV, dQ; float16/bfloat16; causal or not; padding mask or not;
+head_dim 64/128/256) for Ascend910B2 and Ascend910B4, up to the hand-off to `hivmc`
+(the CANN tool that emits the binary; with one on PATH a binary is required).
+
+The environment (triton-ascend cannot share one with upstream triton) is built by
+scripts/triton_ascend_env.sh into build/triton-ascend-env, once; its site-packages go in
+front of this interpreter's in the subprocesses. Under CI=true a failure to build it
+fails the tests; elsewhere they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = ROOT / "build" / "triton-ascend-env"
+ARCHES = ("Ascend910B2", "Ascend910B4")
+MATMUL_KERNELS = ("fwd", "dkdv", "dq")
+
+
+@pytest.fixture(scope="session")
+def ascend_env():
+    """PYTHONPATH for a subprocess whose `triton` is triton-ascend."""
+    done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(ENV)],
+                          capture_output=True, text=True, timeout=900)
+    site = ENV / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if done.returncode or not (site / "triton" / "backends" / "ascend").is_dir():
+        reason = (f"could not build the triton-ascend environment "
+                  f"(scripts/triton_ascend_env.sh):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return os.pathsep.join([str(site), str(ROOT / "python")])
+
+
+def lower(env_path: str, out: Path, *args: str) -> list[dict]:
+    """Run flash_cann.ascend_lowering; its results, one dict per lowering."""
+    done = subprocess.run([sys.executable, "-m", "flash_cann.ascend_lowering", "--out", str(out),
+                           *args], env=dict(os.environ, PYTHONPATH=env_path),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def every_variant(ascend_env, tmp_path_factory):
+    """All variants for both targets: one process per target, in parallel."""
+    out = tmp_path_factory.mktemp("ascend")
+    with concurrent.futures.ThreadPoolExecutor(len(ARCHES)) as pool:
+        runs = pool.map(lambda arch: lower(ascend_env, out, "--arch", arch), ARCHES)
+        return [r for run in runs for r in run]
+
+
+def _describe(r):
+    return f"{r['arch']} {r['kernel']} {r['variant']} {r['tiles']}: {r['outcome']}\n{r['log']}"
+
+
+def test_every_variant_reaches_the_binary_step(every_variant):
+    # 24 variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim), per target.
+    assert len(every_variant) == 2 * (24 * 3 + 6)
+    wanted = "binary" if any(Path(p, "hivmc").exists()
+                             for p in os.environ.get("PATH", "").split(os.pathsep)) else "handoff"
+    failed = [r for r in every_variant if r["outcome"] != wanted or r["overflow"]]
+    assert not failed, "\n\n".join(map(_describe, failed[:5]))
+
+
+def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
+    """In the HIVM module: every mma call is an AIC (cube) function called from the
+    kernel's cube half; exp (and, forward, the row max and sum) are AIV (vector)
+    functions called from its vector half."""
+    for r in every_variant:
+        if r["kernel"] not in MATMUL_KERNELS:
+            continue
+        units = r["units"]
+        cube = {k: v for k, v in units.items() if k.startswith("mma_tile_")}
+        vector = {k: v for k, v in units.items() if not k.startswith("mma_tile_")}
+        assert cube and all(v == {"core": "AIC", "caller": v["caller"]}
+                            and v["caller"].endswith("_mix_aic") for v in cube.values()), \
+            _describe(r)
+        assert any(k.startswith("vexp_") for k in vector), _describe(r)
+        if r["kernel"] == "fwd":
+            assert any("reduce_max" in k for k in vector) and any("reduce_sum" in k
+                                                                  for k in vector), _describe(r)
+        assert all(v["core"] == "AIV" and v["caller"].endswith("_mix_aiv")
+                   for v in vector.values()), _describe(r)
+
+
+def test_an_oversized_block_is_reported(ascend_env, tmp_path):
+    """The check can fail: a 256 x 256 forward tile overflows the 910B2's on-chip buffers."""
+    [r] = lower(ascend_env, tmp_path, "--arch", "Ascend910B2", "--kernels", "fwd",
+                "--variants", "float16-d128-causal-mask", "--tiles", "fwd:256:256")
+    assert r["outcome"] == "error" and r["overflow"], _describe(r)
+    assert "overflow, requires" in r["log"]
+
+
+@pytest.fixture(scope="module")
+def fake_torch_npu(tmp_path_factory):
+    """The fake torch_npu's library (an "npu" device in host memory)."""
+    import shutil
+
+    import torch
+    import torch.utils.cpp_extension
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the fake torch_npu")
+    lib = tmp_path_factory.mktemp("fake_npu") / "libfake_torch_npu.so"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    subprocess.run(["g++", "-std=c++17", "-fPIC", "-O0", "-shared",
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+                    *[f"-isystem{p}" for p in torch.utils.cpp_extension.include_paths()],
+                    f"-I{STANDINS / 'include'}", str(STANDINS / "fake_npu" / "fake_torch_npu.cpp"),
+                    "-o", str(lib), f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
+                    f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+    return lib
+
+
+STANDINS = Path(__file__).resolve().parent / "npu_standins"
+
+
+def _scenarios(python_path: str, lib: Path, out: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS / "fake_npu"), python_path]),
+               FAKE_TORCH_NPU_LIB=str(lib), LOWERING_DIR=str(out))
+    env.pop("ASCEND_CUSTOM_OPP_PATH", None)
+    done = subprocess.run([sys.executable, str(STANDINS / "fake_npu" / "triton_scenarios.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_npu_tensors_reach_the_triton_kernels(ascend_env, fake_torch_npu, tmp_path):
+    """Without the CANN package, NPU tensors default to the Triton backend (and
+    use_backend("triton") selects it): forward and backward through torch.ops.flash_cann,
+    four persistent launches over the 910B2's 24 AI cores, each lowered for real."""
+    results = _scenarios(ascend_env, fake_torch_npu, tmp_path)
+    assert "error" not in results, results["error"]
+    assert results["default_backend"] == "triton"
+    for run in (results["default"], results["use_backend"]):
+        assert run["out"] == ["npu", [2, 40, 4, 64]]
+        assert run["grads"] == [["npu", [2, 40, 4, 64]], ["npu", [2, 40, 2, 64]],
+                                ["npu", [2, 40, 2, 64]]]
+        assert [s["kernel"] for s in run["launched"]] == ["fwd", "preprocess", "dkdv", "dq"]
+        assert all(s["grid"] == [24] and s["persistent"] and s["tma"] in (False, None)
+                   and s["outcome"] == "handoff" and not s["overflow"] for s in run["launched"]), \
+            run["launched"]
+
+
+def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
+    """No CANN package and no triton-ascend (this interpreter's triton is upstream's):
+    the error names both."""
+    results = _scenarios(str(ROOT / "python"), fake_torch_npu, tmp_path)
+    assert results["default_backend"] == "npu"
+    assert "triton-ascend" in results["error"] and "custom_opp" in results["error"], results
