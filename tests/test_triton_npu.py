@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,46 +68,77 @@ def _describe(r):
 def test_every_variant_reaches_the_binary_step(every_variant):
     # 24 variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim), per target.
     assert len(every_variant) == 2 * (24 * 3 + 6)
-    wanted = "binary" if any(Path(p, "hivmc").exists()
-                             for p in os.environ.get("PATH", "").split(os.pathsep)) else "handoff"
+    wanted = "binary" if shutil.which("hivmc") else "handoff"
     failed = [r for r in every_variant if r["outcome"] != wanted or r["overflow"]]
     assert not failed, "\n\n".join(map(_describe, failed[:5]))
 
 
+def misplaced(kernel: str, units: dict) -> list[str]:
+    """What is not where it belongs in a kernel's HIVM module: every mma call must be an
+    AIC (cube) function called from the kernel's cube half; exp (and, forward, the row
+    max and sum) must be AIV (vector) functions called from its vector half."""
+    cube = {k: v for k, v in units.items() if k.startswith("mma_tile_")}
+    vector = {k: v for k, v in units.items() if k not in cube}
+    wanted = ["mma_tile_", "vexp_"] + (["reduce_max", "reduce_sum"] if kernel == "fwd" else [])
+    problems = [f"no {w} call" for w in wanted if not any(w in k for k in units)]
+    problems += [f"{k}: {v}" for k, v in cube.items()
+                 if v["core"] != "AIC" or not v["caller"].endswith("_mix_aic")]
+    problems += [f"{k}: {v}" for k, v in vector.items()
+                 if v["core"] != "AIV" or not v["caller"].endswith("_mix_aiv")]
+    return problems
+
+
 def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
-    """In the HIVM module: every mma call is an AIC (cube) function called from the
-    kernel's cube half; exp (and, forward, the row max and sum) are AIV (vector)
-    functions called from its vector half."""
     for r in every_variant:
-        if r["kernel"] not in MATMUL_KERNELS:
-            continue
-        units = r["units"]
-        cube = {k: v for k, v in units.items() if k.startswith("mma_tile_")}
-        vector = {k: v for k, v in units.items() if not k.startswith("mma_tile_")}
-        assert cube and all(v == {"core": "AIC", "caller": v["caller"]}
-                            and v["caller"].endswith("_mix_aic") for v in cube.values()), \
-            _describe(r)
-        assert any(k.startswith("vexp_") for k in vector), _describe(r)
-        if r["kernel"] == "fwd":
-            assert any("reduce_max" in k for k in vector) and any("reduce_sum" in k
-                                                                  for k in vector), _describe(r)
-        assert all(v["core"] == "AIV" and v["caller"].endswith("_mix_aiv")
-                   for v in vector.values()), _describe(r)
+        if r["kernel"] in MATMUL_KERNELS:
+            assert not misplaced(r["kernel"], r["units"]), _describe(r)
 
 
-def test_an_oversized_block_is_reported(ascend_env, tmp_path):
-    """The check can fail: a 256 x 256 forward tile overflows the 910B2's on-chip buffers."""
-    [r] = lower(ascend_env, tmp_path, "--arch", "Ascend910B2", "--kernels", "fwd",
-                "--variants", "float16-d128-causal-mask", "--tiles", "fwd:256:256")
-    assert r["outcome"] == "error" and r["overflow"], _describe(r)
-    assert "overflow, requires" in r["log"]
+def test_tiles_larger_than_the_table_overflow(ascend_env, tmp_path):
+    """The check can fail, and the table's tile is the largest: each search candidate
+    larger than the forward's float16 head_dim-128 tile is reported as an overflow."""
+    from flash_cann.ascend_lowering import SEARCH_TILES
+    from flash_cann.backends.triton_npu import TILES
+
+    table = TILES[("fwd", 128, "float16")]
+    larger = [t for t in SEARCH_TILES if t[0] * t[1] > table[0] * table[1]]
+    args = ["--arch", "Ascend910B2", "--kernels", "fwd", "--variants", "float16-d128-causal-mask"]
+    for tile in larger:
+        [r] = lower(ascend_env, tmp_path, *args, "--tiles", f"fwd:{tile[0]}:{tile[1]}")
+        assert r["outcome"] == "error" and r["overflow"], _describe(r)
+        assert "overflow, requires" in r["log"], _describe(r)
+
+
+def test_units_reads_the_core_type_of_each_call():
+    """units() and misplaced() on a HIVM module in the form bishengir-compile writes, and
+    on mutations: the matmul in the vector half, a forward without its row max and sum."""
+    from flash_cann.ascend_lowering import units
+
+    def module(mma_core, mma_caller):
+        return f"""module {{
+  func.func private @mma_tile_half_to_float(memref<?xf16>) attributes {{hacc.always_inline, hivm.func_core_type = #hivm.func_core_type<{mma_core}>}}
+  func.func private @vexp_1d_float(memref<?xf32>) attributes {{hivm.func_core_type = #hivm.func_core_type<AIV>}}
+  func.func @k_mix_aic(%arg0: i64) attributes {{hivm.func_core_type = #hivm.func_core_type<AIC>}} {{
+    {"func.call @mma_tile_half_to_float(%a)" if mma_caller == "aic" else ""}
+  }}
+  func.func @k_mix_aiv(%arg0: i64) attributes {{hivm.func_core_type = #hivm.func_core_type<AIV>}} {{
+    func.call @vexp_1d_float(%b)
+    {"func.call @mma_tile_half_to_float(%a)" if mma_caller == "aiv" else ""}
+  }}
+}}"""
+    assert units(module("AIC", "aic")) == {
+        "mma_tile_half_to_float": {"core": "AIC", "caller": "k_mix_aic"},
+        "vexp_1d_float": {"core": "AIV", "caller": "k_mix_aiv"}}
+    assert not misplaced("dq", units(module("AIC", "aic")))
+    assert misplaced("dq", units(module("AIV", "aiv"))) == [
+        "mma_tile_half_to_float: {'core': 'AIV', 'caller': 'k_mix_aiv'}"]
+    assert misplaced("fwd", units(module("AIC", "aic"))) == ["no reduce_max call",
+                                                            "no reduce_sum call"]
 
 
 @pytest.fixture(scope="module")
 def fake_torch_npu(tmp_path_factory):
     """The fake torch_npu's library (an "npu" device in host memory)."""
-    import shutil
-
     import torch
     import torch.utils.cpp_extension
 
@@ -148,9 +180,10 @@ def test_npu_tensors_reach_the_triton_kernels(ascend_env, fake_torch_npu, tmp_pa
         assert run["grads"] == [["npu", [2, 40, 4, 64]], ["npu", [2, 40, 2, 64]],
                                 ["npu", [2, 40, 2, 64]]]
         assert [s["kernel"] for s in run["launched"]] == ["fwd", "preprocess", "dkdv", "dq"]
-        assert all(s["grid"] == [24] and s["persistent"] and s["tma"] in (False, None)
-                   and s["outcome"] == "handoff" and not s["overflow"] for s in run["launched"]), \
-            run["launched"]
+        for step in run["launched"]:
+            assert step["grid"] == [24] and step["persistent"], step
+            assert step["tma"] in (False, None), step  # preprocess has no USE_TMA
+            assert step["outcome"] == "handoff" and not step["overflow"], step
 
 
 def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
@@ -158,4 +191,8 @@ def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
     the error names both."""
     results = _scenarios(str(ROOT / "python"), fake_torch_npu, tmp_path)
     assert results["default_backend"] == "npu"
-    assert "triton-ascend" in results["error"] and "custom_opp" in results["error"], results
+    error = results["error"]
+    assert error.startswith("NotImplementedError: flash_cann has no backend loaded for device "
+                            "type 'npu': npu: flash-cann's NPU extension"), error
+    assert "; triton: triton-ascend is not installed" in error and "pip install triton-ascend" \
+        in error, error

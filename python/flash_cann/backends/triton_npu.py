@@ -24,28 +24,29 @@ import sys
 import torch
 
 from .. import layout as layouts
-from ..spec import load
 
-# (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): the largest tiles (powers of two, M and N
-# from 16 to 256) for which bishengir-compile 1.2.0 (ascendnpu-ir 1.2.0, triton-ascend
-# 3.2.0) plans every variant (causal or not, padding mask or not) for Ascend910B2 with no
-# UB/L1/L0 overflow; found by `python -m flash_cann.ascend_lowering --search` on
-# 2026-11-23. Larger M wins ties (fewer passes over K and V). Ascend910B4 accepts the
-# same (tests/test_triton_npu.py lowers every variant for both).
+# (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
+# largest tile (by area, then BLOCK_M; M and N powers of two from 16 to 128) whose
+# heaviest variant (causal, padding mask) bishengir-compile plans for Ascend910B2 with
+# no UB/L1/L0 overflow. Found by `python -m flash_cann.ascend_lowering --search` on
+# 2026-11-23 with triton-ascend 3.2.0 and ascendnpu-ir 1.2.0 (bishengir-compile 1.2.0);
+# tests/test_triton_npu.py lowers every variant with these for the 910B2 and the 910B4.
 TILES = {
-    ("fwd", 64, "float16"): (128, 128), ("fwd", 64, "bfloat16"): (128, 128),
-    ("fwd", 128, "float16"): (128, 64), ("fwd", 128, "bfloat16"): (128, 64),
-    ("fwd", 256, "float16"): (64, 64), ("fwd", 256, "bfloat16"): (64, 64),
-    ("dkdv", 64, "float16"): (64, 64), ("dkdv", 64, "bfloat16"): (64, 64),
+    ("fwd", 64, "float16"): (64, 128), ("fwd", 64, "bfloat16"): (64, 128),
+    ("fwd", 128, "float16"): (64, 64), ("fwd", 128, "bfloat16"): (64, 64),
+    ("fwd", 256, "float16"): (32, 128), ("fwd", 256, "bfloat16"): (32, 128),
+    ("dkdv", 64, "float16"): (128, 128), ("dkdv", 64, "bfloat16"): (128, 128),
     ("dkdv", 128, "float16"): (64, 64), ("dkdv", 128, "bfloat16"): (64, 64),
     ("dkdv", 256, "float16"): (32, 32), ("dkdv", 256, "bfloat16"): (32, 32),
-    ("dq", 64, "float16"): (64, 64), ("dq", 64, "bfloat16"): (64, 64),
-    ("dq", 128, "float16"): (64, 64), ("dq", 128, "bfloat16"): (64, 64),
-    ("dq", 256, "float16"): (32, 32), ("dq", 256, "bfloat16"): (32, 32),
+    ("dq", 64, "float16"): (128, 128), ("dq", 64, "bfloat16"): (128, 128),
+    ("dq", 128, "float16"): (128, 128), ("dq", 128, "bfloat16"): (128, 128),
+    ("dq", 256, "float16"): (64, 64), ("dq", 256, "bfloat16"): (64, 64),
 }
-# Rows of the preprocess tile (D = rowsum(dO ∘ O)): two fp32 copies of 64 x 256 fit the
-# vector unit's buffer (UB) with room for double buffering.
+# Rows of the preprocess tile (D = rowsum(dO ∘ O), vector units only; the compile check
+# lowers it for every head_dim).
 PREPROCESS_ROWS = 64
+INSTALL_HINT = ("pip install triton-ascend==3.2.0, in an environment without upstream triton "
+                "(both own the `triton` package), with CANN and torch_npu (docs/npu.md)")
 BLOCK_DS = (64, 128, 256)  # head_dim is padded to one of these (smaller ones to 64)
 
 
@@ -66,7 +67,7 @@ def _triton_ascend_missing() -> str | None:
         found = False
     if not found:
         return ("triton-ascend is not installed (the `triton` here is not Huawei's Ascend "
-                f"backend): {load().backends['triton'].install_hint}")
+                f"backend): {INSTALL_HINT}")
     return None
 
 
