@@ -66,6 +66,10 @@ def test_backward_pairing_is_declared():
     (lambda d: d["layouts"].update(SBH={"dims": []}), "layout choices"),
     (lambda d: d.pop("limits"), r"missing key\(s\) \['limits'\]"),
     (lambda d: d["backends"]["cpu"].pop("device_type"), "backends.cpu: missing key"),
+    (lambda d: d["backends"]["triton"].update(also_on={"cuda": "triton"}),
+     r"backends.triton.also_on: expected \{other device type: module name\}"),
+    (lambda d: d["backends"]["triton"].update(also_on={"npu": "triton-npu"}),
+     "backends.triton.also_on: expected"),
 ])
 def test_malformed_spec_is_rejected(mutate, message):
     doc = _raw()

@@ -196,3 +196,27 @@ def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
                             "type 'npu': npu: flash-cann's NPU extension"), error
     assert "; triton: triton-ascend is not installed" in error and "pip install triton-ascend" \
         in error, error
+
+
+@pytest.mark.parametrize("runnable, expected", [
+    ({"npu", "triton"}, "npu"), ({"triton"}, "triton"), (set(), "npu")])
+def test_npu_default_is_the_cann_package_then_triton(runnable, expected, monkeypatch):
+    """NPU tensors go to the CANN package when it can run, else to Triton (triton-ascend),
+    else to the first (whose error _serving reports with every candidate's reason)."""
+    from flash_cann import ops
+
+    monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
+                        backend.name in runnable)
+    assert ops.backend_for("npu").name == expected
+    assert ops.backend_for("cpu").name == "cpu"
+
+
+def test_use_backend_triton_selects_it_on_cuda_and_npu(monkeypatch):
+    from flash_cann import ops
+
+    monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
+                        backend.name == "npu")
+    with ops.use_backend("triton"):
+        assert ops.backend_for("npu").name == ops.backend_for("cuda").name == "triton"
+        assert ops.backend_for("cpu").name == "cpu"
+    assert ops.backend_for("npu").name == "npu"

@@ -186,11 +186,16 @@ def parse(doc: Any) -> Spec:
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
                      {"install_hint", "backward", "also_on"})
+        also_on = node.get("also_on", {})
+        if not isinstance(also_on, dict) or node["device_type"] in also_on or not all(
+                isinstance(m, str) and m.isidentifier() for m in also_on.values()):
+            raise SpecError(f"backends.{name}.also_on: expected {{other device type: module "
+                            f"name}}, got {also_on!r}")
         backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
                                      " ".join(node["summary"].split()),
                                      " ".join(node.get("install_hint", "").split()),
                                      bool(node.get("backward", True)),
-                                     dict(node.get("also_on", {})))
+                                     dict(also_on))
     layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
                for name, node in doc["layouts"].items()}
     limits = _keys(doc["limits"], "limits", {"head_dim"})
