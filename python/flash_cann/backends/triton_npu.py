@@ -24,6 +24,7 @@ import sys
 import torch
 
 from .. import layout as layouts
+from .triton_buffers import empty
 
 # (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
 # largest tile (by area, then BLOCK_M; M and N powers of two from 16 to 128) whose
@@ -125,8 +126,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=query.device)
+    out = empty(query.shape, query.dtype, query.device)
+    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
     o = layouts.to_bnsd(out, layout)
     launch(Launch("fwd", kernels.attn_fwd, (ai_cores(query.device),),
                   (q, k, v, o, lse, key_padding_mask, *q.stride(), *k.stride(), *v.stride(),
@@ -149,8 +150,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     heads_kv, seqlen_k = k.shape[1:3]
     device = query.device
     cores = (ai_cores(device),)
-    delta = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
-    grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))
+    delta = empty((batch, heads_q, seqlen_q), torch.float32, device)
+    grads = tuple(empty(t.shape, t.dtype, device) for t in (query, key, value))
     dq, dk, dv = (layouts.to_bnsd(t, layout) for t in grads)
     lse = softmax_lse.contiguous()
     dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
