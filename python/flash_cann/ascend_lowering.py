@@ -145,13 +145,14 @@ def bishengir_compile() -> str:
     return str(Path(ascendnpuir.__file__).parent / "bin" / "bishengir-compile")
 
 
-def lower(step, arch: str, workdir: Path) -> Lowering:
-    """Lower one launch for ``arch``; the HIVM module is kept under ``workdir``."""
+def to_linalg(step) -> str:
+    """triton-ascend's front end for one launch: Triton IR, then ``triton-adapter-opt`` to
+    linalg (the same for every 910B model)."""
     from triton._C.libtriton import ir
     from triton.backends.ascend import compiler as ascend
     from triton.backends.compiler import GPUTarget
 
-    backend = ascend.AscendBackend(GPUTarget("npu", arch, 0))
+    backend = ascend.AscendBackend(GPUTarget("npu", ARCHES[0], 0))
     options = backend.parse_options({})
     context = ir.context()
     ir.load_dialects(context)
@@ -160,7 +161,11 @@ def lower(step, arch: str, workdir: Path) -> Lowering:
                                             context)
     module = ascend.make_ttir(module, metadata, options)
     linalg = ascend.ttir_to_linalg(module, metadata, options, named_ops=True)
-    linalg, metadata = ascend._parse_linalg_metadata(linalg, metadata)
+    return ascend._parse_linalg_metadata(linalg, metadata)[0]
+
+
+def plan(step, linalg: str, arch: str, workdir: Path) -> Lowering:
+    """bishengir-compile for ``arch``; the HIVM module is kept under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / "kernel.ttadapter.mlir"
     source.write_text(linalg)
@@ -181,6 +186,11 @@ def lower(step, arch: str, workdir: Path) -> Lowering:
                     else {}, log[-3000:])
 
 
+def lower(step, arch: str, workdir: Path) -> Lowering:
+    """Lower one launch for ``arch``, up to the hand-off to hivmc (or the binary)."""
+    return plan(step, to_linalg(step), arch, workdir)
+
+
 def units(hivm: str) -> dict:
     """callee -> (its core type, the kernel entry that calls it) for the cube and vector
     library calls of a HIVM module (``func.func private @callee ... func_core_type<X>``;
@@ -197,21 +207,23 @@ def units(hivm: str) -> dict:
 
 
 def _lower_all(jobs, out: Path, kernels=KERNELS):
-    """jobs: (variant, arch, tiles); one result per lowering of ``kernels``, in job order.
-    The preprocess kernel does not depend on causal and mask: lowered once per dtype and
-    head_dim."""
+    """jobs: (variant, arches, tiles); one result per lowering of ``kernels`` and arch, in
+    job order. The front end runs once per launch for all arches. The preprocess kernel
+    does not depend on causal and mask: lowered once per dtype and head_dim."""
     results = []
     seen = set()
-    for variant, arch, tiles in jobs:
+    for variant, arches, tiles in jobs:
         for step in launches(variant, tiles):
-            key = (arch, variant.dtype, variant.head_dim, step.name, str(tiles))
+            key = (variant.dtype, variant.head_dim, step.name, str(tiles))
             if step.name not in kernels or (step.name == "preprocess" and key in seen):
                 continue
             seen.add(key)
             tag = "-".join(f"{k}{v}" for k, v in sorted((tiles or {}).items()))
-            result = lower(step, arch, out / arch / variant.name / f"{step.name}{tag}")
-            result.variant = variant.name
-            results.append(dataclasses.asdict(result))
+            linalg = to_linalg(step)
+            for arch in arches:
+                result = plan(step, linalg, arch, out / arch / variant.name / f"{step.name}{tag}")
+                result.variant = variant.name
+                results.append(dataclasses.asdict(result))
     return results
 
 
@@ -231,7 +243,7 @@ def main(argv=None) -> int:
         return 0
     tiles = {t.split(":")[0]: tuple(map(int, t.split(":")[1:])) for t in args.tiles}
     wanted = set(args.variants.split(",")) if args.variants else None
-    jobs = [(v, arch, tiles) for arch in args.arch or ARCHES for v in VARIANTS
+    jobs = [(v, tuple(args.arch or ARCHES), tiles) for v in VARIANTS
             if wanted is None or v.name in wanted]
     for result in _lower_all(jobs, args.out, tuple(args.kernels.split(","))):
         print(json.dumps(result))
@@ -243,7 +255,7 @@ def _largest_accepted(kernel: str, dtype: torch.dtype, head_dim: int, out: Path)
     mask) of ``kernel`` plans on the 910B2; the compile check then lowers every variant
     with it."""
     for tile in SEARCH_TILES:
-        results = _lower_all([(Variant(dtype, head_dim, True, True), "Ascend910B2",
+        results = _lower_all([(Variant(dtype, head_dim, True, True), ("Ascend910B2",),
                                {kernel: tile})], out, (kernel,))
         if all(r["outcome"] in ("handoff", "binary") for r in results):
             return tile
