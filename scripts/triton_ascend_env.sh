@@ -10,10 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build/triton-ascend-env}"
-pins="triton-ascend==3.2.0 ascendnpu-ir==1.2.0 pybind11==3.1.0"
-if [ "$(cat "$dir/.pins" 2>/dev/null)" = "$pins" ]; then exit 0; fi
+pins=(triton-ascend==3.2.0 ascendnpu-ir==1.2.0 pybind11==3.1.0)
+if [ "$(cat "$dir/.pins" 2>/dev/null)" = "${pins[*]}" ]; then exit 0; fi
 rm -rf "$dir"
 python="${PYTHON:-python3}"
 "$python" -m venv --without-pip "$dir"
-"$python" -m pip --python "$dir/bin/python" install --quiet --disable-pip-version-check $pins
-echo "$pins" > "$dir/.pins"
+"$python" -m pip --python "$dir/bin/python" install --quiet --disable-pip-version-check "${pins[@]}"
+echo "${pins[*]}" > "$dir/.pins"

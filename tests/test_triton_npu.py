@@ -28,13 +28,14 @@ ARCHES = ("Ascend910B2", "Ascend910B4")
 MATMUL_KERNELS = ("fwd", "dkdv", "dq")
 
 
-@pytest.fixture(scope="session")
-def ascend_env():
-    """PYTHONPATH for a subprocess whose `triton` is triton-ascend."""
-    done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(ENV)],
-                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True,
-                          text=True, timeout=900)
-    site = ENV / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+def build_ascend_env(directory: Path, python: str = sys.executable) -> str:
+    """PYTHONPATH for a subprocess whose `triton` is triton-ascend, after building the
+    environment if needed; fails (CI=true) or skips with the reason if it cannot."""
+    done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(directory)],
+                          env=dict(os.environ, PYTHON=python), capture_output=True, text=True,
+                          timeout=900)
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = directory / "lib" / version / "site-packages"
     if done.returncode or not (site / "triton" / "backends" / "ascend").is_dir():
         reason = (f"could not build the triton-ascend environment "
                   f"(scripts/triton_ascend_env.sh):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -42,6 +43,20 @@ def ascend_env():
             pytest.fail(reason)
         pytest.skip(reason)
     return os.pathsep.join([str(site), str(ROOT / "python")])
+
+
+@pytest.fixture(scope="session")
+def ascend_env():
+    return build_ascend_env(ENV)
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)])
+def test_an_environment_that_cannot_be_built_fails_ci_else_skips(ci, outcome, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="could not build the triton-ascend environment"):
+        build_ascend_env(tmp_path / "env", python=str(tmp_path / "no-python"))
 
 
 def lower(env_path: str, out: Path, *args: str) -> list[dict]:

@@ -13,8 +13,10 @@ builds one) and ``ascendnpu-ir`` provides bishengir-compile. The driver's flags 
 triton-ascend 3.2.0's for the 910B (``linalg_to_bin_enable_npu_compile_A2_A3``); the arch
 is given here instead of asked from CANN.
 
-    python -m flash_cann.ascend_lowering --arch Ascend910B2 --out DIR [--tiles fwd:64:64]
-        lowers every variant (``VARIANTS``) and prints one JSON object per lowering;
+    python -m flash_cann.ascend_lowering --out DIR [--arch Ascend910B2 ...]
+            [--variants float16-d128-causal-mask,...] [--kernels fwd,...] [--tiles fwd:64:64]
+        lowers the variants (default: all of ``VARIANTS``) for the arches (default: both)
+        and prints one JSON object per lowering;
     python -m flash_cann.ascend_lowering --search --out DIR
         prints the largest accepted tiles per kernel, head_dim and dtype (triton_npu.TILES).
 """
@@ -22,7 +24,6 @@ is given here instead of asked from CANN.
 from __future__ import annotations
 
 import argparse
-import collections
 import concurrent.futures
 import dataclasses
 import inspect
@@ -80,45 +81,30 @@ class Lowering:
 
 def launches(variant: Variant, tiles: dict | None = None):
     """The launches the NPU backend makes for a forward and a backward of this variant
-    (small CPU tensors stand in for NPU ones: only dtypes and strides matter), with
-    ``tiles`` ({kernel: (BLOCK_M, BLOCK_N)}) replacing the table's."""
+    (small CPU tensors stand in for NPU ones: only dtypes and strides matter, and the
+    AI core count, which sets only the grid, is 1), with ``tiles``
+    ({kernel: (BLOCK_M, BLOCK_N)}) replacing the table's."""
     from .backends import triton_npu
 
     made = []
-    original = triton_npu.launch
-    triton_npu.launch = made.append
+    saved = triton_npu.launch, triton_npu.ai_cores
+    triton_npu.launch, triton_npu.ai_cores = made.append, lambda device: 1
     try:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 40, variant.head_dim, generator=gen).to(variant.dtype)
                    for _ in range(3))
         mask = torch.ones(1, 40, dtype=torch.bool) if variant.masked else None
         scale = variant.head_dim ** -0.5
-        with _cores(1):
-            out, lse = triton_npu.forward(q, k, v, mask, scale=scale, causal=variant.causal,
-                                          layout="BNSD")
-            triton_npu.backward(out, q, k, v, out, lse, mask, None, scale=scale,
-                                causal=variant.causal, layout="BNSD")
+        out, lse = triton_npu.forward(q, k, v, mask, scale=scale, causal=variant.causal,
+                                      layout="BNSD")
+        triton_npu.backward(out, q, k, v, out, lse, mask, None, scale=scale,
+                            causal=variant.causal, layout="BNSD")
     finally:
-        triton_npu.launch = original
+        triton_npu.launch, triton_npu.ai_cores = saved
     for step in made:
         if tiles and step.name in tiles:
             step.constexprs.update(BLOCK_M=tiles[step.name][0], BLOCK_N=tiles[step.name][1])
     return made
-
-
-class _cores:
-    """ai_cores() answers ``n`` (no NPU driver here)."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __enter__(self):
-        from .backends import triton_npu
-        self.saved, triton_npu.ai_cores = triton_npu.ai_cores, lambda device: self.n
-
-    def __exit__(self, *exc):
-        from .backends import triton_npu
-        triton_npu.ai_cores = self.saved
 
 
 def _source(step, backend):
@@ -181,9 +167,9 @@ def plan(step, linalg: str, arch: str, workdir: Path) -> Lowering:
     else:
         outcome = "error"
     hivm = workdir / "temps" / "module.hivm.opt.mlir"
-    return Lowering(step.name, "", arch, {k: step.constexprs.get(k) for k in ("BLOCK_M", "BLOCK_N")},
-                    outcome, "overflow" in log.lower(), units(hivm.read_text()) if hivm.exists()
-                    else {}, log[-3000:])
+    tiles = {k: step.constexprs.get(k) for k in ("BLOCK_M", "BLOCK_N")}
+    return Lowering(step.name, "", arch, tiles, outcome, "overflow" in log.lower(),
+                    units(hivm.read_text()) if hivm.exists() else {}, log[-3000:])
 
 
 def lower(step, arch: str, workdir: Path) -> Lowering:
