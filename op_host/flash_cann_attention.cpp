@@ -273,6 +273,8 @@ public:
         DeclareOutput(this->Output("grad_key"), kInputTypes);
         DeclareOutput(this->Output("grad_value"), kInputTypes);
         Attributes(*this);
+        // flash-attn's deterministic=True: the kernel's ordered dQ reduction.
+        this->Attr("deterministic").AttrType(OPTIONAL).Bool(false);
         this->SetInferShape(ge::FlashCannAttentionGradInferShape)
             .SetInferDataType(ge::FlashCannAttentionGradInferDataType);
         // No AI Core configuration: there is no Ascend C backward kernel yet, and CANN

@@ -3,8 +3,10 @@ refusals), the Python binding, and `flash-cann plan`."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +15,15 @@ from flash_cann import planner
 from native_build import built, run
 
 
-def test_cpp_planner_tests(capsys):
+@pytest.fixture(scope="module")
+def planner_tests_run():
+    """One run of op_host/planner/tests/planner_tests.cpp for the tests below."""
+    return run("planner/planner_tests")
+
+
+def test_cpp_planner_tests(capsys, planner_tests_run):
     """Runs op_host/planner/tests/planner_tests.cpp and shows its figures in the log."""
-    result = run("planner/planner_tests")
+    result = planner_tests_run
     with capsys.disabled():
         print("\n" + result.stdout.strip())
     assert result.returncode == 0, result.stdout + result.stderr
@@ -69,7 +77,7 @@ def test_cli_prints_the_plan():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for needle in ("tiling     key 1110", "work per AI core", "max/mean", "L0A", "UB",
-                   "PREDICTION (roofline model", "% of cube peak"):
+                   "PREDICTION (schedule model", "% of cube peak", "bound ", "incumbent's design"):
         assert needle in out, needle
 
 
@@ -78,3 +86,50 @@ def test_cli_reports_refusals():
     result = _cli("--shape", "1,8,128,300")
     assert result.returncode == 1
     assert "head_dim 300 exceeds" in result.stdout
+
+
+# docs/planner.md's prediction tables are generated from planner_tests' report lines;
+# these build them, and the test below fails (printing the table) when they drift.
+_TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d.]+)% of cube "
+                     r"peak \((\d+) TFLOP/s\), work imbalance ([\d.]+), modelled core time "
+                     r"max/mean ([\d.]+); bound: (.*)")
+_BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+): ([\d.]+)% "
+                       r"of cube peak \(2.5x forward FLOPs\); bound: (.*)")
+_CHANGE = re.compile(r"design change \((non-causal|causal), 16k\): (.*?) +([\d.]+)% of peak; "
+                     r"bound: (.*)")
+
+
+def doc_tables(report: str) -> dict[str, str]:
+    targets = ["| seqlen | causal | % of cube peak | TFLOP/s | work imbalance | modelled "
+               "core time max/mean | bound |", "|---:|---|---:|---:|---:|---:|---|"]
+    backward = ["| design | seqlen | causal | % of cube peak (2.5× forward FLOPs) | bound |",
+                "|---|---:|---|---:|---|"]
+    changes: dict[str, dict[str, str]] = {}
+    for line in report.splitlines():
+        if m := _TARGET.match(line):
+            causal, s, pct, tf, imb, ratio, bound = m.groups()
+            targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
+                           f"{pct} % | {tf} | {imb} | {ratio} | {bound} |")
+        elif m := _BACKWARD.match(line):
+            alt, causal, s, pct, bound = m.groups()
+            design = ("two L0C scratch, S/dP one step ahead, 128×128 (does not fit)"
+                      if alt == "*" else "grad plan: 128×64, one L0C scratch, 2 steps in flight")
+            backward.append(f"| {design} | {int(s) // 1024}k | "
+                            f"{'yes' if causal == 'causal' else 'no'} | {pct} % | {bound} |")
+        elif m := _CHANGE.match(line):
+            causal, change, pct, bound = m.groups()
+            changes.setdefault(change, {})[causal] = f"{pct} % ({bound})"
+    rows = ["| change (cumulative) | non-causal | causal |", "|---|---|---|"]
+    rows += [f"| {c} | {v.get('non-causal', '')} | {v.get('causal', '')} |"
+             for c, v in changes.items()]
+    return {"TARGETS": "\n".join(targets), "BACKWARD": "\n".join(backward),
+            "CHANGES": "\n".join(rows)}
+
+
+def test_docs_prediction_tables_are_generated(planner_tests_run):
+    """docs/planner.md holds exactly the tables planner_tests' report generates."""
+    report = planner_tests_run.stdout
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    for name, table in doc_tables(report).items():
+        assert table.count("\n") >= 3, f"{name}: no report lines parsed"
+        assert table in doc, f"docs/planner.md: the {name} table is stale; it should be:\n{table}"

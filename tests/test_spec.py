@@ -51,6 +51,14 @@ def test_layout_choices_are_the_declared_layouts():
         assert layout["choices"] == list(raw["layouts"])
 
 
+def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
+    s = spec.load()
+    assert [a.name for a in s.ops["fwd"].attrs] == ["scale", "causal", "layout", "deterministic"]
+    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout"]
+    assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
+                                                         "deterministic"]
+
+
 def test_backward_pairing_is_declared():
     s = spec.load()
     assert s.ops["fwd"].backward == "bwd"
@@ -70,6 +78,13 @@ def test_backward_pairing_is_declared():
      r"backends.triton.also_on: expected \{other device type: module name\}"),
     (lambda d: d["backends"]["triton"].update(also_on={"npu": "triton-npu"}),
      "backends.triton.also_on: expected"),
+    # fwd's deterministic is autograd_only: it must reach bwd's attribute of that name.
+    (lambda d: d["ops"][0]["attrs"][3].pop("default"), "autograd_only attribute needs a default"),
+    (lambda d: d["ops"][1]["attrs"].pop(3), "'deterministic' must be a bool attribute of its "
+                                            r"backward op \(bwd\)"),
+    (lambda d: d["ops"][1]["attrs"][3].update(type="int", default=0), "must be a bool attribute"),
+    (lambda d: d["ops"][1]["attrs"][3].update(autograd_only=True), "must be a bool attribute"),
+    (lambda d: d["ops"][0].pop("backward"), r"of its backward op \(none declared\)"),
 ])
 def test_malformed_spec_is_rejected(mutate, message):
     doc = _raw()

@@ -159,20 +159,26 @@ def test_units_reads_the_core_type_of_each_call():
 
 @pytest.fixture(scope="module")
 def fake_torch_npu(tmp_path_factory):
-    """The fake torch_npu's library (an "npu" device in host memory)."""
+    """The fake torch_npu's library (an "npu" device in host memory), built as
+    test_npu_extension builds it: against the real torch-npu wheel's headers."""
     import torch
     import torch.utils.cpp_extension
 
+    from torch_npu_wheel import torch_npu_wheel
+
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to build the fake torch_npu")
-    lib = tmp_path_factory.mktemp("fake_npu") / "libfake_torch_npu.so"
+    wheel = torch_npu_wheel()
+    lib = tmp_path_factory.mktemp("fake_npu") / "libtorch_npu.so"
     torch_lib = Path(torch.__file__).parent / "lib"
     subprocess.run(["g++", "-std=c++17", "-fPIC", "-O0", "-shared",
+                    "-Wl,-soname,libtorch_npu.so",
                     f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
                     *[f"-isystem{p}" for p in torch.utils.cpp_extension.include_paths()],
-                    f"-I{STANDINS / 'include'}", str(STANDINS / "fake_npu" / "fake_torch_npu.cpp"),
-                    "-o", str(lib), f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
-                    f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+                    f"-isystem{wheel / 'include'}",
+                    str(STANDINS / "fake_npu" / "fake_torch_npu.cpp"), "-o", str(lib),
+                    f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"],
+                   check=True, capture_output=True)
     return lib
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy
+from flash_cann import accuracy, planner
 from flash_cann.backends import twin
+from flash_cann import layout as layouts
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -28,16 +29,30 @@ def test_rule_checks_fire():
     """tests/twin/twin_rule_tests.cpp: each hardware rule, broken once, is caught."""
     result = run("twin_tests/twin_rule_tests")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "20 of 20 twin rule tests passed" in result.stdout
+    assert "39 of 39 twin rule tests passed" in result.stdout
+
+
+def _planned_bytes(q, k, mask, causal, layout, scale):
+    """The planner's per-level buffer figures for the problem (plan["levels"])."""
+    b, hq, sq, d = layouts.sizes(q, layout)
+    hk, sk = layouts.sizes(k, layout)[1:3]
+    plan = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk,
+                        dtype=str(q.dtype).removeprefix("torch."), layout=layout, causal=causal,
+                        has_mask=mask is not None, scale=scale)
+    return {level["level"]: level["used"] for level in plan["levels"]}
 
 
 def _check(q, k, v, mask, causal, layout, cores=None):
-    scale = 1.0 / math.sqrt(q.shape[-1] if layout != "BSH" else 1)
+    """The twin's result matches the oracle, and the bytes the kernel allocated per
+    memory level (every InitBuffer, measured by the twin) are the planner's figures."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    allocated = {}
     results = accuracy.check_forward_against_oracle(
         lambda q_, k_, v_: twin.forward(q_, k_, v_, mask, scale=scale, causal=causal,
-                                        layout=layout, ai_cores=cores),
+                                        layout=layout, ai_cores=cores, allocated=allocated),
         q, k, v, scale=scale, causal=causal, layout=layout, key_padding_mask=mask)
     assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+    assert allocated == _planned_bytes(q, k, mask, causal, layout, scale)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
@@ -69,6 +84,39 @@ def test_core_counts(cores, gen):
     """Splits over core counts that do and do not divide the work."""
     q, k, v = make_qkv(3, 5, 5, 333, 333, 64, torch.float16, "BNSD", generator=gen)
     _check(q, k, v, None, True, "BNSD", cores)
+
+
+def _tiling(sq, sk, d, causal, masked, cores, heads=(2, 1)):
+    from flash_cann import planner
+    return planner.plan("Ascend910B2", 1, heads[0], sq, d, heads_kv=heads[1], seqlen_k=sk,
+                        causal=causal, has_mask=masked, aic_cores=cores)["tiling"]
+
+
+@pytest.mark.parametrize("causal,masked,dtype", [(False, False, torch.float16),
+                                                 (True, True, torch.bfloat16)],
+                         ids=["full-fp16", "causal-mask-bf16"])
+def test_several_rounds_and_stack_tails(causal, masked, dtype, gen):
+    """Three rounds per tile (512 + 512 + 276 keys: a last round of 5 sub-blocks, the
+    last one partial), 4 tiles on one core, so every ring slot and the rescale-factor
+    ring are reused across rounds and tiles."""
+    sq, sk, d = 200, 1300, 64
+    t = _tiling(sq, sk, d, causal, masked, 1)
+    keys_per_round = t["block_k"] * t["key_stack"]
+    assert sk > 2 * keys_per_round and sk % keys_per_round % t["block_k"] != 0
+    assert t["used_cores"] == 1 and 2 * sq > 2 * t["block_q"]
+    q, k, v = make_qkv(1, 2, 1, sq, sk, d, dtype, "BNSD", generator=gen)
+    mask = random_key_padding_mask(1, sk, gen) if masked else None
+    _check(q, k, v, mask, causal, "BNSD", cores=1)
+
+
+def test_256_row_tiles(gen):
+    """Long query sequences with head_dim <= 64 run 256-row tiles (128 rows per vector
+    core), with a partial last tile and rows past the diagonal of a several-round tile."""
+    sq, sk, d = 1100, 700, 48
+    t = _tiling(sq, sk, d, True, True, 2)
+    assert t["block_q"] == 256 and t["used_cores"] == 2
+    q, k, v = make_qkv(1, 2, 1, sq, sk, d, torch.float16, "BSND", generator=gen)
+    _check(q, k, v, random_key_padding_mask(1, sk, gen), True, "BSND", cores=2)
 
 
 def test_fully_masked_rows_give_zero_and_minus_inf(gen):

@@ -35,7 +35,7 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
     const PlanRequest request{batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
                               static_cast<DType>(dtype), static_cast<Layout>(layout),
                               causal != 0, has_mask != 0, scale};
-    return Emit(PlanToJson(MakePlan(request, platform), platform), out, capacity);
+    return Emit(PlanToJson(MakePlan(request, platform), request, platform), out, capacity);
 }
 
 extern "C" int64_t flash_cann_platforms_json(char* out, uint64_t capacity)

@@ -3,6 +3,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "cost_model.h"
+
 namespace flash_cann {
 namespace {
 
@@ -63,6 +65,8 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     Object o(out);
     o.Key("block_q") << t.blockQ;
     o.Key("block_k") << t.blockK;
+    o.Key("key_stack") << t.keyStack;
+    o.Key("vec_rows") << t.vecRows;
     o.Key("head_dim_pad") << t.headDimPad;
     o.Key("group") << t.group;
     o.Key("causal_offset") << t.causalOffset;
@@ -77,6 +81,28 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
                         << ']';
     o.Key("tiling_bytes") << sizeof(TilingData);
+}
+
+void WritePrediction(std::ostringstream& out, const Prediction& p, const Platform& platform)
+{
+    Object o(out);
+    o.Key("label") << Quote("PREDICTION of the schedule model (docs/planner.md), not a measurement");
+    o.Key("design") << Quote(p.design);
+    o.Key("seconds") << p.seconds;
+    o.Key("launch_seconds") << p.launchSeconds;
+    o.Key("hbm_seconds") << p.hbmSeconds;
+    o.Key("core_seconds") << p.coreSeconds;
+    o.Key("mean_core_seconds") << p.meanCoreSeconds;
+    o.Key("useful_flops") << p.usefulFlops;
+    o.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
+    o.Key("cube_utilization") << p.cubeUtilization;
+    o.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
+    o.Key("bound") << Quote(p.bound);
+    o.Key("engine_busy_seconds");
+    Object busy(out);
+    for (const auto& [engine, seconds] : p.engineBusySeconds) {
+        busy.Key(engine.c_str()) << seconds;
+    }
 }
 
 }  // namespace
@@ -105,7 +131,8 @@ std::string PlatformsToJson()
     return out.str();
 }
 
-std::string PlanToJson(const PlanResult& result, const Platform& platform)
+std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
+                       const Platform& platform)
 {
     if (!result.ok()) {
         return ErrorJson(result.error);
@@ -155,17 +182,10 @@ std::string PlanToJson(const PlanResult& result, const Platform& platform)
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        const Prediction& p = plan.prediction;
         o.Key("prediction");
-        Object op(out);
-        op.Key("seconds") << p.seconds;
-        op.Key("cube_seconds") << p.cubeSeconds;
-        op.Key("vector_seconds") << p.vectorSeconds;
-        op.Key("hbm_seconds") << p.hbmSeconds;
-        op.Key("l2_seconds") << p.l2Seconds;
-        op.Key("useful_flops") << p.usefulFlops;
-        op.Key("cube_utilization") << p.cubeUtilization;
-        op.Key("bound") << Quote(p.bound);
+        WritePrediction(out, Predict(plan, request, platform), platform);
+        o.Key("incumbent_design_prediction");
+        WritePrediction(out, PredictIncumbent(request, platform), platform);
     }
     return out.str();
 }

@@ -8,7 +8,10 @@
 
 namespace flash_cann {
 
-std::string PlanToJson(const PlanResult& result, const Platform& platform);
+// The plan, its prediction and, for comparison, the prediction for the incumbent's
+// design on the same problem.
+std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
+                       const Platform& platform);
 std::string PlatformsToJson();
 std::string ErrorJson(const std::string& message);
 

@@ -48,12 +48,8 @@ Work SegmentWork(const TilingData& t, bool causal)
 uint64_t VisitedColumns(const TilingData& t, const QueryTile& tile, bool causal)
 {
     const uint32_t keys = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-    if (keys == 0) {
-        return 0;
-    }
-    const uint64_t fullBlocks = (keys - 1) / t.blockK;
-    const uint32_t lastCols = keys - static_cast<uint32_t>(fullBlocks * t.blockK);
-    return fullBlocks * t.blockK + AlignUp(lastCols, kCubeBlock);
+    // The cube computes whole blockK sub-blocks (the last one's keys zero-padded).
+    return (uint64_t{keys} + t.blockK - 1) / t.blockK * t.blockK;
 }
 
 namespace {

@@ -98,23 +98,25 @@ def _serving(device_type: str) -> BackendSpec:
     return backend
 
 
-def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+# deterministic (autograd_only in the spec) only reaches the backward, through autograd.
+def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+                deterministic=False):
     device_type = query.device.type
     backend = _serving(device_type)
     check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
     return _module(backend, device_type).forward(query, key, value, key_padding_mask,
-                                    scale=scale, causal=causal, layout=layout)
+                                                 scale=scale, causal=causal, layout=layout)
 
 
 def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                grad_softmax_lse, scale, causal=False, layout="BNSD"):
+                grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
     device_type = query.device.type
     backend = _serving(device_type)
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend)
-    return _module(backend, device_type).backward(grad_out, query, key, value, out, softmax_lse,
-                                     key_padding_mask, grad_softmax_lse,
-                                     scale=scale, causal=causal, layout=layout)
+    return _module(backend, device_type).backward(
+        grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
+        scale=scale, causal=causal, layout=layout, deterministic=deterministic)
 
 
 def register_device(device_type: str) -> None:
@@ -180,7 +182,8 @@ for _op in SPEC.ops:
 
 
 @torch.library.register_fake(FWD, lib=_LIB)
-def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+              deterministic=False):
     p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
                   backend_for(query.device.type))
     out = query.new_empty(query.shape)
@@ -190,29 +193,30 @@ def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="
 
 @torch.library.register_fake(BWD, lib=_LIB)
 def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal=False, layout="BNSD"):
+              grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, key_padding_mask, scale, causal, layout = inputs
+    query, key, value, key_padding_mask, scale, causal, layout, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, key_padding_mask)
-    ctx.attrs = (scale, causal, layout)
+    ctx.attrs = (scale, causal, layout, deterministic)
     # Unused outputs arrive as None, so an unused lse costs nothing in backward.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     query, key, value, out, lse, key_padding_mask = ctx.saved_tensors
-    scale, causal, layout = ctx.attrs
+    scale, causal, layout, deterministic = ctx.attrs
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.flash_cann.bwd(grad_out, query, key, value, out, lse,
-                                          key_padding_mask, grad_lse, scale, causal, layout)
-    return dq, dk, dv, None, None, None, None
+                                          key_padding_mask, grad_lse, scale, causal, layout,
+                                          deterministic)
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)

@@ -35,6 +35,21 @@ def _pct(used: int, capacity: int) -> str:
     return f"{100.0 * used / capacity:5.1f}%" if capacity else "  n/a"
 
 
+def _print_prediction(pred: dict, plat: dict) -> None:
+    print(f"PREDICTION (schedule model of docs/planner.md, calibrated against the incumbent's "
+          f"measured 910B2 figures; not a measurement, nothing here ran on an NPU)")
+    print(f"  design     {pred['design']}")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (launch {pred['launch_seconds'] * 1e6:.1f} us "
+          f"+ slowest AI core {pred['core_seconds'] * 1e3:.3f} ms; mean core "
+          f"{pred['mean_core_seconds'] * 1e3:.3f} ms; HBM floor {pred['hbm_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of cube "
+          f"peak ({plat['cube_peak_tflops']:.1f} TFLOP/s), useful {pred['useful_flops'] / 1e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    core = pred["core_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, core) if core else ''}")
+
+
 def run(args) -> int:
     batch, heads, seqlen, head_dim = _parse_shape(args.shape)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
@@ -78,11 +93,9 @@ def run(args) -> int:
               f"{_pct(level['used'], level['capacity'])}")
     print(f"\nworkspace  {p['user_workspace_bytes'] / 2**20:.2f} MiB for the cube<->vector "
           f"exchange (+ the API's system workspace)")
-    print("\nPREDICTION (roofline model of docs/planner.md; not a measurement, not run on an NPU)")
-    print(f"  time {pred['seconds'] * 1e3:.3f} ms, bound by {pred['bound']}: cube "
-          f"{pred['cube_seconds'] * 1e3:.3f} ms, vector {pred['vector_seconds'] * 1e3:.3f} ms, "
-          f"HBM {pred['hbm_seconds'] * 1e3:.3f} ms, L2 {pred['l2_seconds'] * 1e3:.3f} ms")
-    tflops = pred["useful_flops"] / pred["seconds"] / 1e12 if pred["seconds"] else 0.0
-    print(f"  useful {pred['useful_flops'] / 1e12:.2f} TFLOP -> {tflops:.1f} TFLOP/s = "
-          f"{100 * pred['cube_utilization']:.1f}% of cube peak")
+    print()
+    _print_prediction(pred, plat)
+    inc = p["incumbent_design_prediction"]
+    print(f"  same model, incumbent's design ({inc['design']}): {inc['tflops']:.1f} TFLOP/s = "
+          f"{100 * inc['cube_utilization']:.1f}% of cube peak, bound: {inc['bound']}")
     return 0

@@ -1,7 +1,7 @@
 """The Ascend tiling planner (op_host/planner, C++), reached through its C ABI.
 
 ``plan(...)`` returns the plan as a dict: blocks, per-core work, buffer use per memory
-level against capacity, the tiling key, and a roofline PREDICTION of time and cube
+level against capacity, the tiling key, and a schedule-model PREDICTION of time and cube
 utilisation (a model, not a measurement; nothing here has run on an NPU).
 """
 

@@ -43,6 +43,8 @@ class Attr:
     default: Any = None
     has_default: bool = False
     choices: tuple = ()
+    # Only carried through autograd to the backward op; the CANN op does not have it.
+    autograd_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,11 @@ class OpSpec:
 
     def attr(self, name: str) -> Attr:
         return next(a for a in self.attrs if a.name == name)
+
+    @property
+    def cann_attrs(self) -> tuple[Attr, ...]:
+        """The attributes of the CANN op (OpDef, aclnn API, GE node), in order."""
+        return tuple(a for a in self.attrs if not a.autograd_only)
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,7 @@ _PY_TYPES = {"float": (int, float), "bool": (bool,), "int": (int,), "str": (str,
 
 
 def _attr(node: Any, where: str) -> Attr:
-    node = _keys(node, where, {"name", "type"}, {"default", "choices"})
+    node = _keys(node, where, {"name", "type"}, {"default", "choices", "autograd_only"})
     type_ = node["type"]
     if type_ not in ATTR_TYPES:
         raise SpecError(f"{where}: type must be one of {ATTR_TYPES}, got {type_!r}")
@@ -160,7 +167,11 @@ def _attr(node: Any, where: str) -> Attr:
     choices = tuple(node.get("choices", ()))
     if has_default and choices and default not in choices:
         raise SpecError(f"{where}: default {default!r} is not among choices {choices}")
-    return Attr(node["name"], type_, default, has_default, choices)
+    autograd_only = bool(node.get("autograd_only", False))
+    if autograd_only and not has_default:
+        raise SpecError(f"{where}: an autograd_only attribute needs a default (the CANN op "
+                        f"does not take it)")
+    return Attr(node["name"], type_, default, has_default, choices, autograd_only)
 
 
 def _op(node: Any, where: str) -> OpSpec:
@@ -209,11 +220,26 @@ def parse(doc: Any) -> Spec:
     for op in ops.values():
         if op.backward is not None and op.backward not in ops:
             raise SpecError(f"op {op.name!r}: backward {op.backward!r} is not a declared op")
+        _check_autograd_only(op, ops)
         layout = next((a for a in op.attrs if a.name == "layout"), None)
         if layout is not None and set(layout.choices) != set(layouts):
             raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be the "
                             f"declared layouts {tuple(layouts)}")
     return Spec(doc["namespace"], backends, layouts, head_dim["min"], head_dim["max"], ops)
+
+
+def _check_autograd_only(op: OpSpec, ops: Mapping[str, OpSpec]) -> None:
+    """An autograd_only attribute must reach a CANN attribute of the backward op."""
+    for attr in op.attrs:
+        if not attr.autograd_only:
+            continue
+        backward = ops.get(op.backward) if op.backward else None
+        target = next((a for a in backward.cann_attrs if a.name == attr.name),
+                      None) if backward else None
+        if target is None or target.type != attr.type:
+            raise SpecError(f"op {op.name!r}: autograd_only attribute {attr.name!r} must be a "
+                            f"{attr.type} attribute of its backward op "
+                            f"({op.backward or 'none declared'})")
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,6 +2,7 @@
 // expects a violation naming the rule and the file:line of the offending call. The
 // last tests run the real forward kernel: with a valid plan it passes; with a corrupted
 // tiling or a truncated input tensor the twin stops it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -280,14 +281,126 @@ void CrossCoreDeadlock()
 {
     std::vector<float> gm(8);
     int line = 0;
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(300));
     const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
         line = AT;
         CrossCoreWaitFlag(5);
     });
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(30000));
-    Expect("cross-core wait, no set", v, "no matching CrossCoreSetFlag arrived", line);
+    Expect("cross-core wait, no set", v, "deadlock: every core of the launch that has not "
+           "finished is waiting", line);
+}
+
+void CrossCoreReservedFlag()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        CrossCoreSetFlag<2, PIPE_FIX>(11);
+    });
+    Expect("cross-core flag id 11", v, "outside [0, 10] (11-14 belong to SyncAll)", line);
+}
+
+// Every AIC and AIV of a two-core launch; each core adds its index + 1 into gm[0] with
+// an atomic DataCopy or Fixpipe after a SyncAll, then reads the sum after another.
+void SyncAllAndAtomicAdd()
+{
+    std::vector<float> gm(16, 0.0f);
+    std::vector<float> seen(6, -1.0f);
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        const float mine = static_cast<float>(twin::Core().blockIdx + 1);
+        SyncAll<false>();
+        SetAtomicAdd<float>();
+        if (twin::Core().type == twin::CoreType::AIV) {
+            TQue<TPosition::VECOUT, 1> que;
+            pipe.InitBuffer(que, 1, 32);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            Duplicate(t, mine, 8);
+            que.EnQue(t);
+            t = que.DeQue<float>();
+            DataCopy(g, t, 8);
+            que.FreeTensor(t);
+        } else {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            for (uint32_t i = 0; i < 256; ++i) {
+                c.SetValue(i, 10 * mine);
+            }
+            PipeBarrier<PIPE_ALL>();  // the scalar stores before the FIX pipe reads L0C
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(8, 1, 16, 8, false));
+            que.FreeTensor(c);
+        }
+        SetAtomicNone();
+        SyncAll<false>();
+        const int64_t who = twin::Core().type == twin::CoreType::AIC ? 4 + twin::Core().blockIdx
+                                                                     : twin::Core().blockIdx;
+        seen[static_cast<size_t>(who)] = g.GetValue(0);
+    });
+    // AIVs add 1 + 2 + 3 + 4, AICs 10 * (1 + 2).
+    const bool ok = v.empty() && std::all_of(seen.begin(), seen.end(), [](float s) { return s == 40.0f; });
+    ++g_tests;
+    if (!ok) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL SyncAll + atomic add: %s, core 0 saw %g\n", v.c_str(), seen[0]);
+    } else {
+        std::printf("ok   %-28s every core read 40 after the SyncAll\n", "SyncAll + SetAtomicAdd");
+    }
+}
+
+void SyncAllMissed()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        if (twin::Core().blockIdx != 3 || twin::Core().type != twin::CoreType::AIV) {
+            line = AT;
+            SyncAll<false>();
+        }
+    });
+    Expect("SyncAll skipped by a core", v, "SyncAll<false> at", line);
+}
+
+void SyncAllAivOnlyOnCube()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll();
+    });
+    Expect("SyncAll<true> on the cube", v, "SyncAll<true> synchronises the vector cores only", line);
+}
+
+void AtomicTypeMismatch()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 64);
+        LocalTensor<half> t = que.AllocTensor<half>();
+        GlobalTensor<half> g;
+        g.SetGlobalBuffer(reinterpret_cast<half*>(gm.data()), 2 * gm.size());
+        SetAtomicAdd<float>();
+        line = AT;
+        DataCopy(g, t, 16);
+    });
+    Expect("atomic float, half data", v, "SetAtomicAdd<float> is in force, but the copy moves 2-byte", line);
 }
 
 void CrossCoreNeedsMix()
@@ -299,6 +412,211 @@ void CrossCoreNeedsMix()
         CrossCoreSetFlag<2, PIPE_FIX>(1);
     });
     Expect("cross-core flag, no MIX", v, "needs a MIX kernel", line);
+}
+
+// --- races: each tiny kernel misses one edge and must be stopped at the racing access;
+// its correctly synchronised twin (synced = true) must pass. ---
+
+// Runs `body(synced)` on every unit of `cores` AI cores (MIX declared).
+using RaceBody = std::function<void(bool synced, float* gm)>;
+
+std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body, bool synced)
+{
+    twin::LaunchConfig config;
+    config.blockDim = cores;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    return twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        body(synced, gm.data());
+    });
+}
+
+void ExpectRace(const char* name, uint32_t cores, const RaceBody& body, const int& line)
+{
+    std::vector<float> gm(4096, 1.0f);
+    const std::string racy = RunRace(cores, gm, body, false);
+    Expect(name, racy, " race: ", line);
+    std::vector<float> gm2(4096, 1.0f);
+    const std::string clean = RunRace(cores, gm2, body, true);
+    ++g_tests;
+    if (!clean.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL %s, synchronised: %s\n", name, clean.c_str());
+    } else {
+        std::printf("ok   %-28s synchronised: no race\n", name);
+    }
+}
+
+bool OnAiv0() { return twin::Core().type == twin::CoreType::AIV && twin::Core().subBlockIdx == 0; }
+bool OnAic() { return twin::Core().type == twin::CoreType::AIC; }
+
+void RaceMissingVectorBarrier()
+{
+    int line = 0;
+    ExpectRace("race: no PipeBarrier<V>", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(), b = a[64], c = a[128];
+        Duplicate(a, 1.0f, 64);
+        if (synced) PipeBarrier<PIPE_V>();
+        line = AT;
+        Add(b, a, a, 64);  // reads what Duplicate writes
+        if (synced) PipeBarrier<PIPE_V>();
+        Mul(c, b, b, 64);
+    }, line);
+}
+
+void RaceMissingMte2ToV()
+{
+    int line = 0;
+    ExpectRace("race: no MTE2->V flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        DataCopy(t, g, 64);
+        if (synced) {
+            SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        }
+        line = AT;
+        Muls(t, t, 2.0f, 64);
+    }, line);
+}
+
+// The cube writes GM with Fixpipe; a vector core reads it: a cross-core flag must order it.
+void RaceMissingCrossCoreFlag()
+{
+    int line = 0;
+    ExpectRace("race: no cross-core flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        if (OnAic()) {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            que.EnQue(c);
+            c = que.DeQue<float>();
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(16, 16, 16, 16, false));
+            que.FreeTensor(c);
+            if (synced) CrossCoreSetFlag<2, PIPE_FIX>(1);
+        } else {
+            if (synced) CrossCoreWaitFlag(1);
+            TQue<TPosition::VECIN, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            if (OnAiv0()) line = AT;
+            DataCopy(t, g, 256);
+            que.FreeTensor(t);
+        }
+    }, line);
+}
+
+// L0C reused by the next Mmad while Fixpipe may still read it: FIX -> M is missing.
+void RaceMissingFixToM()
+{
+    int line = 0;
+    ExpectRace("race: no FIX->M reuse edge", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAic()) return;
+        TPipe pipe;
+        TBuf<TPosition::A2> a;
+        TBuf<TPosition::B2> b;
+        TBuf<TPosition::CO1> c;
+        pipe.InitBuffer(a, 512);
+        pipe.InitBuffer(b, 512);
+        pipe.InitBuffer(c, 1024);
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        for (int round = 0; round < 2; ++round) {
+            if (round == 1) line = AT;
+            Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, 16, 16, 0, false, true));
+            SetFlag<HardEvent::M_FIX>(EVENT_ID0);
+            WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 16, false));
+            if (synced) {
+                SetFlag<HardEvent::FIX_M>(EVENT_ID0);
+                WaitFlag<HardEvent::FIX_M>(EVENT_ID0);
+            }
+        }
+    }, line);
+}
+
+// Two AI cores: atomic adds into one GM range never race with each other, but a plain
+// store there does, unless SyncAll orders it.
+void RaceAtomicVersusPlain()
+{
+    int line = 0;
+    ExpectRace("race: atomic vs plain store", 2, [&](bool synced, [[maybe_unused]] float* gm) {
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        if (OnAic()) {
+            if (synced) SyncAll<false>();
+            return;
+        }
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        Duplicate(t, 1.0f, 64);
+        que.EnQue(t);
+        t = que.DeQue<float>();
+        SetAtomicAdd<float>();
+        DataCopy(g, t, 64);  // every vector core adds: no race among them
+        SetAtomicNone();
+        if (synced) SyncAll<false>();
+        if (twin::Core().blockIdx == 0) {
+            line = AT;
+            DataCopy(g, t, 64);  // a plain store over the sums
+        }
+        que.FreeTensor(t);
+    }, line);
+}
+
+// A scalar store into UB read by a vector instruction needs S -> V.
+void RaceScalarThenVector()
+{
+    int line = 0;
+    ExpectRace("race: no S->V flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        t.SetValue(0, 5.0f);
+        if (synced) {
+            SetFlag<HardEvent::S_V>(EVENT_ID1);
+            WaitFlag<HardEvent::S_V>(EVENT_ID1);
+        }
+        line = AT;
+        Adds(t[64], t, 1.0f, 64);
+    }, line);
+}
+
+// Accumulating Mmads into one L0C: a small one ((m/16)*(n/16) < 10) needs PipeBarrier<M>
+// (Mmad docs); a large one is ordered by the hardware (checked by the synced variant).
+void RaceSmallMmadAccumulation()
+{
+    int line = 0;
+    ExpectRace("race: small Mmad accumulation", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAic()) return;
+        TPipe pipe;
+        TBuf<TPosition::A2> a;
+        TBuf<TPosition::B2> b;
+        TBuf<TPosition::CO1> c;
+        pipe.InitBuffer(a, 16 * 1024);
+        pipe.InitBuffer(b, 16 * 1024);
+        pipe.InitBuffer(c, 64 * 1024);
+        const uint16_t n = synced ? 160 : 16;  // 10 fractals of 16 x 16, or one
+        Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, n, 16, 0, false, true));
+        line = AT;
+        Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, n, 16, 0, false, false));
+    }, line);
 }
 
 // The real kernel on a small problem: valid, then with a corrupted plan and a
@@ -401,7 +719,11 @@ int main()
     for (auto test : {MisalignedCopy, TruncatingCopy, OverCapacity, L0OverCapacity, UnbalancedQueue,
                       AllocWithoutFree, DequeueEmpty, OutOfBoundsGm, OutOfBoundsLocal,
                       WaitWithoutSet, SetTwice, ComparePartialRepeat, VectorOnCube, GemvMode,
-                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, KernelValid,
+                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
+                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
+                      RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
+                      RaceMissingFixToM, RaceAtomicVersusPlain, RaceScalarThenVector,
+                      RaceSmallMmadAccumulation, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

@@ -297,7 +297,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str):
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False):
+    del deterministic  # this backward is always deterministic (no atomic adds)
     q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]

@@ -140,7 +140,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str):
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False):
+    del deterministic  # this backward is always deterministic (no atomic adds)
     from . import triton_kernels as kernels
 
     grad_out, query, key, value, out = (_unit_last_stride(t)

@@ -10,6 +10,7 @@ backward kernel yet.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 
@@ -36,12 +37,26 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_forward.restype = ctypes.c_int
     lib.flash_cann_twin_forward.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+        + [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_twin_drop_sync.restype = None
+    lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
+    lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
+    lib.flash_cann_twin_sync_sites.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     return lib
 
 
+# The memory levels of the planner's plan["levels"], in the C ABI's order.
+MEMORY_LEVELS = ("L1", "L0A", "L0B", "L0C", "UB")
+
+
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            ai_cores: int | None = None):
+            ai_cores: int | None = None, allocated: dict | None = None):
+    """Run the forward kernel on the twin; returns (out, softmax_lse).
+
+    ``allocated``, if given, receives the bytes the kernel allocated per memory level
+    (every ``InitBuffer``; AIC levels per cube core, UB per vector core), keyed as the
+    planner's ``plan["levels"]``.
+    """
     b, hq, sq, d = layouts.sizes(query, layout)
     hk, sk = layouts.sizes(key, layout)[1:3]
     q, k, v = (t.contiguous() for t in (query, key, value))  # the kernel reads dense layouts
@@ -50,14 +65,39 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32)
     error = ctypes.create_string_buffer(4096)
+    measured = (ctypes.c_uint64 * len(MEMORY_LEVELS))()
     status = _library().flash_cann_twin_forward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr() if mask is not None else None,
         out.data_ptr(), lse.data_ptr(), b, hq, hk, sq, sk, d,
         DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout], int(causal),
-        float(scale), AI_CORES if ai_cores is None else ai_cores, error, len(error))
+        float(scale), AI_CORES if ai_cores is None else ai_cores, measured, error, len(error))
     if status != 0:
         raise TwinViolation(f"flash_cann twin: {error.value.decode()}")
+    if allocated is not None:
+        allocated.update(zip(MEMORY_LEVELS, measured))
     return out, lse
+
+
+def sync_sites() -> list[str]:
+    """The sync call sites ("kind file:line") the last twin launch executed."""
+    capacity = 1 << 14
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        length = _library().flash_cann_twin_sync_sites(buffer, capacity)
+        if length >= 0:
+            return buffer.value.decode().splitlines()
+        capacity = -length
+
+
+@contextlib.contextmanager
+def dropped_sync(site: str):
+    """Mutation testing: launches inside the block run without the happens-before edge of
+    the sync call site ``site`` ("file:line"); its bookkeeping still runs."""
+    _library().flash_cann_twin_drop_sync(site.encode())
+    try:
+        yield
+    finally:
+        _library().flash_cann_twin_drop_sync(b"")
 
 
 def backward(*args, **kwargs):
