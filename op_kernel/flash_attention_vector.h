@@ -136,6 +136,7 @@ private:
         AscendC::Duplicate(rowSum_, 0.0f, rows_);
         if (rounds == 0) {  // no key at all: out = acc / max(l, tiny) = 0
             AscendC::Duplicate(acc_, 0.0f, rows_ * t_.headDimPad);
+            AscendC::PipeBarrier<PIPE_V>();  // m, l, acc -> the epilogue that follows at once
         }
     }
 
@@ -170,7 +171,8 @@ private:
             AscendC::Select(keyBias_, bits_, keyBias_, negInf_,
                             AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, w);
         }
-        AscendC::PipeBarrier<PIPE_V>();  // keyBias_ -> the slices' Add; bits_ -> reuse
+        // keyBias_ and bits_ are next touched after the barrier that follows each slice's
+        // Muls, so no barrier is needed here.
     }
 
     // diag_[r][c] = c - r for a slice of width `width`: row r of a slice sees column c iff
@@ -373,8 +375,9 @@ private:
         }
         const uint32_t d = t_.headDimPad;
         const uint32_t row = tile.row0 + rowOffset_;
+        // After a round, the last l and acc writes are ordered before this point by the
+        // hand-offs of the O update (P out -> cube -> O in); InitTile orders the no-round case.
         const AscendC::LocalTensor<float> reciprocal = sliceMax_;
-        AscendC::PipeBarrier<PIPE_V>();  // the last round's l and acc -> the epilogue
         AscendC::Maxs(sliceSum_, rowSum_, kSmallest, rows_);
         AscendC::Duplicate(reciprocal, 1.0f, rows_);
         AscendC::PipeBarrier<PIPE_V>();  // Maxs, Duplicate -> Div

@@ -74,6 +74,10 @@ def test_backward_pairing_is_declared():
     (lambda d: d["layouts"].update(SBH={"dims": []}), "layout choices"),
     (lambda d: d.pop("limits"), r"missing key\(s\) \['limits'\]"),
     (lambda d: d["backends"]["cpu"].pop("device_type"), "backends.cpu: missing key"),
+    (lambda d: d["backends"]["triton"].update(also_on={"cuda": "triton"}),
+     r"backends.triton.also_on: expected \{other device type: module name\}"),
+    (lambda d: d["backends"]["triton"].update(also_on={"npu": "triton-npu"}),
+     "backends.triton.also_on: expected"),
     # fwd's deterministic is autograd_only: it must reach bwd's attribute of that name.
     (lambda d: d["ops"][0]["attrs"][3].pop("default"), "autograd_only attribute needs a default"),
     (lambda d: d["ops"][1]["attrs"].pop(3), "'deterministic' must be a bool attribute of its "

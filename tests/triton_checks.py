@@ -10,15 +10,9 @@ import torch
 
 import flash_cann
 from flash_cann import accuracy
+from flash_cann.backends.triton_buffers import poisoned_outputs
 
 from conftest import make_qkv, random_key_padding_mask
-
-
-def _poisoned_outputs():
-    # Imported here: collecting the tests must work where triton is not installed.
-    from flash_cann.backends import triton as triton_backend
-
-    return triton_backend.poisoned_outputs()
 
 
 def check(device, dtype, *, causal, masked, heads, head_dim, seqlens, layout, gen, batch=None,
@@ -39,7 +33,7 @@ def check(device, dtype, *, causal, masked, heads, head_dim, seqlens, layout, ge
         mask[0] = False
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    with _poisoned_outputs():
+    with poisoned_outputs():
         return accuracy.check_against_oracle(
             lambda q_, k_, v_: flash_cann.attention(q_, k_, v_, layout=layout, causal=causal,
                                                     key_padding_mask=mask, scale=scale,
@@ -78,7 +72,7 @@ def expanded_grad_check(device, dtype, *, causal, layout, gen):
             q_, k_, v_, mask, scale=0.125, causal=causal, layout=layout,
             compute_dtype=compute_dtype)[0].double()
 
-    with _poisoned_outputs():
+    with poisoned_outputs():
         got = grads(lambda q_, k_, v_: flash_cann.attention(
             q_, k_, v_, layout=layout, causal=causal, scale=0.125, key_padding_mask=mask),
             q, k, v)

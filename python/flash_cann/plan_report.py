@@ -80,6 +80,8 @@ def _forward_report(p: dict) -> None:
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']}; head_dim padded to {t['head_dim_pad']}; {p['block_dim']} AI cores "
           f"launched; tiling data {t['tiling_bytes']} bytes")
+    print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
+          f"cube/vector round; vector slices of {t['vec_rows']} rows")
     cores = p["cores"]
     macs = [c["macs"] for c in cores]
     mean = sum(macs) / plat["aic_cores"]

@@ -8,6 +8,7 @@ written once. Loading follows op-plugin's generator: ``safe_load``, then validat
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,16 @@ class BackendSpec:
     summary: str
     install_hint: str = ""
     backward: bool = True
+    # Further device types it serves, after their own backends -> its module there.
+    also_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return (self.device_type, *self.also_on)
+
+    def module(self, device_type: str) -> str:
+        """The module of ``flash_cann.backends`` that runs it on ``device_type``."""
+        return self.also_on.get(device_type, self.name)
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,9 @@ class Spec:
         return f"{self.namespace}::{op}"
 
     def backends_for_device(self, device_type: str) -> list[BackendSpec]:
-        return [b for b in self.backends.values() if b.device_type == device_type]
+        """Its own backends first (spec order), then those that also serve it."""
+        own = [b for b in self.backends.values() if b.device_type == device_type]
+        return own + [b for b in self.backends.values() if device_type in b.also_on]
 
 
 def _schema_literal(type_: str, value: Any) -> str:
@@ -183,11 +196,17 @@ def parse(doc: Any) -> Spec:
     backends = {}
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
-                     {"install_hint", "backward"})
+                     {"install_hint", "backward", "also_on"})
+        also_on = node.get("also_on", {})
+        if not isinstance(also_on, dict) or node["device_type"] in also_on or not all(
+                isinstance(m, str) and m.isidentifier() for m in also_on.values()):
+            raise SpecError(f"backends.{name}.also_on: expected {{other device type: module "
+                            f"name}}, got {also_on!r}")
         backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
                                      " ".join(node["summary"].split()),
                                      " ".join(node.get("install_hint", "").split()),
-                                     bool(node.get("backward", True)))
+                                     bool(node.get("backward", True)),
+                                     dict(also_on))
     layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
                for name, node in doc["layouts"].items()}
     limits = _keys(doc["limits"], "limits", {"head_dim"})
