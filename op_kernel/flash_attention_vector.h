@@ -294,9 +294,8 @@ private:
     {
         const uint32_t w = round.width;
         const uint32_t count = rows * w;
-        const uint32_t slot = seq % 2;
         AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
-        AscendC::DataCopy(s, exchange_.Scores(slot, (rowOffset_ + first) * w), count);
+        AscendC::DataCopy(s, exchange_.Scores(seq, (rowOffset_ + first) * w), count);
         sQue_.EnQue(s);
         s = sQue_.template DeQue<float>();
         AscendC::Muls(s, s, t_.scale, count);
@@ -340,7 +339,7 @@ private:
         sQue_.FreeTensor(s);
         pQue_.EnQue(p);
         p = pQue_.template DeQue<T>();
-        AscendC::DataCopy(exchange_.Probs(slot, (rowOffset_ + first) * w), p, count);
+        AscendC::DataCopy(exchange_.Probs(seq, (rowOffset_ + first) * w), p, count);
         pQue_.FreeTensor(p);
     }
 
@@ -353,7 +352,7 @@ private:
         for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
             const uint32_t rows = SliceRows(first);
             AscendC::LocalTensor<float> o = oQue_.template AllocTensor<float>();
-            AscendC::DataCopy(o, exchange_.Output(seq % 2, (rowOffset_ + first) * d), rows * d);
+            AscendC::DataCopy(o, exchange_.Output(seq, (rowOffset_ + first) * d), rows * d);
             oQue_.EnQue(o);
             o = oQue_.template DeQue<float>();
             const AscendC::LocalTensor<float> acc = acc_[first * d];
@@ -416,7 +415,7 @@ private:
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;       // this vector core's rows of the current tile
     uint32_t rowOffset_ = 0;  // their first row within the tile
-    uint32_t roundSeq_ = 0;   // rounds before the current tile (workspace slot = seq % 2)
+    uint32_t roundSeq_ = 0;   // rounds before the current tile (workspace slots: Workspace)
     uint32_t diagWidth_ = 0;  // width the causal template was built for
     float negInf_ = 0;
     ExchangeBuffers<T> exchange_;

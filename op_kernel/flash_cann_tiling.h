@@ -181,12 +181,22 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
 }
 
 // The per-AI-core workspace through which the cube and vector cores exchange one
-// round's data: two slots each of S (fp32, blockQ x W), P (input dtype, blockQ x W) and
-// O (fp32, blockQ x D). Two are enough: the cube writes S(r+1) before it waits for
-// P(r), and every slot is rewritten only after a cross-core flag shows that its
-// previous contents were consumed (docs/kernel.md, "The workspace ring"). Rows have the
-// round's width: S and P of a round with fewer sub-blocks are packed with that width.
-// Offsets in bytes from the core's part of the user workspace.
+// round's data: kScoreSlots slots of S (fp32, blockQ x W), kProbSlots of P (input
+// dtype, blockQ x W) and kOutputSlots of O (fp32, blockQ x D); round n of a core (counted
+// over all its tiles) uses slot n mod the ring's size. Three S slots: the cube writes
+// S(r+2) before it waits for P(r), so S(r), S(r+1) and S(r+2) are live at once; S(r-1)'s
+// slot is free because the cube waited for P(r-1), which the vector cores write after
+// reading S(r-1). Two of P and O: every slot is rewritten only after a cross-core flag
+// shows that its previous contents were consumed (docs/kernel.md, "The workspace
+// ring"). Rows have the round's width: S and P of a round with fewer sub-blocks are
+// packed with that width. Offsets in bytes from the core's part of the user workspace.
+constexpr uint32_t kScoreSlots = 3;
+constexpr uint32_t kProbSlots = 2;
+constexpr uint32_t kOutputSlots = 2;
+// Rounds of S the cube computes before the P.V of the first: S(r + kScoresAhead) is
+// issued before P.V(r).
+constexpr uint32_t kScoresAhead = kScoreSlots - 1;
+
 struct Workspace {
     uint64_t slotBytes[3];  // scores S (fp32), probabilities P (input dtype), output O (fp32)
     uint64_t scores;
@@ -203,9 +213,9 @@ struct Workspace {
         slotBytes[1] = Align(uint64_t{t.blockQ} * w * elemBytes);
         slotBytes[2] = Align(uint64_t{t.blockQ} * t.headDimPad * 4);
         scores = 0;
-        probs = 2 * slotBytes[0];
-        output = probs + 2 * slotBytes[1];
-        total = output + 2 * slotBytes[2];
+        probs = kScoreSlots * slotBytes[0];
+        output = probs + kProbSlots * slotBytes[1];
+        total = output + kOutputSlots * slotBytes[2];
     }
 };
 
