@@ -57,7 +57,8 @@ struct TilingData {
     //             by L0A beside the P operand: 256 rows only where that fits.
     //   blockK    key sub-block: the unit of one cube product (S = Q K^T of blockK keys,
     //             or the P.V contribution of blockK keys) and of the K/V/P L1 loads.
-    //   keyStack  sub-blocks per round: one round = blockK * keyStack keys. The cube
+    //   keyStack  sub-blocks per round: one round = blockK * keyStack keys, at most
+//             kMaxRoundKeys. The cube
     //             Fixpipes S per sub-block, accumulates P.V over the whole stack in L0C
     //             and writes O once per round; the vector cores hand over S, P and O
     //             once per round (one cross-core flag each).
@@ -95,6 +96,11 @@ __aicore__ inline uint32_t MinU32(uint32_t a, uint32_t b)
 {
     return a < b ? a : b;
 }
+
+// The widest round: the vector cores reduce a fp32 row of a round to one value per
+// 32-byte block, fold blocks past the 64th onto the first 64 once, and reduce those 64
+// with one WholeReduce repeat, so a row holds at most 2 x 64 blocks of 8 keys.
+constexpr uint32_t kMaxRoundKeys = 1024;
 
 // Keys of one full round.
 __aicore__ inline uint32_t RoundKeys(const TilingData& t)

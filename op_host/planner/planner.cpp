@@ -21,9 +21,15 @@ constexpr uint64_t kMaxNd2NzPitch = std::numeric_limits<uint16_t>::max();
 // A TPipe manages at most 64 buffers (asc-devkit QBUF_MAX_LEN).
 constexpr uint32_t kMaxBuffersPerPipe = 64;
 
-// Keys per round (blockK x keyStack). At most 512: a fp32 row of a round reduces to
-// 64 partial results, one WholeReduce repeat.
+// Keys per round (blockK x keyStack): 512, or kMaxRoundKeys (1024) for non-causal key
+// sequences of at least kWideRoundKeys keys at head_dim >= kWideRoundHeadDim, where UB
+// allows. There the schedule model (docs/planner.md) predicts that halving the O
+// write-outs and cross-core hand-overs per key outweighs having half as many rounds per
+// tile to pipeline; for shorter sequences, head_dim 64 and causal tiles (which compute a
+// whole round on the diagonal) it predicts a loss.
 constexpr uint32_t kRoundKeys = 512;
+constexpr int64_t kWideRoundKeys = 4096;
+constexpr int64_t kWideRoundHeadDim = 128;
 // Query tiles of 256 rows are planned for sequences at least this long, where they fit:
 // the vector cores then take 128 rows each, and each K/V sub-block serves twice the rows.
 constexpr int64_t kLongSequence = 1024;
@@ -192,12 +198,12 @@ namespace {
 // (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
 // then double-buffer the remaining rings where they still fit. False if nothing fits.
 bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies,
-              uint32_t elemBytes, const Platform& p)
+              uint32_t elemBytes, const Platform& p, uint32_t roundKeys = kRoundKeys)
 {
     auto fits = [&] { return Fits(SumLevels(ListBuffers(t, elemBytes), p)); };
     t.blockQ = blockQ;
     t.blockK = blockK;
-    t.keyStack = kRoundKeys / blockK;
+    t.keyStack = roundKeys / blockK;
     t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
     for (uint32_t vecRows : kVecRowCandidates) {
         if (vecRows > AlignUp(blockQ / 2, 8)) {
@@ -242,6 +248,16 @@ bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Pl
     return false;
 }
 
+// Widens the chosen shape's rounds to kMaxRoundKeys keys where its buffers still fit
+// (only UB grows); otherwise leaves the plan as it is.
+void WidenRounds(TilingData& t, uint32_t elemBytes, const Platform& p)
+{
+    const TilingData narrow = t;
+    if (!TryShape(t, narrow.blockQ, narrow.blockK, 1, elemBytes, p, kMaxRoundKeys)) {
+        t = narrow;
+    }
+}
+
 }  // namespace
 
 const char* MemLevelName(MemLevel level)
@@ -281,6 +297,9 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;
+    }
+    if (!request.causal && request.seqlenK >= kWideRoundKeys && request.headDim >= kWideRoundHeadDim) {
+        WidenRounds(t, elemBytes, platform);
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);
