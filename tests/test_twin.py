@@ -160,6 +160,20 @@ def test_1024_key_rounds(masked, dtype, gen):
     _check(q, k, v, mask, False, "BNSD", cores=1)
 
 
+@pytest.mark.parametrize("causal,masked,dtype", [(False, False, torch.float16),
+                                                 (True, True, torch.bfloat16)],
+                         ids=["fp16", "causal-mask-bf16"])
+def test_160_row_tiles_for_long_keys(causal, masked, dtype, gen):
+    """Key sequences >= 16k at head_dim 128 run 160-row tiles with single L0A/L0C buffers
+    (80 rows per vector core): a full tile and a 10-row one on one core, 17 rounds each."""
+    sq, sk, d = 170, 16400, 128
+    t = _tiling(sq, sk, d, causal, masked, 1, heads=(1, 1))
+    assert t["block_q"] == 160 and t["l0a_buffers"] == 1 and t["l0c_buffers"] == 1
+    q, k, v = make_qkv(1, 1, 1, sq, sk, d, dtype, "BSND", generator=gen)
+    mask = random_key_padding_mask(1, sk, gen) if masked else None
+    _check(q, k, v, mask, causal, "BSND", cores=1)
+
+
 def test_256_row_tiles(gen):
     """Long query sequences with head_dim <= 64 run 256-row tiles (128 rows per vector
     core), with a partial last tile and rows past the diagonal of a several-round tile."""

@@ -41,6 +41,14 @@ constexpr uint32_t kLongTile[2] = {256, 64};
 constexpr uint32_t kBlockCandidates[][2] = {
     {128, 128}, {128, 64}, {64, 128}, {64, 64}, {32, 128}, {32, 64}, {16, 64},
 };
+// Long key sequences (seqlen_k >= kLongKeys) at head_dim >= kWideRoundHeadDim where the
+// 256-row tile does not fit: a 160-row tile, single-buffered in L0A and L0C where Q and
+// O of 160 rows leave room for no second P or S buffer (head_dim 128). Each K/V
+// sub-block then serves 160 rows instead of 128, which the schedule model predicts pays
+// once the shared L2 binds (long tiles: +1.5 points at 16k) and costs at 8k (the single
+// buffers serialise).
+constexpr int64_t kLongKeys = 16384;
+constexpr uint32_t kLongKeyTile[2] = {160, 64};
 // Rows of one vector slice, largest first: multiples of 8 so a slice's row statistics
 // start 32-byte aligned.
 constexpr uint32_t kVecRowCandidates[] = {32, 24, 16, 8};
@@ -226,10 +234,12 @@ bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies
     return false;
 }
 
-// Long sequences: a 256-row tile where it fits at all. Otherwise the largest shape whose
-// L0 rings are double-buffered (so MTE1, the cube and Fixpipe overlap), or failing that
-// the largest that fits with single L0 buffers.
-bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Platform& p)
+// Long sequences: a 256-row tile where it fits at all; long key sequences: then a
+// 160-row tile where it fits. Otherwise the largest shape whose L0 rings are
+// double-buffered (so MTE1, the cube and Fixpipe overlap), or failing that the largest
+// that fits with single L0 buffers.
+bool ChooseBlocks(TilingData& t, bool longSequence, bool longKeys, uint32_t elemBytes,
+                  const Platform& p)
 {
     if (longSequence) {
         for (uint32_t l0Copies : {2u, 1u}) {
@@ -237,6 +247,9 @@ bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Pl
                 return true;
             }
         }
+    }
+    if (longKeys && TryShape(t, kLongKeyTile[0], kLongKeyTile[1], 1, elemBytes, p)) {
+        return true;
     }
     for (uint32_t l0Copies : {2u, 1u}) {
         for (const auto& candidate : kBlockCandidates) {
@@ -293,7 +306,8 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     SetProblem(t, request);
     t.causal = request.causal ? 1 : 0;
     t.hasMask = request.hasMask ? 1 : 0;
-    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, elemBytes, platform)) {
+    const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
+    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;

@@ -62,8 +62,8 @@ void CheckPlan(const PlanRequest& r, uint32_t cores)
            what.c_str(), RoundKeys(t));
     EXPECT(t.vecRows % 8 == 0 && t.vecRows >= 8 && t.vecRows <= AlignUp(t.blockQ / 2, 8),
            "%s: vecRows %u", what.c_str(), t.vecRows);
-    EXPECT(t.blockQ <= 128 || r.seqlenQ >= 1024, "%s: %u-row tiles for a short sequence",
-           what.c_str(), t.blockQ);
+    EXPECT(t.blockQ <= 128 || r.seqlenQ >= 1024 || (t.blockQ == 160 && r.seqlenK >= 16384),
+           "%s: %u-row tiles for a short sequence", what.c_str(), t.blockQ);
     EXPECT(t.causal == (r.causal ? 1u : 0u) && t.hasMask == (r.hasMask ? 1u : 0u),
            "%s: causal/mask flags", what.c_str());
     EXPECT(t.usedCores >= 1 && t.usedCores <= cores && t.usedCores <= kMaxCores,
@@ -368,7 +368,7 @@ void TestTargetsReport()
 }
 
 // Rounds of 1024 keys where the model predicts a gain (long non-causal key sequences at
-// head_dim >= 128, when UB allows), 512 elsewhere.
+// head_dim >= 128, when UB allows), 512 elsewhere; likewise 160-row query tiles.
 void TestRoundWidth()
 {
     const Platform& b2 = *FindPlatform("Ascend910B2");
@@ -382,6 +382,13 @@ void TestRoundWidth()
     EXPECT(keys(8192, true, 128) == 512 && keys(2048, false, 128) == 512 && keys(8192, false, 64) == 512,
            "causal, short or head_dim 64: %u / %u / %u-key rounds", keys(8192, true, 128),
            keys(2048, false, 128), keys(8192, false, 64));
+    // 160-row tiles for long key sequences at head_dim 128, 128 rows below 16k keys.
+    const auto rows = [&](int64_t seqlen, bool causal) {
+        return MakePlan(Square(16, seqlen, causal), b2).plan.tiling.blockQ;
+    };
+    EXPECT(rows(16384, false) == 160 && rows(16384, true) == 160 && rows(8192, false) == 128,
+           "query tiles at 16k / 16k causal / 8k: %u / %u / %u rows", rows(16384, false),
+           rows(16384, true), rows(8192, false));
 }
 
 // What the model says would close the gap: the kernel's design with one change after
