@@ -16,8 +16,8 @@ constexpr uint16_t kFlagScores = 1;   // AIC -> AIV: S of a round is in the work
 constexpr uint16_t kFlagProbs = 2;    // AIV -> AIC: P of a round is in the workspace
 constexpr uint16_t kFlagOutput = 3;   // AIC -> AIV: P.V of a round is in the workspace
 
-// One AI core's part of the workspace, as both halves address it: two slots each of
-// scores S (fp32), probabilities P (input dtype) and partial outputs O (fp32).
+// One AI core's part of the workspace, as both halves address it: the rings of scores S
+// (fp32), probabilities P (input dtype) and partial outputs O (fp32) of Workspace.
 template <typename T>
 class ExchangeBuffers {
 public:
@@ -32,18 +32,19 @@ public:
         probSlot_ = ws.slotBytes[1] / sizeof(T);
         outputSlot_ = ws.slotBytes[2] / sizeof(float);
     }
-    // Element `offset` of slot `slot` (round sequence number % 2).
-    __aicore__ inline AscendC::GlobalTensor<float> Scores(uint32_t slot, uint64_t offset) const
+    // Element `offset` of the slot of the round with sequence number `seq` (the core's
+    // rounds counted over all its tiles).
+    __aicore__ inline AscendC::GlobalTensor<float> Scores(uint32_t seq, uint64_t offset) const
     {
-        return scores_[slot * scoreSlot_ + offset];
+        return scores_[seq % kScoreSlots * scoreSlot_ + offset];
     }
-    __aicore__ inline AscendC::GlobalTensor<T> Probs(uint32_t slot, uint64_t offset) const
+    __aicore__ inline AscendC::GlobalTensor<T> Probs(uint32_t seq, uint64_t offset) const
     {
-        return probs_[slot * probSlot_ + offset];
+        return probs_[seq % kProbSlots * probSlot_ + offset];
     }
-    __aicore__ inline AscendC::GlobalTensor<float> Output(uint32_t slot, uint64_t offset) const
+    __aicore__ inline AscendC::GlobalTensor<float> Output(uint32_t seq, uint64_t offset) const
     {
-        return output_[slot * outputSlot_ + offset];
+        return output_[seq % kOutputSlots * outputSlot_ + offset];
     }
 
 private:

@@ -5,9 +5,9 @@
 // Per query tile: Q is loaded into L1 and then into L0A once, and stays in L0A for
 // every S product of the tile. The tile's keys are walked in rounds of keyStack
 // sub-blocks of blockK keys (flash_cann_tiling.h, MakeRound). The order is
-//   ComputeScores(0), then per round r: ComputeScores(r + 1), ComputeOutput(r)
-// so S of the next round is in the workspace before the cube blocks on P of this one,
-// and the vector cores always have a round of S to work on while the cube does P.V.
+//   ComputeScores(0), ComputeScores(1), then per round r: ComputeScores(r + 2), ComputeOutput(r)
+// so S of the next two rounds goes to the workspace before the cube blocks on P of this one:
+// the vector cores always have S to work on, and the Fixpipe has S to write while the cube waits.
 //   ComputeScores  per sub-block: K -> L1 -> L0B, S = Q K^T (L0C), Fixpipe -> S slot;
 //                  one cross-core flag per round
 //   ComputeOutput  V and the next K loads are issued, then the wait for P; per
@@ -142,10 +142,14 @@ public:
                     continue;  // no key to attend to: the vector cores write 0 and -inf
                 }
                 BeginTile(tile, keyEnd);
-                ComputeScores(0);
+                // S runs kScoresAhead rounds ahead of P.V: while the cube waits for P(r),
+                // the Fixpipe still has S(r+1) and S(r+2) to write out.
+                for (uint32_t round = 0; round < MinU32(kScoresAhead, rounds); ++round) {
+                    ComputeScores(round);
+                }
                 for (uint32_t round = 0; round < rounds; ++round) {
-                    if (round + 1 < rounds) {
-                        ComputeScores(round + 1);
+                    if (round + kScoresAhead < rounds) {
+                        ComputeScores(round + kScoresAhead);
                     }
                     ComputeOutput(round);
                 }
@@ -250,11 +254,11 @@ private:
         }
     }
 
-    // P sub-blocks of the round in workspace slot `slot` (rows of `width` elements).
-    __aicore__ inline void IssueProbs(const KeyRound& round, uint32_t slot)
+    // P sub-blocks of the round with sequence number `seq` (rows of `width` elements).
+    __aicore__ inline void IssueProbs(const KeyRound& round, uint32_t seq)
     {
         for (; probsIssued_ < round.subBlocks && pL1_.InFlight() < pL1_.Copies(); ++probsIssued_) {
-            AscendC::DataCopy(pL1_.BeginFill(), exchange_.Probs(slot, probsIssued_ * t_.blockK),
+            AscendC::DataCopy(pL1_.BeginFill(), exchange_.Probs(seq, probsIssued_ * t_.blockK),
                               AscendC::Nd2NzParams(1, static_cast<uint16_t>(tile_.rows),
                                                    static_cast<uint16_t>(t_.blockK), 0,
                                                    static_cast<uint16_t>(round.width),
@@ -267,7 +271,7 @@ private:
     __aicore__ inline void ComputeScores(uint32_t index)
     {
         const KeyRound round = MakeRound(t_, keyEnd_, index);
-        const uint32_t slot = scoreSeq_++ % 2;
+        const uint32_t seq = scoreSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
         for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
@@ -291,7 +295,7 @@ private:
             l0b_.EndUse();
             sL0c_.EndFill();
             AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-                exchange_.Scores(slot, sub * bk), sL0c_.BeginUse(),
+                exchange_.Scores(seq, sub * bk), sL0c_.BeginUse(),
                 AscendC::FixpipeParamsV220(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
                                            static_cast<uint16_t>(rows16_), round.width, false));
             sL0c_.EndUse();
@@ -303,7 +307,7 @@ private:
     __aicore__ inline void ComputeOutput(uint32_t index)
     {
         const KeyRound round = MakeRound(t_, keyEnd_, index);
-        const uint32_t slot = outputSeq_++ % 2;
+        const uint32_t seq = outputSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
         // V of this round and K of the next ones do not depend on the vector cores: their
@@ -312,14 +316,14 @@ private:
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
         probsIssued_ = 0;
-        IssueProbs(round, slot);
+        IssueProbs(round, seq);
         const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
         for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
             const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
             LoadLeft(pL0a_.BeginFill(), pL1, rows16_, bk);
             pL1_.EndUse();
             pL0a_.EndFill();
-            IssueProbs(round, slot);
+            IssueProbs(round, seq);
 
             // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
             IssueValues();
@@ -347,7 +351,7 @@ private:
         }
         oL0c_.EndFill();
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            exchange_.Output(slot, 0), oL0c_.BeginUse(),
+            exchange_.Output(seq, 0), oL0c_.BeginUse(),
             AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16_),
                                        static_cast<uint16_t>(rows16_), d, false));
         oL0c_.EndUse();
@@ -363,7 +367,7 @@ private:
     uint32_t valuesIssued_ = 0;
     uint32_t probsIssued_ = 0;  // P sub-blocks of the current round
     uint32_t rows16_ = 0;
-    uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slot = seq % 2)
+    uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
     uint32_t outputSeq_ = 0;
     ExchangeBuffers<T> exchange_;
     AscendC::GlobalTensor<T> q_, k_, v_;

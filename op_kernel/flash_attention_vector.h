@@ -216,9 +216,11 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // dst -> its next reader; broadcast_ -> next Brcb
     }
 
-    // result[r] = max (or sum) of row r of a [rows][width] tile (width <= 512): per 32-byte
-    // block (BlockReduce), then over the row's blocks (WholeReduce). `scratch` holds one
-    // value per block.
+    // result[r] = max (or sum) of row r of a [rows][width] tile (width <= kMaxRoundKeys):
+    // per 32-byte block (BlockReduce); a row wider than 512 keys has more blocks than one
+    // WholeReduce repeat takes (64 floats), so its blocks past the 64th are first folded
+    // onto the first ones (one Max/Add per row); then over the row's first (up to) 64 block
+    // results (WholeReduce). `scratch` holds one value per block.
     template <bool MAX>
     __aicore__ inline void RowReduce(const AscendC::LocalTensor<float>& result,
                                      const AscendC::LocalTensor<float>& tile,
@@ -237,15 +239,28 @@ private:
                                         static_cast<int32_t>(kFloatsPerRepeat), 1, 1, 8);
             }
         }
-        AscendC::PipeBarrier<PIPE_V>();  // BlockReduce -> WholeReduce
-        const int32_t perRow = static_cast<int32_t>(width / kFloatsPerBlock);
+        AscendC::PipeBarrier<PIPE_V>();  // BlockReduce -> fold / WholeReduce
+        const uint32_t perRow = width / kFloatsPerBlock;
+        const int32_t pitch = static_cast<int32_t>(perRow / kFloatsPerBlock);
+        if (perRow > kFloatsPerRepeat) {
+            const uint64_t extra = perRow - kFloatsPerRepeat;
+            const AscendC::BinaryRepeatParams params(1, 1, 1, static_cast<uint8_t>(pitch),
+                                                     static_cast<uint8_t>(pitch), static_cast<uint8_t>(pitch));
+            if (MAX) {
+                AscendC::Max(scratch, scratch, scratch[kFloatsPerRepeat], extra, static_cast<uint8_t>(rows),
+                             params);
+            } else {
+                AscendC::Add(scratch, scratch, scratch[kFloatsPerRepeat], extra, static_cast<uint8_t>(rows),
+                             params);
+            }
+            AscendC::PipeBarrier<PIPE_V>();  // fold -> WholeReduce
+        }
+        const int32_t mask = static_cast<int32_t>(MinU32(perRow, kFloatsPerRepeat));
         if (MAX) {
-            AscendC::WholeReduceMax(result, scratch, perRow, static_cast<int32_t>(rows), 1, 1,
-                                    perRow / static_cast<int32_t>(kFloatsPerBlock),
+            AscendC::WholeReduceMax(result, scratch, mask, static_cast<int32_t>(rows), 1, 1, pitch,
                                     AscendC::ReduceOrder::ORDER_ONLY_VALUE);
         } else {
-            AscendC::WholeReduceSum(result, scratch, perRow, static_cast<int32_t>(rows), 1, 1,
-                                    perRow / static_cast<int32_t>(kFloatsPerBlock));
+            AscendC::WholeReduceSum(result, scratch, mask, static_cast<int32_t>(rows), 1, 1, pitch);
         }
         AscendC::PipeBarrier<PIPE_V>();  // result -> its reader; scratch -> its next writer
     }
@@ -294,9 +309,8 @@ private:
     {
         const uint32_t w = round.width;
         const uint32_t count = rows * w;
-        const uint32_t slot = seq % 2;
         AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
-        AscendC::DataCopy(s, exchange_.Scores(slot, (rowOffset_ + first) * w), count);
+        AscendC::DataCopy(s, exchange_.Scores(seq, (rowOffset_ + first) * w), count);
         sQue_.EnQue(s);
         s = sQue_.template DeQue<float>();
         AscendC::Muls(s, s, t_.scale, count);
@@ -340,7 +354,7 @@ private:
         sQue_.FreeTensor(s);
         pQue_.EnQue(p);
         p = pQue_.template DeQue<T>();
-        AscendC::DataCopy(exchange_.Probs(slot, (rowOffset_ + first) * w), p, count);
+        AscendC::DataCopy(exchange_.Probs(seq, (rowOffset_ + first) * w), p, count);
         pQue_.FreeTensor(p);
     }
 
@@ -353,7 +367,7 @@ private:
         for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
             const uint32_t rows = SliceRows(first);
             AscendC::LocalTensor<float> o = oQue_.template AllocTensor<float>();
-            AscendC::DataCopy(o, exchange_.Output(seq % 2, (rowOffset_ + first) * d), rows * d);
+            AscendC::DataCopy(o, exchange_.Output(seq, (rowOffset_ + first) * d), rows * d);
             oQue_.EnQue(o);
             o = oQue_.template DeQue<float>();
             const AscendC::LocalTensor<float> acc = acc_[first * d];
@@ -416,7 +430,7 @@ private:
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;       // this vector core's rows of the current tile
     uint32_t rowOffset_ = 0;  // their first row within the tile
-    uint32_t roundSeq_ = 0;   // rounds before the current tile (workspace slot = seq % 2)
+    uint32_t roundSeq_ = 0;   // rounds before the current tile (workspace slots: Workspace)
     uint32_t diagWidth_ = 0;  // width the causal template was built for
     float negInf_ = 0;
     ExchangeBuffers<T> exchange_;

@@ -57,7 +57,8 @@ struct TilingData {
     //             by L0A beside the P operand: 256 rows only where that fits.
     //   blockK    key sub-block: the unit of one cube product (S = Q K^T of blockK keys,
     //             or the P.V contribution of blockK keys) and of the K/V/P L1 loads.
-    //   keyStack  sub-blocks per round: one round = blockK * keyStack keys. The cube
+    //   keyStack  sub-blocks per round: one round = blockK * keyStack keys, at most
+//             kMaxRoundKeys. The cube
     //             Fixpipes S per sub-block, accumulates P.V over the whole stack in L0C
     //             and writes O once per round; the vector cores hand over S, P and O
     //             once per round (one cross-core flag each).
@@ -95,6 +96,11 @@ __aicore__ inline uint32_t MinU32(uint32_t a, uint32_t b)
 {
     return a < b ? a : b;
 }
+
+// The widest round: the vector cores reduce a fp32 row of a round to one value per
+// 32-byte block, fold blocks past the 64th onto the first 64 once, and reduce those 64
+// with one WholeReduce repeat, so a row holds at most 2 x 64 blocks of 8 keys.
+constexpr uint32_t kMaxRoundKeys = 1024;
 
 // Keys of one full round.
 __aicore__ inline uint32_t RoundKeys(const TilingData& t)
@@ -181,12 +187,22 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
 }
 
 // The per-AI-core workspace through which the cube and vector cores exchange one
-// round's data: two slots each of S (fp32, blockQ x W), P (input dtype, blockQ x W) and
-// O (fp32, blockQ x D). Two are enough: the cube writes S(r+1) before it waits for
-// P(r), and every slot is rewritten only after a cross-core flag shows that its
-// previous contents were consumed (docs/kernel.md, "The workspace ring"). Rows have the
-// round's width: S and P of a round with fewer sub-blocks are packed with that width.
-// Offsets in bytes from the core's part of the user workspace.
+// round's data: kScoreSlots slots of S (fp32, blockQ x W), kProbSlots of P (input
+// dtype, blockQ x W) and kOutputSlots of O (fp32, blockQ x D); round n of a core (counted
+// over all its tiles) uses slot n mod the ring's size. Three S slots: the cube writes
+// S(r+2) before it waits for P(r), so S(r), S(r+1) and S(r+2) are live at once; S(r-1)'s
+// slot is free because the cube waited for P(r-1), which the vector cores write after
+// reading S(r-1). Two of P and O: every slot is rewritten only after a cross-core flag
+// shows that its previous contents were consumed (docs/kernel.md, "The workspace
+// ring"). Rows have the round's width: S and P of a round with fewer sub-blocks are
+// packed with that width. Offsets in bytes from the core's part of the user workspace.
+constexpr uint32_t kScoreSlots = 3;
+constexpr uint32_t kProbSlots = 2;
+constexpr uint32_t kOutputSlots = 2;
+// Rounds of S the cube computes before the P.V of the first: S(r + kScoresAhead) is
+// issued before P.V(r).
+constexpr uint32_t kScoresAhead = kScoreSlots - 1;
+
 struct Workspace {
     uint64_t slotBytes[3];  // scores S (fp32), probabilities P (input dtype), output O (fp32)
     uint64_t scores;
@@ -203,9 +219,9 @@ struct Workspace {
         slotBytes[1] = Align(uint64_t{t.blockQ} * w * elemBytes);
         slotBytes[2] = Align(uint64_t{t.blockQ} * t.headDimPad * 4);
         scores = 0;
-        probs = 2 * slotBytes[0];
-        output = probs + 2 * slotBytes[1];
-        total = output + 2 * slotBytes[2];
+        probs = kScoreSlots * slotBytes[0];
+        output = probs + kProbSlots * slotBytes[1];
+        total = output + kOutputSlots * slotBytes[2];
     }
 };
 

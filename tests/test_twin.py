@@ -146,6 +146,34 @@ def test_several_rounds_and_stack_tails(causal, masked, dtype, gen):
     _check(q, k, v, mask, causal, "BNSD", cores=1)
 
 
+@pytest.mark.parametrize("masked,dtype", [(False, torch.float16), (True, torch.bfloat16)],
+                         ids=["fp16", "mask-bf16"])
+def test_1024_key_rounds(masked, dtype, gen):
+    """Long non-causal key sequences run 1024-key rounds, whose row reductions fold the
+    block results past the 64th: four full rounds and a last one of 700 keys (width 704,
+    88 blocks per row), four tiles on one core (two heads of 128 + 2 rows)."""
+    sq, sk, d = 130, 4796, 128
+    t = _tiling(sq, sk, d, False, masked, 1)
+    assert t["block_k"] * t["key_stack"] == 1024 and t["used_cores"] == 1
+    q, k, v = make_qkv(1, 2, 1, sq, sk, d, dtype, "BNSD", generator=gen)
+    mask = random_key_padding_mask(1, sk, gen) if masked else None
+    _check(q, k, v, mask, False, "BNSD", cores=1)
+
+
+@pytest.mark.parametrize("causal,masked,dtype", [(False, False, torch.float16),
+                                                 (True, True, torch.bfloat16)],
+                         ids=["fp16", "causal-mask-bf16"])
+def test_160_row_tiles_for_long_keys(causal, masked, dtype, gen):
+    """Key sequences >= 16k at head_dim 128 run 160-row tiles with single L0A/L0C buffers
+    (80 rows per vector core): a full tile and a 10-row one on one core, 17 rounds each."""
+    sq, sk, d = 170, 16400, 128
+    t = _tiling(sq, sk, d, causal, masked, 1, heads=(1, 1))
+    assert t["block_q"] == 160 and t["l0a_buffers"] == 1 and t["l0c_buffers"] == 1
+    q, k, v = make_qkv(1, 1, 1, sq, sk, d, dtype, "BSND", generator=gen)
+    mask = random_key_padding_mask(1, sk, gen) if masked else None
+    _check(q, k, v, mask, causal, "BSND", cores=1)
+
+
 def test_256_row_tiles(gen):
     """Long query sequences with head_dim <= 64 run 256-row tiles (128 rows per vector
     core), with a partial last tile and rows past the diagonal of a several-round tile."""

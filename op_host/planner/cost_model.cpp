@@ -156,7 +156,10 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.vectorSlices = std::max<uint32_t>(1, (VectorRows(t) + t.vecRows - 1) / t.vecRows);
     d.ubScoreBuffers = 2;            // S, P, O-partial slices double-buffered in UB
     d.probBufferIsScratch = false;
-    d.scoresAhead = 2;               // S(0), then S(r + 1) before PV(r)
+    d.scoresAhead = kScoresAhead + 1;  // S(0), S(1), then S(r + 2) before PV(r)
+    d.scoreSlots = kScoreSlots;
+    d.probSlots = kProbSlots;
+    d.outputSlots = kOutputSlots;
     d.outputDelay = 1;               // U(r - 1) after SM(r)
     d.loadsBeforeProbWait = true;    // V(r) and K(r + 2) issued before waiting for P(r)
     d.queryInL0a = true;

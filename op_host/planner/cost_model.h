@@ -5,7 +5,7 @@
 //
 //   DesignFromTiling   our kernel as the plan's TilingData configures it (op_kernel/
 //                      flash_attention_{cube,vector}.h, docs/kernel.md): rounds of
-//                      blockK x keyStack keys, S one round ahead of P.V, the O update one
+//                      blockK x keyStack keys, S two rounds ahead of P.V, the O update one
 //                      round behind the softmax, V and the next K loaded before the wait
 //                      for P, Q resident in L0A, O accumulated in its own L0C buffer over
 //                      the stack, vecRows-row double-buffered UB slices, tiles drained

@@ -21,9 +21,15 @@ constexpr uint64_t kMaxNd2NzPitch = std::numeric_limits<uint16_t>::max();
 // A TPipe manages at most 64 buffers (asc-devkit QBUF_MAX_LEN).
 constexpr uint32_t kMaxBuffersPerPipe = 64;
 
-// Keys per round (blockK x keyStack). At most 512: a fp32 row of a round reduces to
-// 64 partial results, one WholeReduce repeat.
+// Keys per round (blockK x keyStack): 512, or kMaxRoundKeys (1024) for non-causal key
+// sequences of at least kWideRoundKeys keys at head_dim >= kWideRoundHeadDim, where UB
+// allows. There the schedule model (docs/planner.md) predicts that halving the O
+// write-outs and cross-core hand-overs per key outweighs having half as many rounds per
+// tile to pipeline; for shorter sequences, head_dim 64 and causal tiles (which compute a
+// whole round on the diagonal) it predicts a loss.
 constexpr uint32_t kRoundKeys = 512;
+constexpr int64_t kWideRoundKeys = 4096;
+constexpr int64_t kWideRoundHeadDim = 128;
 // Query tiles of 256 rows are planned for sequences at least this long, where they fit:
 // the vector cores then take 128 rows each, and each K/V sub-block serves twice the rows.
 constexpr int64_t kLongSequence = 1024;
@@ -35,6 +41,14 @@ constexpr uint32_t kLongTile[2] = {256, 64};
 constexpr uint32_t kBlockCandidates[][2] = {
     {128, 128}, {128, 64}, {64, 128}, {64, 64}, {32, 128}, {32, 64}, {16, 64},
 };
+// Long key sequences (seqlen_k >= kLongKeys) at head_dim >= kWideRoundHeadDim where the
+// 256-row tile does not fit: a 160-row tile, single-buffered in L0A and L0C where Q and
+// O of 160 rows leave room for no second P or S buffer (head_dim 128). Each K/V
+// sub-block then serves 160 rows instead of 128, which the schedule model predicts pays
+// once the shared L2 binds (long tiles: +1.5 points at 16k) and costs at 8k (the single
+// buffers serialise).
+constexpr int64_t kLongKeys = 16384;
+constexpr uint32_t kLongKeyTile[2] = {160, 64};
 // Rows of one vector slice, largest first: multiples of 8 so a slice's row statistics
 // start 32-byte aligned.
 constexpr uint32_t kVecRowCandidates[] = {32, 24, 16, 8};
@@ -192,12 +206,12 @@ namespace {
 // (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
 // then double-buffer the remaining rings where they still fit. False if nothing fits.
 bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies,
-              uint32_t elemBytes, const Platform& p)
+              uint32_t elemBytes, const Platform& p, uint32_t roundKeys = kRoundKeys)
 {
     auto fits = [&] { return Fits(SumLevels(ListBuffers(t, elemBytes), p)); };
     t.blockQ = blockQ;
     t.blockK = blockK;
-    t.keyStack = kRoundKeys / blockK;
+    t.keyStack = roundKeys / blockK;
     t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
     for (uint32_t vecRows : kVecRowCandidates) {
         if (vecRows > AlignUp(blockQ / 2, 8)) {
@@ -220,10 +234,12 @@ bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies
     return false;
 }
 
-// Long sequences: a 256-row tile where it fits at all. Otherwise the largest shape whose
-// L0 rings are double-buffered (so MTE1, the cube and Fixpipe overlap), or failing that
-// the largest that fits with single L0 buffers.
-bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Platform& p)
+// Long sequences: a 256-row tile where it fits at all; long key sequences: then a
+// 160-row tile where it fits. Otherwise the largest shape whose L0 rings are
+// double-buffered (so MTE1, the cube and Fixpipe overlap), or failing that the largest
+// that fits with single L0 buffers.
+bool ChooseBlocks(TilingData& t, bool longSequence, bool longKeys, uint32_t elemBytes,
+                  const Platform& p)
 {
     if (longSequence) {
         for (uint32_t l0Copies : {2u, 1u}) {
@@ -231,6 +247,9 @@ bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Pl
                 return true;
             }
         }
+    }
+    if (longKeys && TryShape(t, kLongKeyTile[0], kLongKeyTile[1], 1, elemBytes, p)) {
+        return true;
     }
     for (uint32_t l0Copies : {2u, 1u}) {
         for (const auto& candidate : kBlockCandidates) {
@@ -240,6 +259,16 @@ bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Pl
         }
     }
     return false;
+}
+
+// Widens the chosen shape's rounds to kMaxRoundKeys keys where its buffers still fit
+// (only UB grows); otherwise leaves the plan as it is.
+void WidenRounds(TilingData& t, uint32_t elemBytes, const Platform& p)
+{
+    const TilingData narrow = t;
+    if (!TryShape(t, narrow.blockQ, narrow.blockK, 1, elemBytes, p, kMaxRoundKeys)) {
+        t = narrow;
+    }
 }
 
 }  // namespace
@@ -277,10 +306,14 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     SetProblem(t, request);
     t.causal = request.causal ? 1 : 0;
     t.hasMask = request.hasMask ? 1 : 0;
-    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, elemBytes, platform)) {
+    const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
+    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;
+    }
+    if (!request.causal && request.seqlenK >= kWideRoundKeys && request.headDim >= kWideRoundHeadDim) {
+        WidenRounds(t, elemBytes, platform);
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);

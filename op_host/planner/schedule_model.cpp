@@ -411,9 +411,12 @@ VecProgram SoftmaxProgram(double rows, double keys, bool b)
 {
     const double tile = FloatRepeats(rows * keys);
     const double row = FloatRepeats(rows);
+    // Rows of more than 512 keys fold their block results past the 64th (one repeat per row).
+    const double fold = keys > 512 ? rows : 0;
     VecProgram p;
     AppendVec(p, VecOp::kScalarArith, tile, b);       // S * scale
     AppendVec(p, VecOp::kBlockReduce, tile, b);       // row max: per 32-byte block
+    AppendVec(p, VecOp::kBinary, fold, b);            //   fold
     AppendVec(p, VecOp::kWholeReduce, rows, b);       //   then per row
     AppendVec(p, VecOp::kBinary, row, b);             // m' = max(m, block max)
     AppendVec(p, VecOp::kScalarArith, row, b);        // clamp
@@ -424,6 +427,7 @@ VecProgram SoftmaxProgram(double rows, double keys, bool b)
     AppendVec(p, VecOp::kBinary, tile, b);            // S - m'
     AppendVec(p, VecOp::kExp, tile, b);               // exp
     AppendVec(p, VecOp::kBlockReduce, tile, b);       // row sum
+    AppendVec(p, VecOp::kBinary, fold, b);
     AppendVec(p, VecOp::kWholeReduce, rows, b);
     AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
     AppendVec(p, VecOp::kBinary, row, false);         // + block sum

@@ -53,14 +53,17 @@ void CheckPlan(const PlanRequest& r, uint32_t cores)
     EXPECT(t.headDimPad % kCubeBlock == 0 && t.headDimPad >= t.headDim &&
                t.headDimPad - t.headDim < kCubeBlock,
            "%s: head_dim padding", what.c_str());
-    // The kernel's shape rules: a round is at most 512 keys (one WholeReduce per fp32
-    // row), slices start 32-byte aligned, 256-row tiles only for long sequences.
-    EXPECT(RoundKeys(t) <= 512 && t.blockK % 64 == 0 && t.keyStack >= 1, "%s: round of %u x %u keys",
-           what.c_str(), t.keyStack, t.blockK);
+    // The kernel's shape rules: a round is at most kMaxRoundKeys keys (the vector cores'
+    // row reduction), 1024 only for long non-causal key sequences, slices start 32-byte
+    // aligned, 256-row tiles only for long sequences.
+    EXPECT(RoundKeys(t) <= kMaxRoundKeys && t.blockK % 64 == 0 && t.keyStack >= 1,
+           "%s: round of %u x %u keys", what.c_str(), t.keyStack, t.blockK);
+    EXPECT(RoundKeys(t) <= 512 || (!r.causal && r.seqlenK >= 4096), "%s: %u-key rounds",
+           what.c_str(), RoundKeys(t));
     EXPECT(t.vecRows % 8 == 0 && t.vecRows >= 8 && t.vecRows <= AlignUp(t.blockQ / 2, 8),
            "%s: vecRows %u", what.c_str(), t.vecRows);
-    EXPECT(t.blockQ <= 128 || r.seqlenQ >= 1024, "%s: %u-row tiles for a short sequence",
-           what.c_str(), t.blockQ);
+    EXPECT(t.blockQ <= 128 || r.seqlenQ >= 1024 || (t.blockQ == 160 && r.seqlenK >= 16384),
+           "%s: %u-row tiles for a short sequence", what.c_str(), t.blockQ);
     EXPECT(t.causal == (r.causal ? 1u : 0u) && t.hasMask == (r.hasMask ? 1u : 0u),
            "%s: causal/mask flags", what.c_str());
     EXPECT(t.usedCores >= 1 && t.usedCores <= cores && t.usedCores <= kMaxCores,
@@ -364,6 +367,30 @@ void TestTargetsReport()
     }
 }
 
+// Rounds of 1024 keys where the model predicts a gain (long non-causal key sequences at
+// head_dim >= 128, when UB allows), 512 elsewhere; likewise 160-row query tiles.
+void TestRoundWidth()
+{
+    const Platform& b2 = *FindPlatform("Ascend910B2");
+    const auto keys = [&](int64_t seqlen, bool causal, int64_t headDim) {
+        PlanRequest r = Square(16, seqlen, causal);
+        r.headDim = headDim;
+        return RoundKeys(MakePlan(r, b2).plan.tiling);
+    };
+    EXPECT(keys(8192, false, 128) == 1024 && keys(4096, false, 256) == 1024,
+           "long non-causal: %u / %u-key rounds", keys(8192, false, 128), keys(4096, false, 256));
+    EXPECT(keys(8192, true, 128) == 512 && keys(2048, false, 128) == 512 && keys(8192, false, 64) == 512,
+           "causal, short or head_dim 64: %u / %u / %u-key rounds", keys(8192, true, 128),
+           keys(2048, false, 128), keys(8192, false, 64));
+    // 160-row tiles for long key sequences at head_dim 128, 128 rows below 16k keys.
+    const auto rows = [&](int64_t seqlen, bool causal) {
+        return MakePlan(Square(16, seqlen, causal), b2).plan.tiling.blockQ;
+    };
+    EXPECT(rows(16384, false) == 160 && rows(16384, true) == 160 && rows(8192, false) == 128,
+           "query tiles at 16k / 16k causal / 8k: %u / %u / %u rows", rows(16384, false),
+           rows(16384, true), rows(8192, false));
+}
+
 // What the model says would close the gap: the kernel's design with one change after
 // another (printed for the log; a change may well cost, e.g. longer causal rounds).
 void TestDesignChangesReport()
@@ -389,7 +416,7 @@ void TestDesignChangesReport()
         t.blockQ = 256;
         SplitRows(t, causal, b2.aicCores);
         step("+ 256-row query tiles");
-        t.keyStack *= 2;
+        t.keyStack = kMaxRoundKeys / t.blockK;
         d = [&] { KernelDesign n = DesignFromTiling(t, 2); n.scoreBytes = 2; return n; }();
         step("+ 1024-key rounds");
         d.pipelineAcrossTiles = true;
@@ -446,6 +473,7 @@ int main(int argc, char** argv)
     TestScheduleSemantics();
     TestBackwardModel();
     TestTargetsReport();
+    TestRoundWidth();
     TestDesignChangesReport();
     TestRefusals();
     TestBalance();
