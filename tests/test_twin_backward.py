@@ -2,8 +2,9 @@
 twin: gradients match the float64 oracle under the project's tolerance rule across
 dtypes, masks, GQA/MQA, head dims, tails and core counts, and the kernel allocates
 exactly the bytes the backward planner accounts for; fully masked rows get zero
-gradients; the deterministic dQ variant is bitwise repeatable across runs and across
-core counts that split the work differently.
+gradients; the deterministic dQ variant gets no atomic adds from two cores in an order
+the hardware does not fix (the race detector's report; the fast variant does) and is
+bitwise repeatable across runs and across core counts that split the work differently.
 
 What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")."""
 
