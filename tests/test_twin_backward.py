@@ -2,8 +2,9 @@
 twin: gradients match the float64 oracle under the project's tolerance rule across
 dtypes, masks, GQA/MQA, head dims, tails and core counts, and the kernel allocates
 exactly the bytes the backward planner accounts for; fully masked rows get zero
-gradients; the deterministic dQ variant is bitwise repeatable across runs and across
-core counts that split the work differently.
+gradients; the deterministic dQ variant gets no atomic adds from two cores in an order
+the hardware does not fix (the race detector's report; the fast variant does) and is
+bitwise repeatable across runs and across core counts that split the work differently.
 
 What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")."""
 
@@ -123,29 +124,50 @@ def test_deterministic_variant_matches_oracle(seqlens, gen):
     _check(q, k, v, mask, True, "BSND", gen, deterministic=True)
 
 
-def _deterministic_grads(args, cores):
-    *tensors, mask, grad_lse = args
-    return twin.backward(*tensors, mask, grad_lse, scale=0.125, causal=True, layout="BNSD",
-                         deterministic=True, ai_cores=cores)
-
-
-@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["slot-per-block", "chunks"])
-def test_deterministic_variant_is_bitwise_repeatable(seqlens, gen):
-    """Same bits for every run and for 1, 3 and 7 cores, which cut the units (batch x kv
-    head x key block) at different places while several cores contribute to the same dQ
-    rows. With 2200 keys the planner groups key blocks into chunks (at most 16 dQ slots),
-    so one core adds several blocks into a slot."""
+def _backward_args(seqlens, gen):
     q, k, v = make_qkv(2, 4, 2, *seqlens, 64, torch.float16, "BNSD", generator=gen)
     mask = random_key_padding_mask(2, seqlens[1], gen)
     out, lse = cpu.forward(q, k, v, mask, scale=0.125, causal=True, layout="BNSD")
     grad_out = torch.randn(out.shape, generator=gen).to(out.dtype)
     grad_lse = torch.randn(lse.shape, generator=gen)
-    args = (grad_out, q, k, v, out, lse, mask, grad_lse)
-    first = _deterministic_grads(args, 3)
-    for cores in (3, 1, 7):
-        again = _deterministic_grads(args, cores)
-        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+    return (grad_out, q, k, v, out, lse, mask, grad_lse)
+
+
+def _assert_deterministic(args, deterministic):
+    """What the deterministic variant promises, checked two ways. Structurally: no tensor
+    the kernel writes gets atomic adds from two cores in an order no happens-before edge
+    fixes (the race detector's report). By outcome: the same bits for every run and for 1,
+    3 and 7 cores, which cut the units (batch x kv head x key block) at different places
+    while several cores contribute to the same dQ rows. The outcome alone cannot catch
+    the atomic path: fp16 rounding hides most fp32 reorderings and the twin's atomics
+    arrive in a nearly fixed order, so the structural check is the one that fails."""
+    *tensors, mask, grad_lse = args
+    first = None
+    for cores in (3, 3, 1, 7):
+        unordered = []
+        grads = twin.backward(*tensors, mask, grad_lse, scale=0.125, causal=True, layout="BNSD",
+                              deterministic=deterministic, ai_cores=cores,
+                              unordered_atomic_adds=unordered)
+        assert unordered == [], f"unordered atomic adds into {unordered}, {cores} cores"
+        first = first or grads
+        for name, a, b in zip(("dq", "dk", "dv"), first, grads):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}, {cores} cores"
+
+
+@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["slot-per-block", "chunks"])
+def test_deterministic_variant_is_bitwise_repeatable(seqlens, gen):
+    """With 2200 keys the planner groups key blocks into chunks (at most 16 dQ slots), so
+    one core adds several blocks into a slot."""
+    _assert_deterministic(_backward_args(seqlens, gen), deterministic=True)
+
+
+def test_determinism_check_fails_on_the_atomic_path(gen):
+    """The mutation of routing the deterministic key to the atomic dQ path: the fast
+    variant under the same assertions fails them, on its unordered fp32 adds into the dQ
+    accumulator in the workspace (dK/dV are owned by one core: no atomics there)."""
+    args = _backward_args((96, 333), gen)
+    with pytest.raises(AssertionError, match=r"unordered atomic adds into \['workspace'\]"):
+        _assert_deterministic(args, deterministic=False)
 
 
 def test_fully_masked_rows_get_zero_gradients(gen):

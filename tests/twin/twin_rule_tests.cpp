@@ -433,7 +433,8 @@ void CrossCoreNeedsMix()
 // Runs `body(synced)` on every unit of `cores` AI cores (MIX declared).
 using RaceBody = std::function<void(bool synced, float* gm)>;
 
-std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body, bool synced)
+std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body, bool synced,
+                    twin::LaunchReport* report = nullptr)
 {
     twin::LaunchConfig config;
     config.blockDim = cores;
@@ -441,7 +442,7 @@ std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body
     return twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
         body(synced, gm.data());
-    });
+    }, report);
 }
 
 void ExpectRace(const char* name, uint32_t cores, const RaceBody& body, const int& line)
@@ -589,6 +590,52 @@ void RaceAtomicVersusPlain()
         }
         que.FreeTensor(t);
     }, line);
+}
+
+// The vector core 0 of two AI cores adds into one GM range. With no edge between the
+// adds their order is not fixed, and the launch reports the tensor (the structural check
+// of a deterministic kernel variant); with core 0's add before a SyncAll and core 1's
+// after it, the order is fixed and nothing is reported.
+void UnorderedAtomicAddsReported()
+{
+    const RaceBody body = [](bool ordered, float* gm) {
+        const bool adds = OnAiv0();
+        const bool early = adds && twin::Core().blockIdx == 0;
+        auto add = [gm] {
+            TPipe pipe;
+            GlobalTensor<float> g;
+            g.SetGlobalBuffer(gm, 256);
+            TQue<TPosition::VECOUT, 1> que;
+            pipe.InitBuffer(que, 1, 256);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            Duplicate(t, 1.0f, 64);
+            que.EnQue(t);
+            t = que.DeQue<float>();
+            SetAtomicAdd<float>();
+            DataCopy(g, t, 64);
+            SetAtomicNone();
+            que.FreeTensor(t);
+        };
+        if (adds && (early || !ordered)) add();
+        if (ordered) SyncAll<false>();
+        if (adds && !early && ordered) add();
+    };
+    for (const bool ordered : {false, true}) {
+        std::vector<float> gm(4096, 1.0f);
+        twin::LaunchReport report;
+        const std::string v = RunRace(2, gm, body, ordered, &report);
+        const std::vector<std::string> expected = ordered ? std::vector<std::string>{}
+                                                          : std::vector<std::string>{"gm"};
+        ++g_tests;
+        if (!v.empty() || report.unorderedAtomicAdds != expected) {
+            ++g_failures;
+            std::fprintf(stderr, "FAIL unordered atomic adds (%s): %s, %zu tensors reported\n",
+                         ordered ? "ordered" : "unordered", v.c_str(), report.unorderedAtomicAdds.size());
+        } else {
+            std::printf("ok   %-28s %s\n", ordered ? "atomic adds, SyncAll between" : "atomic adds, unordered",
+                        ordered ? "nothing reported" : "'gm' reported");
+        }
+    }
 }
 
 // The queue's FreeTensor -> AllocTensor edge orders the next fill of a reused buffer
@@ -996,7 +1043,7 @@ int main()
                       ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
                       SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
-                      RaceMissingFixToM, RaceAtomicVersusPlain, RaceScalarThenVector,
+                      RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
                       RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();

@@ -1,7 +1,8 @@
 // The backward kernel on the twin, for Python (ctypes): plan with the backward planner,
 // lay out GM as the CANN shell would (user workspace after the 16 MiB system workspace,
-// tiling data in GM), launch every AI core of the plan, report the first rule violation
-// and the bytes the kernel allocated per memory level.
+// tiling data in GM), launch every AI core of the plan, report the first rule violation,
+// the bytes the kernel allocated per memory level and the tensors (outputs, workspace)
+// that received atomic adds in an order the hardware does not fix.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "grad_planner.h"
 #include "report.h"
 #include "twin/launch.h"
+#include "twin/race.h"
 
 extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                           GM_ADDR out, GM_ADDR softmaxLse, GM_ADDR keyPaddingMask,
@@ -23,8 +25,13 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                                         int64_t headsQ, int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                         int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
                                         double scale, int32_t deterministic, int32_t aicCores,
-                                        uint64_t* allocatedBytes, char* error, uint64_t errorCapacity)
+                                        uint64_t* allocatedBytes, char* unorderedAtomicAdds,
+                                        uint64_t unorderedCapacity, char* error, uint64_t errorCapacity)
 {
+    if (unorderedAtomicAdds != nullptr && !twin::RaceDetectorOn()) {
+        return twin::Report("unordered atomic adds are the race detector's bookkeeping: it is off "
+                            "(FLASH_CANN_TWIN_RACE_CHECK=0)", error, errorCapacity);
+    }
     using namespace flash_cann;
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
                                           aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
@@ -66,6 +73,7 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                                   gm(gradValue), workspace.data(), tiling.data());
     }, &report);
     twin::CopyAllocated(report, allocatedBytes);
+    twin::CopyUnorderedAtomicAdds(report, unorderedAtomicAdds, unorderedCapacity);
     if (!violation.empty()) {
         return twin::Report(violation, error, errorCapacity);
     }

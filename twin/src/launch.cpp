@@ -405,9 +405,10 @@ std::string Launch(const LaunchConfig& config, const std::function<void()>& kern
         t.join();
     }
     g_run = nullptr;
-    EndRaceLaunch(run.race);
+    std::vector<std::string> unorderedAtomicAdds = EndRaceLaunch(run.race);
     if (report != nullptr) {
         std::memcpy(report->peakBytes, run.peakBytes, sizeof(run.peakBytes));
+        report->unorderedAtomicAdds = std::move(unorderedAtomicAdds);
     }
     return run.firstError;
 }

@@ -84,6 +84,7 @@ struct GmShadow {
     std::string name;
     std::mutex mutex;
     std::map<uint64_t, GmCell> cells;
+    bool unorderedAtomicAdds = false;  // see race.h
 };
 
 }  // namespace
@@ -278,9 +279,15 @@ void Instruction::Touch(Memory memory, const void* begin, uint64_t bytes, bool w
     };
     for (auto it = from; it != to; ++it) {
         for (const Epoch& w : it->second.writes) {
-            if (!ordered(w.agent, w.clock) && !(atomic && w.atomic)) {
+            if (ordered(w.agent, w.clock)) {
+                continue;
+            }
+            if (!(atomic && w.atomic)) {
                 Race(here, pipe_, write, where(it), w.agent, true, w.site);
             }
+            // One agent's adds land in issue order; two agents' in whatever order they
+            // arrive.
+            shadow->unorderedAtomicAdds |= w.agent != me;
         }
         for (size_t i = 0; write && i < it->second.reads.size(); ++i) {
             const Epoch& r = it->second.reads[i];
@@ -433,10 +440,16 @@ RaceLaunch* BeginRaceLaunch(const LaunchConfig& config)
     return launch;
 }
 
-void EndRaceLaunch(RaceLaunch* launch)
+std::vector<std::string> EndRaceLaunch(RaceLaunch* launch)
 {
     if (launch == nullptr) {
-        return;
+        return {};
+    }
+    std::vector<std::string> unordered;
+    for (const auto& shadow : launch->gm) {
+        if (shadow->unorderedAtomicAdds) {
+            unordered.push_back(shadow->name);
+        }
     }
     g_lastExecuted.clear();
     auto text = [](uint32_t id) {
@@ -450,6 +463,7 @@ void EndRaceLaunch(RaceLaunch* launch)
     g_lastExecuted.erase(std::unique(g_lastExecuted.begin(), g_lastExecuted.end()),
                          g_lastExecuted.end());
     delete launch;
+    return unordered;
 }
 
 void BeginRaceThread(RaceLaunch* launch, uint32_t core, int role)

@@ -1,5 +1,5 @@
-// How the twin's C ABI hands results to its (ctypes) caller: an error message, and the
-// bytes a kernel allocated per memory level.
+// How the twin's C ABI hands results to its (ctypes) caller: an error message, the
+// bytes a kernel allocated per memory level, and the tensors with unordered atomic adds.
 #ifndef FLASH_CANN_TWIN_REPORT_H
 #define FLASH_CANN_TWIN_REPORT_H
 
@@ -34,6 +34,21 @@ inline void CopyAllocated(const LaunchReport& report, uint64_t* allocatedBytes)
         allocatedBytes[i] = report.PeakBytes(CoreType::AIC, aic[i]);
     }
     allocatedBytes[4] = report.PeakBytes(CoreType::AIV, Memory::UB);
+}
+
+// LaunchReport::unorderedAtomicAdds, comma-separated, into the caller's buffer
+// (truncated, NUL-terminated). `names` may be null.
+inline void CopyUnorderedAtomicAdds(const LaunchReport& report, char* names, uint64_t capacity)
+{
+    if (names == nullptr || capacity == 0) {
+        return;
+    }
+    std::string joined;
+    for (const std::string& name : report.unorderedAtomicAdds) {
+        joined += (joined.empty() ? "" : ",") + name;
+    }
+    std::strncpy(names, joined.c_str(), capacity - 1);
+    names[capacity - 1] = '\0';
 }
 
 }  // namespace twin

@@ -41,7 +41,8 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_backward.argtypes = (
         [ctypes.c_void_p] * 11 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
         + [ctypes.c_int32] * 2
-        + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+        + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
+           ctypes.c_uint64])
     lib.flash_cann_twin_drop_sync.restype = None
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
@@ -57,11 +58,13 @@ def _pointer(t):
     return None if t is None else t.data_ptr()
 
 
-def _launch(function, *args, allocated: dict | None):
-    """Call a kernel's C ABI; raise TwinViolation on a broken rule; fill ``allocated``."""
+def _launch(function, *args, allocated: dict | None, reports: tuple = ()):
+    """Call a kernel's C ABI; raise TwinViolation on a broken rule; fill ``allocated``.
+    ``reports``: the ABI's further report buffers, between the allocated bytes and the
+    error message."""
     error = ctypes.create_string_buffer(4096)
     measured = (ctypes.c_uint64 * len(MEMORY_LEVELS))()
-    if function(*args, measured, error, len(error)) != 0:
+    if function(*args, measured, *reports, error, len(error)) != 0:
         raise TwinViolation(f"flash_cann twin: {error.value.decode()}")
     if allocated is not None:
         allocated.update(zip(MEMORY_LEVELS, measured))
@@ -114,11 +117,16 @@ def dropped_sync(site: str):
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
-             ai_cores: int | None = None, allocated: dict | None = None):
+             ai_cores: int | None = None, allocated: dict | None = None,
+             unordered_atomic_adds: list | None = None):
     """Run the backward kernel on the twin; returns (grad_query, grad_key, grad_value).
 
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
     run and every split of the work over cores; ``allocated`` as for ``forward``.
+    ``unordered_atomic_adds``, if given, receives the names of the tensors the kernel
+    writes ("grad_query", ..., "workspace") where some element got atomic adds from
+    two cores with no happens-before order between them, an order the hardware does not
+    fix (needs the race detector, on unless FLASH_CANN_TWIN_RACE_CHECK=0).
     """
     b, hq, sq, d = layouts.sizes(query, layout)
     hk, sk = layouts.sizes(key, layout)[1:3]
@@ -128,10 +136,13 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     mask = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    names = None if unordered_atomic_adds is None else ctypes.create_string_buffer(1024)
     _launch(_library().flash_cann_twin_backward,
             do.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
             _pointer(mask), _pointer(dlse), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
             b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout],
             int(causal), float(scale), int(deterministic), AI_CORES if ai_cores is None else ai_cores,
-            allocated=allocated)
+            allocated=allocated, reports=(names, 0 if names is None else len(names)))
+    if unordered_atomic_adds is not None:
+        unordered_atomic_adds.extend(filter(None, names.value.decode().split(",")))
     return dq, dk, dv

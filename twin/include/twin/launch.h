@@ -33,6 +33,12 @@ struct LaunchReport {
     // the launch (the sum of its InitBuffer calls, each rounded to 32 bytes).
     uint64_t PeakBytes(CoreType type, Memory memory) const;
     uint64_t peakBytes[2][6] = {};  // [AIC, AIV][Memory]
+    // The checked GM tensors (GmRegion::name, launch order) where some element received
+    // atomic adds from two agents that no happens-before edge orders: the hardware fixes
+    // no order among them, so a floating-point sum there may differ between runs. Empty
+    // with the race detector off (FLASH_CANN_TWIN_RACE_CHECK=0): it is the detector's
+    // bookkeeping.
+    std::vector<std::string> unorderedAtomicAdds;
 };
 
 // Runs `kernel` on every core of the launch, all AI cores at once; returns "" or the

@@ -7,6 +7,11 @@
 // with the last write and the reads since: an access that conflicts with one it is not
 // ordered after (write/write, write/read; two atomic adds do not conflict) stops the
 // launch with "race", both kernel call sites, their pipes, the memory and the bytes.
+// Atomic adds into one element from different agents with no happens-before edge between
+// them are no race, but the hardware fixes no order among them, so an fp32 sum of them
+// may differ from run to run: the launch reports the checked GM tensors where that
+// happened (LaunchReport::unorderedAtomicAdds), the structural check of a deterministic
+// kernel variant.
 //
 // The ordering model (docs/kernel.md, "The race detector"):
 // - a pipe issues its instructions in order, but a later one may overlap an earlier one:
@@ -85,7 +90,8 @@ std::vector<std::string> ExecutedSyncSites();
 struct RaceLaunch;
 struct LaunchConfig;
 RaceLaunch* BeginRaceLaunch(const LaunchConfig& config);
-void EndRaceLaunch(RaceLaunch* launch);
+// Returns the names of the checked GM tensors with unordered multi-agent atomic adds.
+std::vector<std::string> EndRaceLaunch(RaceLaunch* launch);
 void BeginRaceThread(RaceLaunch* launch, uint32_t core, int role);
 void EndRaceThread(RaceLaunch* launch);
 bool RaceDetectorOn();
