@@ -19,6 +19,7 @@
 #define FLASH_CANN_FLASH_ATTENTION_CUBE_H
 
 #include "flash_attention_common.h"
+#include "flash_attention_fractal.h"
 
 namespace flash_cann {
 
@@ -191,18 +192,6 @@ private:
                                                static_cast<uint16_t>(padRows), 1, 0));
     }
 
-    // Nz (L1, `rows` padded rows) -> Zz (L0A): one LoadData per 16-row block.
-    __aicore__ inline void LoadLeft(const AscendC::LocalTensor<T>& a, const AscendC::LocalTensor<T>& l1,
-                                    uint32_t rows, uint32_t cols)
-    {
-        for (uint32_t block = 0; block < rows / kCubeBlock; ++block) {
-            AscendC::LoadData(a[block * kCubeBlock * cols], l1[block * kCubeBlock * kCubeBlock],
-                              AscendC::LoadData2DParams(0, static_cast<uint8_t>(cols / kCubeBlock),
-                                                        static_cast<uint16_t>(rows / kCubeBlock), 0,
-                                                        0, false, 0));
-        }
-    }
-
     __aicore__ inline void BeginTile(const QueryTile& tile, uint32_t keyEnd)
     {
         tile_ = tile;
@@ -276,14 +265,9 @@ private:
         const uint32_t d = t_.headDimPad;
         for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
             IssueKeys();
-            // K in Nz is already the Zn layout of K^T: copy fractals straight, per column block.
+            // K in Nz is already the Zn layout of K^T.
             const AscendC::LocalTensor<T> kL1 = kL1_.BeginUse();
-            const AscendC::LocalTensor<T> b = l0b_.BeginFill();
-            for (uint32_t col = 0; col < d / kCubeBlock; ++col) {
-                AscendC::LoadData(b[col * bk * kCubeBlock], kL1[col * bk * kCubeBlock],
-                                  AscendC::LoadData2DParams(0, static_cast<uint8_t>(bk / kCubeBlock),
-                                                            1, 0, 0, false, 0));
-            }
+            LoadRightTransposed(l0b_.BeginFill(), kL1, bk, d);
             kL1_.EndUse();
             l0b_.EndFill();
             IssueKeys();  // the L1 buffer just freed takes a later sub-block's K
@@ -328,13 +312,7 @@ private:
             // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
             IssueValues();
             const AscendC::LocalTensor<T> vL1 = vL1_.BeginUse();
-            const AscendC::LocalTensor<T> b = l0b_.BeginFill();
-            for (uint32_t row = 0; row < bk / kCubeBlock; ++row) {
-                AscendC::LoadData(b[row * kCubeBlock * d], vL1[row * kCubeBlock * kCubeBlock],
-                                  AscendC::LoadData2DParams(0, static_cast<uint8_t>(d / kCubeBlock),
-                                                            static_cast<uint16_t>(bk / kCubeBlock), 0,
-                                                            0, true, 0));
-            }
+            LoadRight(l0b_.BeginFill(), vL1, bk, d);
             vL1_.EndUse();
             l0b_.EndFill();
             IssueValues();

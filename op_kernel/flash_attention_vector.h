@@ -25,15 +25,9 @@
 #define FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 
 #include "flash_attention_common.h"
+#include "flash_attention_vector_ops.h"
 
 namespace flash_cann {
-
-constexpr uint32_t kVectorCoresPerCube = 2;
-enum class RowOp { kSubtract, kMultiply };
-constexpr uint32_t kFloatsPerRepeat = 64;  // 256 bytes of fp32 per vector repeat
-constexpr uint32_t kFloatsPerBlock = 8;    // 32 bytes of fp32
-constexpr float kLowest = -3.40282347e+38f;
-constexpr float kSmallest = 1.17549435e-38f;
 
 template <typename T, bool CAUSAL, bool MASK>
 class FlashAttentionVector {
@@ -189,31 +183,7 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // CreateVecIndex -> Muls
         AscendC::Muls(keyScratch_, keyScratch_, static_cast<float>(width + 1), kFloatsPerRepeat);
         AscendC::PipeBarrier<PIPE_V>();  // Muls -> Brcb in RowBroadcast
-        RowBroadcast<RowOp::kSubtract>(diag_, keyScratch_, t_.vecRows, width);
-    }
-
-    // dst[r][c] (op)= rowValue[r] for the `rows` rows of a row-major [rows][width] tile:
-    // the per-row values are broadcast to one 32-byte block each (Brcb) and read with
-    // block stride 0, 64 columns per instruction.
-    template <RowOp OP>
-    __aicore__ inline void RowBroadcast(const AscendC::LocalTensor<float>& dst,
-                                        const AscendC::LocalTensor<float>& rowValue, uint32_t rows,
-                                        uint32_t width)
-    {
-        AscendC::Brcb(broadcast_, rowValue, static_cast<uint8_t>((rows + 7) / 8),
-                      AscendC::BrcbRepeatParams(1, 8));
-        AscendC::PipeBarrier<PIPE_V>();  // Brcb -> the row operation
-        const uint8_t pitch = static_cast<uint8_t>(width / kFloatsPerBlock);
-        for (uint32_t col = 0; col < width; col += kFloatsPerRepeat) {
-            const uint64_t mask = MinU32(kFloatsPerRepeat, width - col);
-            const AscendC::BinaryRepeatParams params(1, 1, 0, pitch, pitch, 1);
-            if constexpr (OP == RowOp::kSubtract) {
-                AscendC::Sub(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows), params);
-            } else {
-                AscendC::Mul(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows), params);
-            }
-        }
-        AscendC::PipeBarrier<PIPE_V>();  // dst -> its next reader; broadcast_ -> next Brcb
+        RowBroadcast<RowOp::kSubtract>(diag_, keyScratch_, broadcast_, t_.vecRows, width);
     }
 
     // result[r] = max (or sum) of row r of a [rows][width] tile (width <= kMaxRoundKeys):
@@ -343,7 +313,7 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // Sub -> Exp; Sub reads m before Adds rewrites it
         AscendC::Exp(alpha, alpha, rows);
         AscendC::Adds(m, sliceSum_, 0.0f, rows);
-        RowBroadcast<RowOp::kSubtract>(s, sliceMax_, rows, w);
+        RowBroadcast<RowOp::kSubtract>(s, sliceMax_, broadcast_, rows, w);
         AscendC::Exp(s, s, count);
         AscendC::PipeBarrier<PIPE_V>();  // Exp -> row sum (which also rewrites sliceSum_)
         RowReduce<false>(sliceSum_, s, scratch, rows, w);
@@ -374,7 +344,8 @@ private:
             if (firstRound) {
                 AscendC::Adds(acc, o, 0.0f, rows * d);
             } else {
-                RowBroadcast<RowOp::kMultiply>(acc, alpha_[seq % kAlphaRing][first], rows, d);
+                RowBroadcast<RowOp::kMultiply>(acc, alpha_[seq % kAlphaRing][first], broadcast_,
+                                               rows, d);
                 AscendC::Add(acc, acc, o, rows * d);
             }
             oQue_.FreeTensor(o);
@@ -401,7 +372,7 @@ private:
                                    uint64_t{tile.headQ} * t_.qStrideHead + uint64_t{row} * t_.qStrideRow;
         for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
             const uint32_t rows = SliceRows(first);
-            RowBroadcast<RowOp::kMultiply>(acc_[first * d], reciprocal[first], rows, d);
+            RowBroadcast<RowOp::kMultiply>(acc_[first * d], reciprocal[first], broadcast_, rows, d);
             AscendC::LocalTensor<T> out = outQue_.template AllocTensor<T>();
             AscendC::Cast(out, acc_[first * d], AscendC::RoundMode::CAST_RINT, rows * d);
             outQue_.EnQue(out);

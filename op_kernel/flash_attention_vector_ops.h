@@ -1,4 +1,4 @@
-// Vector-core (AIV) building blocks shared by kernels.
+// Vector-core (AIV) building blocks and constants shared by the forward and backward kernels.
 //
 // RowBroadcast: dst[r][c] (op)= value[r] over a row-major tile.
 //
@@ -12,9 +12,17 @@
 #ifndef FLASH_CANN_FLASH_ATTENTION_VECTOR_OPS_H
 #define FLASH_CANN_FLASH_ATTENTION_VECTOR_OPS_H
 
-#include "flash_attention_vector.h"
+#include "kernel_operator.h"
+#include "flash_cann_tiling.h"
 
 namespace flash_cann {
+
+constexpr uint32_t kVectorCoresPerCube = 2;
+enum class RowOp { kSubtract, kMultiply };
+constexpr uint32_t kFloatsPerRepeat = 64;  // 256 bytes of fp32 per vector repeat
+constexpr uint32_t kFloatsPerBlock = 8;    // 32 bytes of fp32
+constexpr float kLowest = -3.40282347e+38f;
+constexpr float kSmallest = 1.17549435e-38f;
 
 // dst[r][c] (op)= rowValue[r] for the `rows` rows of a row-major [rows][width] tile: the
 // per-row values are broadcast to one 32-byte block each (Brcb, into `broadcast`) and
