@@ -6,16 +6,17 @@ What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy
 from flash_cann.backends import twin
 
-from conftest import make_qkv, random_key_padding_mask
+from conftest import make_qkv
+from oracle_checks import assert_all_ok, check
 from native_build import built, run
 
 
@@ -31,13 +32,12 @@ def test_rule_checks_fire():
     assert "20 of 20 twin rule tests passed" in result.stdout
 
 
-def _check(q, k, v, mask, causal, layout, cores=None):
-    scale = 1.0 / math.sqrt(q.shape[-1] if layout != "BSH" else 1)
-    results = accuracy.check_forward_against_oracle(
-        lambda q_, k_, v_: twin.forward(q_, k_, v_, mask, scale=scale, causal=causal,
-                                        layout=layout, ai_cores=cores),
-        q, k, v, scale=scale, causal=causal, layout=layout, key_padding_mask=mask)
-    assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+def _check(dtype, *, causal, masked, heads, head_dim, seqlens, layout, gen, batch=None,
+           cores=None):
+    assert_all_ok(check("cpu", dtype, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen,
+                        batch=batch, backward="none",
+                        attention=functools.partial(twin.forward, ai_cores=cores)))
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
@@ -45,30 +45,29 @@ def _check(q, k, v, mask, causal, layout, cores=None):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_matches_oracle(dtype, causal, masked, heads, gen):
-    q, k, v = make_qkv(2, *heads, 100, 150, 64, dtype, "BSND", generator=gen)
-    mask = random_key_padding_mask(2, 150, gen) if masked else None
-    _check(q, k, v, mask, causal, "BSND")
+    _check(dtype, causal=causal, masked=masked, heads=heads, head_dim=64, seqlens=(100, 150),
+           layout="BSND", gen=gen)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 17, 256])
 def test_head_dims(head_dim, gen):
     """Including head dims that are not powers of two (80, and 17, padded to 32)."""
-    q, k, v = make_qkv(1, 4, 2, 70, 90, head_dim, torch.float16, "BNSD", generator=gen)
-    _check(q, k, v, random_key_padding_mask(1, 90, gen), True, "BNSD")
+    _check(torch.float16, causal=True, masked=True, heads=(4, 2), head_dim=head_dim,
+           seqlens=(70, 90), layout="BNSD", gen=gen, batch=1)
 
 
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (1000, 1000), (17, 1000), (1000, 17),
                                      (1, 1000)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
 def test_sequence_tails(seqlens, gen):
-    q, k, v = make_qkv(1, 4, 2, *seqlens, 64, torch.bfloat16, "BNSD", generator=gen)
-    _check(q, k, v, random_key_padding_mask(1, seqlens[1], gen), True, "BNSD")
+    _check(torch.bfloat16, causal=True, masked=True, heads=(4, 2), head_dim=64,
+           seqlens=seqlens, layout="BNSD", gen=gen, batch=1)
 
 
 @pytest.mark.parametrize("cores", [1, 3, 7, 24, 48])
 def test_core_counts(cores, gen):
     """Splits over core counts that do and do not divide the work."""
-    q, k, v = make_qkv(3, 5, 5, 333, 333, 64, torch.float16, "BNSD", generator=gen)
-    _check(q, k, v, None, True, "BNSD", cores)
+    _check(torch.float16, causal=True, masked=False, heads=(5, 5), head_dim=64,
+           seqlens=(333, 333), layout="BNSD", gen=gen, batch=3, cores=cores)
 
 
 def test_fully_masked_rows_give_zero_and_minus_inf(gen):
