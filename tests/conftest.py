@@ -7,7 +7,19 @@ import zlib
 import pytest
 import torch
 
+import native_build
+
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def pytest_configure(config):
+    """Under CI=true a missing native tool fails the session at once: without it the
+    planner, twin, CANN-shell and packaging tests would all skip, and CI would pass."""
+    absent = native_build.missing()
+    if native_build.ON_CI and absent:
+        raise pytest.UsageError(
+            f"CI=true but {', '.join(absent)} not found on PATH: the native tests need "
+            f"cmake (>= 3.16) and a C++17 compiler (g++, gcc); see README.md, Tests")
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype,

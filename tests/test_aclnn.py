@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import yaml
 
 from flash_cann import aclnn, aclnn_status
 from flash_cann.spec import parse
+
+from native_build import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())
@@ -149,7 +150,7 @@ def test_status_table_names_each_public_code_once():
     assert aclnn_status.STATUS_TABLE[-len(ranges):] == tuple(ranges)  # exact rows win
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@needs("g++")
 def test_cpp_lookup_says_exactly_what_describe_says(tmp_path):
     """framework/csrc/aclnn_status.h over the generated table, compiled and run."""
     aclnn.write_headers(tmp_path)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,8 @@ import torch.utils.cpp_extension
 from flash_cann import aclnn
 from flash_cann.opp_paths import LIBRARY
 
+from native_build import needs
+
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "framework" / "csrc"
 STANDINS = Path(__file__).resolve().parent / "npu_standins"
@@ -36,8 +37,7 @@ ACL_FORMAT_ND = 2
 FAKE_STREAM = 0x5EED  # what the fake NPUStream::stream returns
 FAKE_WORKSPACE = 4096  # what the fake stage 1 asks for
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None,
-                                reason="needs g++ and gcc to build the extension")
+pytestmark = needs("g++", "gcc")
 
 
 def _run(cmd):

