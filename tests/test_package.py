@@ -451,7 +451,8 @@ def test_build_sh_without_cann_says_what_is_missing():
 @pytest.mark.parametrize("args, message", [
     (["--cann-path=/no/such/cann"], "--cann-path='/no/such/cann' is not a directory"),
     (["--cann-path=/"], "compiler/tikcpp/ascendc_kernel_cmake/asc-config.cmake"),
-    (["--soc=ascend310p"], "--soc: 'ascend310p' is not supported"),
+    (["--soc=Ascend310P"], "--soc: 'ascend310p' is not supported; flash-cann's ops are "
+                           "defined for ascend910b,ascend910_93"),
     (["--vendor", "my vendor"], "--vendor='my vendor': use letters, digits and '_' only"),
     (["--no-binary-package", "--no-source-package"], "without kernels"),
     (["--host-only", "--soc=ascend910b"], "--soc applies to the CANN build"),
@@ -463,6 +464,12 @@ def test_build_sh_rejects_bad_arguments(args, message):
     result = build_sh(*args)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_build_sh_accepts_any_case_of_a_soc():
+    """The same convention as flash-cann plan --soc (tests/test_planner.py)."""
+    result = build_sh("--soc=Ascend910B,ASCEND910_93")
+    assert "not supported" not in result.stderr and "ASCEND_HOME_PATH" in result.stderr
 
 
 # --- shell scripts --------------------------------------------------------------------------------

@@ -78,3 +78,17 @@ def test_cli_reports_refusals():
     result = _cli("--shape", "1,8,128,300")
     assert result.returncode == 1
     assert "head_dim 300 exceeds" in result.stdout
+
+
+@pytest.mark.parametrize("spelling", ["ascend910b2", "ASCEND910B2", "Ascend910B2"])
+def test_soc_names_ignore_case(spelling):
+    built("planner/libflash_cann_planner.so")
+    assert planner.soc_name(spelling) == "Ascend910B2"
+
+
+def test_cli_unknown_soc_lists_the_known_ones():
+    built("planner/libflash_cann_planner.so")
+    result = _cli("--soc", "ascend910b", "--shape", "1,8,128,64")
+    assert result.returncode == 1
+    assert ("unknown SoC 'ascend910b'; choose one of ascend910b1, ascend910b2, ascend910b3, "
+            "ascend910b4, ascend910_93 (any case)") in result.stdout

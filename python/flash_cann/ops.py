@@ -77,6 +77,11 @@ def is_available(backend: BackendSpec) -> bool:
     return module.available()
 
 
+def unavailable_reason(backend: BackendSpec) -> str | None:
+    """None if ``backend`` can run here, else what it lacks, in one line."""
+    return None if is_available(backend) else _unavailable_reason(backend)
+
+
 def best_device() -> torch.device:
     """The first accelerator (in spec order) whose backend is available, else the CPU."""
     for backend in SPEC.backends.values():

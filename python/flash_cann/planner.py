@@ -48,11 +48,24 @@ def platforms() -> list[dict]:
     return _json_call(_library().flash_cann_platforms_json)
 
 
+def soc_name(text: str) -> str:
+    """The built-in table's name of SoC ``text``, matched ignoring case (build.sh spells
+    compute units in lower case, CANN's SoC versions are capitalised: both work)."""
+    names = [p["name"] for p in platforms()]
+    for name in names:
+        if name.lower() == text.lower():
+            return name
+    raise ValueError(f"flash_cann: unknown SoC {text!r}; choose one of "
+                     f"{', '.join(n.lower() for n in names)} (any case)")
+
+
 def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
          heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
          layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
          scale: float | None = None, aic_cores: int = 0) -> dict:
-    """Plan a forward call; raises PlanRefused with the planner's reason."""
+    """Plan a forward call on SoC ``soc`` (see :func:`soc_name`); raises PlanRefused with
+    the planner's reason."""
+    soc = soc_name(soc)
     if dtype not in DTYPES:
         raise ValueError(f"flash_cann: dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
     if layout not in LAYOUTS:
