@@ -32,10 +32,17 @@ BWD = SPEC.qualname("bwd")
 
 # device type -> name of the backend that serves it now.
 _selected: dict[str, str] = {}
+# Backends of the open use_backend blocks, innermost last.
+_blocks: list[str] = []
 
 
-def backend_for(device_type: str) -> BackendSpec | None:
-    """The backend serving ``device_type`` now, or None if the spec has none."""
+def backend_for(device) -> BackendSpec | None:
+    """The backend serving ``device`` (a device type such as "cpu", or a torch.device)
+    now, or None if the spec has none."""
+    device_type = device.type if isinstance(device, torch.device) else device
+    if not isinstance(device_type, str):
+        raise TypeError(f"flash_cann: backend_for takes a device type (str) or a torch.device "
+                        f"(got {type(device).__name__})")
     name = _selected.get(device_type)
     if name is not None:
         return SPEC.backends[name]
@@ -55,13 +62,26 @@ def use_backend(name: str) -> Iterator[None]:
     device_type = SPEC.backends[name].device_type
     previous = _selected.get(device_type)
     _selected[device_type] = name
+    _blocks.append(name)
     try:
         yield
     finally:
+        _blocks.pop()
         if previous is None:
             _selected.pop(device_type, None)
         else:
             _selected[device_type] = previous
+
+
+def _serving(device_type: str) -> BackendSpec | None:
+    """The backend for the op's tensors; inside ``use_backend(name)`` tensors that
+    backend cannot take are an error, not a silent run on the device's default."""
+    inner = _blocks[-1] if _blocks else None
+    if inner is not None and SPEC.backends[inner].device_type != device_type:
+        raise ValueError(f"flash_cann: use_backend({inner!r}) is active, but the tensors are "
+                         f"on device type '{device_type}' ({inner} takes "
+                         f"'{SPEC.backends[inner].device_type}' tensors)")
+    return backend_for(device_type)
 
 
 def _module(backend: BackendSpec):
@@ -91,7 +111,7 @@ def best_device() -> torch.device:
 
 
 def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
-    backend = backend_for(query.device.type)
+    backend = _serving(query.device.type)
     check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
     return _module(backend).forward(query, key, value, key_padding_mask,
                                     scale=scale, causal=causal, layout=layout)
@@ -99,7 +119,7 @@ def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout
 
 def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                 grad_softmax_lse, scale, causal=False, layout="BNSD"):
-    backend = backend_for(query.device.type)
+    backend = _serving(query.device.type)
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend)
     return _module(backend).backward(grad_out, query, key, value, out, softmax_lse,
@@ -165,7 +185,7 @@ for _op in SPEC.ops:
 @torch.library.register_fake(FWD, lib=_LIB)
 def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
     p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
-                  backend_for(query.device.type))
+                  _serving(query.device.type))
     out = query.new_empty(query.shape)
     lse = query.new_empty((p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
     return out, lse
@@ -175,7 +195,7 @@ def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="
 def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal=False, layout="BNSD"):
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
+              grad_softmax_lse, scale, causal, layout, _serving(query.device.type))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
