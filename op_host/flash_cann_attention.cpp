@@ -4,7 +4,8 @@
 // (metadef register/op_def_registry.h, exe_graph contexts, platform_ascendc) and it.
 //
 // The inputs, outputs and attributes below are those of op_project/flash_cann_ops.yaml,
-// in the same order (tests/test_op_host.py checks them against it).
+// in the same order (tests/test_op_host.py checks them against it); their indices and
+// the layout names come from flash_cann_contract.h, generated from it.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 #include "register/op_def_registry.h"
 #include "tiling/platform/platform_ascendc.h"
 
+#include "flash_cann_contract.h"
 #include "planner.h"
 
 namespace {
@@ -28,22 +30,17 @@ namespace {
         }                                                                      \
     } while (0)
 
-// Input and attribute indices, in spec order.
-enum ForwardInput : size_t { kQuery = 0, kKey = 1, kValue = 2, kKeyPaddingMask = 3 };
-enum BackwardInput : size_t { kGradOut = 0, kGradQuery = 1, kGradKey = 2, kGradValue = 3 };
-enum Attr : size_t { kScale = 0, kCausal = 1, kLayout = 2 };
-enum ForwardOutput : size_t { kOut = 0, kSoftmaxLse = 1 };
+namespace fwd = flash_cann::contract::fwd;
+namespace bwd = flash_cann::contract::bwd;
 constexpr size_t kRank = 4;
 
 bool ParseLayout(const char* text, flash_cann::Layout& layout)
 {
-    if (text != nullptr && std::strcmp(text, "BNSD") == 0) {
-        layout = flash_cann::Layout::BNSD;
-        return true;
-    }
-    if (text != nullptr && std::strcmp(text, "BSND") == 0) {
-        layout = flash_cann::Layout::BSND;
-        return true;
+    for (uint32_t i = 0; text != nullptr && i < flash_cann::contract::kLayoutCount; ++i) {
+        if (std::strcmp(text, flash_cann::contract::kLayoutNames[i]) == 0) {
+            layout = static_cast<flash_cann::Layout>(i);
+            return true;
+        }
     }
     return false;
 }
@@ -66,15 +63,15 @@ static ge::graphStatus FlashCannAttentionTiling(gert::TilingContext* context)
 {
     const gert::RuntimeAttrs* attrs = context->GetAttrs();
     FLASH_CANN_CHECK(context, attrs != nullptr, "no attributes");
-    const float* scale = attrs->GetFloat(kScale);
-    const bool* causal = attrs->GetBool(kCausal);
-    const char* layoutText = attrs->GetStr(kLayout);
+    const float* scale = attrs->GetFloat(fwd::attr::kScale);
+    const bool* causal = attrs->GetBool(fwd::attr::kCausal);
+    const char* layoutText = attrs->GetStr(fwd::attr::kLayout);
     flash_cann::PlanRequest request;
     FLASH_CANN_CHECK(context, scale != nullptr && causal != nullptr, "scale/causal missing");
     FLASH_CANN_CHECK(context, ParseLayout(layoutText, request.layout),
                      "layout must be BNSD or BSND (got %s)", layoutText ? layoutText : "null");
-    const gert::StorageShape* query = context->GetInputShape(kQuery);
-    const gert::StorageShape* key = context->GetInputShape(kKey);
+    const gert::StorageShape* query = context->GetInputShape(fwd::input::kQuery);
+    const gert::StorageShape* key = context->GetInputShape(fwd::input::kKey);
     FLASH_CANN_CHECK(context, query != nullptr && key != nullptr, "query/key shape missing");
     const gert::Shape& q = query->GetStorageShape();
     const gert::Shape& k = key->GetStorageShape();
@@ -91,14 +88,14 @@ static ge::graphStatus FlashCannAttentionTiling(gert::TilingContext* context)
     FLASH_CANN_CHECK(context, k.GetDim(axes.batch) == request.batch &&
                                   k.GetDim(axes.headDim) == request.headDim,
                      "key must match query in batch and head_dim");
-    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(kQuery);
+    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(fwd::input::kQuery);
     FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
     const ge::DataType dtype = queryDesc->GetDataType();
     FLASH_CANN_CHECK(context, dtype == ge::DT_FLOAT16 || dtype == ge::DT_BF16,
                      "query dtype must be float16 or bfloat16");
     request.dtype = dtype == ge::DT_BF16 ? flash_cann::DType::BFloat16 : flash_cann::DType::Float16;
     request.causal = *causal;
-    request.hasMask = context->GetOptionalInputShape(kKeyPaddingMask) != nullptr;
+    request.hasMask = context->GetOptionalInputShape(fwd::input::kKeyPaddingMask) != nullptr;
     request.scale = *scale;
 
     // The platform the kernel runs on, as the platform API reports it.
@@ -141,15 +138,15 @@ namespace ge {
 
 static graphStatus FlashCannAttentionInferShape(gert::InferShapeContext* context)
 {
-    const gert::Shape* query = context->GetInputShape(kQuery);
+    const gert::Shape* query = context->GetInputShape(fwd::input::kQuery);
     const gert::RuntimeAttrs* attrs = context->GetAttrs();
-    gert::Shape* out = context->GetOutputShape(kOut);
-    gert::Shape* lse = context->GetOutputShape(kSoftmaxLse);
+    gert::Shape* out = context->GetOutputShape(fwd::output::kOut);
+    gert::Shape* lse = context->GetOutputShape(fwd::output::kSoftmaxLse);
     flash_cann::Layout layout;
     FLASH_CANN_CHECK(context, query != nullptr && attrs != nullptr && out != nullptr &&
                                   lse != nullptr && query->GetDimNum() == kRank,
                      "query must be 4-D");
-    FLASH_CANN_CHECK(context, ParseLayout(attrs->GetStr(kLayout), layout),
+    FLASH_CANN_CHECK(context, ParseLayout(attrs->GetStr(fwd::attr::kLayout), layout),
                      "layout must be BNSD or BSND");
     *out = *query;
     const Axes axes = AxesOf(layout);
@@ -162,18 +159,22 @@ static graphStatus FlashCannAttentionInferShape(gert::InferShapeContext* context
 
 static graphStatus FlashCannAttentionInferDataType(gert::InferDataTypeContext* context)
 {
-    context->SetOutputDataType(kOut, context->GetInputDataType(kQuery));
-    context->SetOutputDataType(kSoftmaxLse, DT_FLOAT);
+    context->SetOutputDataType(fwd::output::kOut, context->GetInputDataType(fwd::input::kQuery));
+    context->SetOutputDataType(fwd::output::kSoftmaxLse, DT_FLOAT);
     return GRAPH_SUCCESS;
 }
 
-// Backward: each gradient has the shape and dtype of its input (query, key, value are
-// inputs 1, 2, 3 after grad_out).
+// Backward: each gradient (grad_query, grad_key, grad_value) has the shape and dtype of
+// its input (query, key, value).
+constexpr size_t kGradients = bwd::output::kCount;
+constexpr size_t kGradientOf[kGradients] = {bwd::input::kQuery, bwd::input::kKey,
+                                            bwd::input::kValue};
+
 static graphStatus FlashCannAttentionGradInferShape(gert::InferShapeContext* context)
 {
-    for (size_t i = 0; i < 3; ++i) {
-        const gert::Shape* input = context->GetInputShape(kGradQuery + i);
-        gert::Shape* grad = context->GetOutputShape(i);
+    for (size_t i = 0; i < kGradients; ++i) {
+        const gert::Shape* input = context->GetInputShape(kGradientOf[i]);
+        gert::Shape* grad = context->GetOutputShape(bwd::output::kGradQuery + i);
         FLASH_CANN_CHECK(context, input != nullptr && grad != nullptr, "missing shape");
         *grad = *input;
     }
@@ -182,8 +183,9 @@ static graphStatus FlashCannAttentionGradInferShape(gert::InferShapeContext* con
 
 static graphStatus FlashCannAttentionGradInferDataType(gert::InferDataTypeContext* context)
 {
-    for (size_t i = 0; i < 3; ++i) {
-        context->SetOutputDataType(i, context->GetInputDataType(kGradQuery + i));
+    for (size_t i = 0; i < kGradients; ++i) {
+        context->SetOutputDataType(bwd::output::kGradQuery + i,
+                                   context->GetInputDataType(kGradientOf[i]));
     }
     return GRAPH_SUCCESS;
 }

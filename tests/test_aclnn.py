@@ -16,10 +16,10 @@ import yaml
 from flash_cann import aclnn, aclnn_status
 from flash_cann.spec import parse
 
+from contract import RAW
 from native_build import needs
 
 ROOT = Path(__file__).resolve().parents[1]
-RAW = yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())
 SPEC = parse(RAW)
 # CANN's C type of each spec attribute type (msOpGen: Float -> double, String -> char *).
 ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char *"}

@@ -38,7 +38,6 @@ def test_plan_fits_and_balances():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"head_dim": 300}, "head_dim 300 exceeds the kernel's maximum of 256"),
-    ({"dtype": "float32"}, "dtype float32 is not supported by the Ascend kernel"),
     ({"heads_kv": 3}, "heads_q (8) must be a multiple of heads_kv (3)"),
 ])
 def test_refusals_raise(kwargs, message):
@@ -47,6 +46,13 @@ def test_refusals_raise(kwargs, message):
     args.update(kwargs)
     with pytest.raises(planner.PlanRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
         planner.plan(**args)
+
+
+def test_dtypes_and_layouts_are_the_specs():
+    with pytest.raises(ValueError, match="dtype must be one of float16, bfloat16 "
+                                         "\\(got 'float32'\\)"):
+        planner.plan("ascend910b2", 1, 8, 128, 64, dtype="float32")
+    assert list(planner.LAYOUTS) == ["BNSD", "BSND"]
 
 
 def test_platform_table():

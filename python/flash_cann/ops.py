@@ -199,23 +199,35 @@ def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
+# Autograd, by argument name from the spec: the backward op takes the forward's tensors
+# and attributes by name, grad_<output> for each forward output's gradient, and returns
+# grad_<input> for each forward input (spec.parse enforces the naming).
+_FWD_OP = SPEC.ops["fwd"]
+_BWD_OP = SPEC.ops[_FWD_OP.backward]
+_FWD_ARGS = [t.name for t in _FWD_OP.inputs] + [a.name for a in _FWD_OP.attrs]
+_BWD_ARGS = [t.name for t in _BWD_OP.inputs] + [a.name for a in _BWD_OP.attrs]
+_SAVED = [t.name for t in _FWD_OP.inputs] + [t.name for t in _FWD_OP.outputs]
+
+
 def _setup_context(ctx, inputs, output):
-    query, key, value, key_padding_mask, scale, causal, layout = inputs
-    out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, key_padding_mask)
-    ctx.attrs = (scale, causal, layout)
+    args = dict(zip(_FWD_ARGS, inputs))
+    args.update(zip((t.name for t in _FWD_OP.outputs), output))
+    ctx.save_for_backward(*(args[name] for name in _SAVED))
+    ctx.attrs = {a.name: args[a.name] for a in _FWD_OP.attrs}
     # Unused outputs arrive as None, so an unused lse costs nothing in backward.
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, key_padding_mask = ctx.saved_tensors
-    scale, causal, layout = ctx.attrs
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.flash_cann.bwd(grad_out, query, key, value, out, lse,
-                                          key_padding_mask, grad_lse, scale, causal, layout)
-    return dq, dk, dv, None, None, None, None
+def _backward(ctx, *grads):
+    args = {**dict(zip(_SAVED, ctx.saved_tensors)), **ctx.attrs}
+    args.update((f"grad_{t.name}", g) for t, g in zip(_FWD_OP.outputs, grads))
+    if args["grad_out"] is None:
+        args["grad_out"] = torch.zeros_like(args["out"])
+    # A backward-only attribute takes its spec default.
+    args.update((a.name, a.default) for a in _BWD_OP.attrs if a.name not in args)
+    results = getattr(torch.ops.flash_cann, _BWD_OP.name)(*(args[name] for name in _BWD_ARGS))
+    by_name = dict(zip((t.name for t in _BWD_OP.outputs), results))
+    return tuple(by_name.get(f"grad_{name}") for name in _FWD_ARGS)
 
 
 torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)

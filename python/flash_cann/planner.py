@@ -12,9 +12,12 @@ import functools
 import json
 
 from . import native
+from .spec import load
 
-DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2}
-LAYOUTS = {"BNSD": 0, "BSND": 1}
+# The C ABI's dtype and layout numbers: spec order (op_host/flash_cann_contract.h, which
+# the planner's enums are checked against at compile time).
+DTYPES = {name: i for i, name in enumerate(load().backends["npu"].dtypes)}
+LAYOUTS = {name: i for i, name in enumerate(load().layouts)}
 
 
 class PlanRefused(ValueError):
