@@ -24,8 +24,9 @@ SPEC = parse(RAW)
 # CANN's C type of each spec attribute type (msOpGen: Float -> double, String -> char *).
 ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char *"}
 
-# Written out by hand from the rules in docs (cann_host_api.md §9): the ABI the
-# extension must call, whatever the generator says.
+# Written out by hand from the rules of CANN's aclnn generator (mirror-cann/asc-devkit,
+# tools/build/opbuild/op_aclnn_generator.cpp): the ABI the extension must call, whatever
+# our generator says.
 EXPECTED_PROTOTYPES = {
     "fwd": "aclnnStatus aclnnFlashCannAttentionGetWorkspaceSize(const aclTensor *query, "
            "const aclTensor *key, const aclTensor *value, "

@@ -3,8 +3,10 @@ refusals), the Python binding, and `flash-cann plan`."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +100,36 @@ def test_cli_unknown_soc_lists_the_known_ones():
     assert result.returncode == 1
     assert ("unknown SoC 'ascend910b'; choose one of ascend910b1, ascend910b2, ascend910b3, "
             "ascend910b4, ascend910_93 (any case)") in result.stdout
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+
+
+def test_docs_example_is_what_the_planner_says():
+    """docs/planner.md's cost-model example, rounded as printed there."""
+    built("planner/libflash_cann_planner.so")
+    text = " ".join(DOC.read_text().split())
+    found = re.search(r"Example: B=(\d+), H=(\d+), S=(\d+), D=(\d+), bf16, causal on (\w+)\. "
+                      r"The model says the (.+?) bounds it at ([\d.]+) ms, which is ([\d.]+) "
+                      r"TFLOP/s or ([\d.]+)% of peak", text)
+    assert found, "the example sentence changed shape"
+    b, h, s, d, soc, bound, ms, tflops, pct = found.groups()
+    pred = planner.plan(soc, int(b), int(h), int(s), int(d), dtype="bfloat16",
+                        causal=True)["prediction"]
+    assert (bound, ms, tflops, pct) == (
+        pred["bound"], f"{pred['seconds'] * 1e3:.1f}",
+        f"{pred['useful_flops'] / pred['seconds'] / 1e12:.1f}",
+        f"{100 * pred['cube_utilization']:.1f}")
+
+
+def test_docs_buffer_table_is_what_the_planner_says():
+    built("planner/libflash_cann_planner.so")
+    rows = re.findall(r"^\| (\d+) \| (\d+)×(\d+) \| .* \| (\d+) of 512 KiB "
+                      r"\| (\d+) of 184 KiB \|$", DOC.read_text(), re.M)
+    assert len(rows) == 3
+    for head_dim, block_q, block_k, l1_kib, ub_kib in rows:
+        p = planner.plan("ascend910b2", 1, 8, 4096, int(head_dim))
+        used = {level["level"]: level["used"] for level in p["levels"]}
+        assert (p["tiling"]["block_q"], p["tiling"]["block_k"]) == (int(block_q), int(block_k))
+        assert (round(used["L1"] / 1024), round(used["UB"] / 1024)) == (int(l1_kib),
+                                                                         int(ub_kib)), head_dim
