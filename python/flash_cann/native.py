@@ -38,10 +38,10 @@ def _run(command: list[str]) -> None:
 def unavailable_reason() -> str | None:
     """None if the native build can run here, else what is missing, in one line."""
     if not (PROJECT / "CMakeLists.txt").is_file():
-        return (f"flash_cann: the planner and the CPU twin are built from the source tree "
+        return (f"the planner and the CPU twin are built from the source tree "
                 f"({PROJECT} is missing): install from a checkout with pip install -e .")
     if shutil.which("cmake") is None:
-        return ("flash_cann: cmake (>= 3.16) and a C++17 compiler are needed to build the "
+        return ("cmake (>= 3.16) and a C++17 compiler are needed to build the "
                 "planner and the CPU twin")
     return None
 
@@ -51,7 +51,7 @@ def build() -> Path:
     """Configure (once) and build the host-only targets; return the build directory."""
     reason = unavailable_reason()
     if reason is not None:
-        raise NativeBuildError(reason)
+        raise NativeBuildError(f"flash_cann: {reason}")
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".build.lock", "w") as lock:  # one build at a time (tests, CLI)
