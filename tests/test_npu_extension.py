@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
+import flash_cann
 from flash_cann import aclnn
 from flash_cann.opp_paths import LIBRARY
 
@@ -89,7 +90,10 @@ def build(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results(build):
     env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join([str(FAKE), str(build / "ext")]),
+               # This checkout's package too: the subprocess must run the sources under
+               # test, not whatever flash_cann the environment has installed.
+               PYTHONPATH=os.pathsep.join([str(FAKE), str(build / "ext"),
+                                           str(Path(flash_cann.__file__).parents[1])]),
                FAKE_TORCH_NPU_LIB=str(build / "libfake_torch_npu.so"),
                FAKE_ACLNN_LOG=str(build / "aclnn.jsonl"),
                ASCEND_CUSTOM_OPP_PATH=":".join(str(build / "vendors" / v)
