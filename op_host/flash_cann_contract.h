@@ -70,8 +70,9 @@ enum Index : size_t {
     kScale = 0,
     kCausal = 1,
     kLayout = 2,
+    kDeterministic = 3,
 };
-constexpr size_t kCount = 3;
+constexpr size_t kCount = 4;
 }  // namespace attr
 namespace output {
 enum Index : size_t {

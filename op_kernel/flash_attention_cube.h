@@ -1,13 +1,20 @@
-// The cube (AIC) half of the FlashAttention forward kernel: both matrix products.
+// The cube (AIC) half of the FlashAttention forward kernel: both matrix products, as a
+// pipeline over the AIC's four pipes (MTE2 GM->L1, MTE1 L1->L0A/L0B, M the cube, FIX
+// L0C->GM) handed over with explicit events.
 //
-// Per query tile (up to blockQ rows of one batch/head), for every key block it visits:
-//   IterateBmm1  S = Q K^T         Q (L1, loaded once per tile) -> L0A, K -> L1 -> L0B,
-//                                  Mmad -> L0C, Fixpipe -> workspace S slot -> flag AIVs
-//   IterateBmm2  O_partial = P V   wait for the AIVs' P, P -> L1 -> L0A, V -> L1 -> L0B
-//                                  (transposed fractals), Mmad -> L0C, Fixpipe -> workspace
-//                                  O slot -> flag AIVs
-// S of the next block is computed before P.V of the current one, so the vector cores
-// always have a block to work on. Queues (TQue) order the MTE2 -> MTE1 -> M -> FIX pipes.
+// Per query tile: Q is loaded into L1 and then into L0A once, and stays in L0A for
+// every S product of the tile. The tile's keys are walked in rounds of keyStack
+// sub-blocks of blockK keys (flash_cann_tiling.h, MakeRound). The order is
+//   ComputeScores(0), then per round r: ComputeScores(r + 1), ComputeOutput(r)
+// so S of the next round is in the workspace before the cube blocks on P of this one,
+// and the vector cores always have a round of S to work on while the cube does P.V.
+//   ComputeScores  per sub-block: K -> L1 -> L0B, S = Q K^T (L0C), Fixpipe -> S slot;
+//                  one cross-core flag per round
+//   ComputeOutput  V and the next K loads are issued, then the wait for P; per
+//                  sub-block: P -> L1 -> L0A, V -> L0B, O += P V in L0C (accumulated over
+//                  the whole stack); one Fixpipe of O and one flag per round
+// K, V and P stream through double-buffered L1 rings, loaded as far ahead as their ring
+// allows, so MTE2 runs ahead of MTE1 and M (docs/kernel.md has the timeline).
 #ifndef FLASH_CANN_FLASH_ATTENTION_CUBE_H
 #define FLASH_CANN_FLASH_ATTENTION_CUBE_H
 
@@ -15,80 +22,163 @@
 
 namespace flash_cann {
 
+// A ring of `copies` equal buffers that a producer pipe fills and a consumer pipe uses,
+// in order. FILLED (producer -> consumer) says a buffer holds its data, FREED (consumer
+// -> producer) says it may be overwritten; the event id of buffer i is eventBase + i.
+// Every buffer starts freed, and Drain waits for all of them at the end, so each event
+// is set and waited on equally often.
+template <typename U, AscendC::HardEvent FILLED, AscendC::HardEvent FREED>
+class EventRing {
+public:
+    __aicore__ inline void Init(const AscendC::LocalTensor<U>& base, uint32_t slotElements,
+                                uint32_t copies, int32_t eventBase)
+    {
+        base_ = base;
+        slotElements_ = slotElements;
+        copies_ = copies;
+        eventBase_ = eventBase;
+        for (uint32_t i = 0; i < copies_; ++i) {
+            AscendC::SetFlag<FREED>(eventBase_ + static_cast<int32_t>(i));
+        }
+    }
+    // Producer side: the next buffer, once its previous contents are consumed.
+    __aicore__ inline AscendC::LocalTensor<U> BeginFill()
+    {
+        const uint32_t slot = filled_ % copies_;
+        AscendC::WaitFlag<FREED>(eventBase_ + static_cast<int32_t>(slot));
+        return base_[slot * slotElements_];
+    }
+    __aicore__ inline void EndFill()
+    {
+        AscendC::SetFlag<FILLED>(eventBase_ + static_cast<int32_t>(filled_++ % copies_));
+    }
+    // Consumer side: the oldest filled buffer, once its data is there.
+    __aicore__ inline AscendC::LocalTensor<U> BeginUse()
+    {
+        const uint32_t slot = used_ % copies_;
+        AscendC::WaitFlag<FILLED>(eventBase_ + static_cast<int32_t>(slot));
+        return base_[slot * slotElements_];
+    }
+    __aicore__ inline void EndUse()
+    {
+        AscendC::SetFlag<FREED>(eventBase_ + static_cast<int32_t>(used_++ % copies_));
+    }
+    // Buffers filled (or being filled) and not yet used.
+    __aicore__ inline uint32_t InFlight() const { return filled_ - used_; }
+    __aicore__ inline uint32_t Copies() const { return copies_; }
+    __aicore__ inline void Drain()
+    {
+        for (uint32_t i = 0; i < copies_; ++i) {
+            AscendC::WaitFlag<FREED>(eventBase_ + static_cast<int32_t>(i));
+        }
+    }
+
+private:
+    AscendC::LocalTensor<U> base_;
+    uint32_t slotElements_ = 0;
+    uint32_t copies_ = 1;
+    int32_t eventBase_ = 0;
+    uint32_t filled_ = 0;
+    uint32_t used_ = 0;
+};
+
+// Event ids, unique per HardEvent pair (each pair has ids 0..7).
+//   MTE2 <-> MTE1 (L1):   Q 0, K 1-2, V 3-4, P 5-6
+//   MTE1 <-> M (L0A/L0B): Q 0, P 1-2, B operand 3-4
+//   M <-> FIX (L0C):      O 0, S 1-2
+constexpr int32_t kEventQL1 = 0, kEventKL1 = 1, kEventVL1 = 3, kEventPL1 = 5;
+constexpr int32_t kEventQL0a = 0, kEventPL0a = 1, kEventL0b = 3;
+constexpr int32_t kEventOL0c = 0, kEventSL0c = 1;
+
 template <typename T, bool CAUSAL, bool MASK>
 class FlashAttentionCube {
+    using L1Ring = EventRing<T, AscendC::HardEvent::MTE2_MTE1, AscendC::HardEvent::MTE1_MTE2>;
+    using L0Ring = EventRing<T, AscendC::HardEvent::MTE1_M, AscendC::HardEvent::M_MTE1>;
+    using L0cRing = EventRing<float, AscendC::HardEvent::M_FIX, AscendC::HardEvent::FIX_M>;
+
 public:
-    __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR keyPaddingMask,
-                                GM_ADDR userWorkspace, const TilingData& tiling,
-                                AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR userWorkspace,
+                                const TilingData& tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
         core_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
         q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key));
         v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
-        if (MASK) {
-            mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(keyPaddingMask));
-        }
         exchange_.Init(userWorkspace, core_, t_);
 
         const BufferBytes bytes = ComputeBufferBytes(t_, sizeof(T));
-        pipe->InitBuffer(qQue_, 1, bytes.qL1);
-        pipe->InitBuffer(kQue_, t_.kvL1Buffers, bytes.kL1);
-        pipe->InitBuffer(vQue_, t_.kvL1Buffers, bytes.vL1);
-        pipe->InitBuffer(pQue_, t_.pL1Buffers, bytes.pL1);
-        pipe->InitBuffer(aQue_, t_.l0aBuffers, bytes.l0a);
-        pipe->InitBuffer(bQue_, t_.l0bBuffers, bytes.l0b);
-        pipe->InitBuffer(cQue_, t_.l0cBuffers, bytes.l0c);
+        pipe->InitBuffer(qL1Buf_, bytes.qL1);
+        pipe->InitBuffer(kL1Buf_, bytes.kL1 * t_.kvL1Buffers);
+        pipe->InitBuffer(vL1Buf_, bytes.vL1 * t_.kvL1Buffers);
+        pipe->InitBuffer(pL1Buf_, bytes.pL1 * t_.pL1Buffers);
+        pipe->InitBuffer(qL0aBuf_, bytes.qL0a);
+        pipe->InitBuffer(pL0aBuf_, bytes.pL0a * t_.l0aBuffers);
+        pipe->InitBuffer(l0bBuf_, bytes.l0b * t_.l0bBuffers);
+        pipe->InitBuffer(oL0cBuf_, bytes.oL0c);
+        pipe->InitBuffer(sL0cBuf_, bytes.sL0c * t_.l0cBuffers);
+
+        qL1_.Init(qL1Buf_.template Get<T>(), 0, 1, kEventQL1);
+        kL1_.Init(kL1Buf_.template Get<T>(), bytes.kL1 / sizeof(T), t_.kvL1Buffers, kEventKL1);
+        vL1_.Init(vL1Buf_.template Get<T>(), bytes.vL1 / sizeof(T), t_.kvL1Buffers, kEventVL1);
+        pL1_.Init(pL1Buf_.template Get<T>(), bytes.pL1 / sizeof(T), t_.pL1Buffers, kEventPL1);
+        qL0a_.Init(qL0aBuf_.template Get<T>(), 0, 1, kEventQL0a);
+        pL0a_.Init(pL0aBuf_.template Get<T>(), bytes.pL0a / sizeof(T), t_.l0aBuffers, kEventPL0a);
+        l0b_.Init(l0bBuf_.template Get<T>(), bytes.l0b / sizeof(T), t_.l0bBuffers, kEventL0b);
+        oL0c_.Init(oL0cBuf_.template Get<float>(), 0, 1, kEventOL0c);
+        sL0c_.Init(sL0cBuf_.template Get<float>(), bytes.sL0c / sizeof(float), t_.l0cBuffers,
+                   kEventSL0c);
     }
 
     __aicore__ inline void Process()
     {
-        if (core_ >= t_.usedCores) {
-            return;
-        }
-        uint64_t cursor = t_.rowStart[core_];
-        QueryTile tile;
-        while (NextTile(t_, cursor, t_.rowStart[core_ + 1], tile)) {
-            const uint32_t keyEnd = KeyEnd<CAUSAL>(t_, tile);
-            const uint32_t blocks = (keyEnd + t_.blockK - 1) / t_.blockK;
-            uint32_t current = NextVisibleBlock<MASK>(t_, mask_, tile.batch, keyEnd, 0);
-            if (current == blocks) {
-                continue;  // no key to attend to: the vector cores write 0 and -inf
-            }
-            LoadQuery(tile);
-            IterateBmm1(tile, keyEnd, current);
-            uint32_t next = NextVisibleBlock<MASK>(t_, mask_, tile.batch, keyEnd, current + 1);
-            if (next < blocks) {
-                IterateBmm1(tile, keyEnd, next);
-            }
-            while (current < blocks) {
-                IterateBmm2(tile, keyEnd, current);
-                const uint32_t after =
-                    next < blocks ? NextVisibleBlock<MASK>(t_, mask_, tile.batch, keyEnd, next + 1)
-                                  : blocks;
-                if (after < blocks) {
-                    IterateBmm1(tile, keyEnd, after);
+        if (core_ < t_.usedCores) {
+            uint64_t cursor = t_.rowStart[core_];
+            QueryTile tile;
+            while (NextTile(t_, cursor, t_.rowStart[core_ + 1], tile)) {
+                const uint32_t keyEnd = KeyEnd<CAUSAL>(t_, tile);
+                const uint32_t rounds = RoundCount(t_, keyEnd);
+                if (rounds == 0) {
+                    continue;  // no key to attend to: the vector cores write 0 and -inf
                 }
-                current = next;
-                next = after;
+                BeginTile(tile, keyEnd);
+                ComputeScores(0);
+                for (uint32_t round = 0; round < rounds; ++round) {
+                    if (round + 1 < rounds) {
+                        ComputeScores(round + 1);
+                    }
+                    ComputeOutput(round);
+                }
+                qL0a_.EndUse();  // the last S product of the tile has read Q
             }
-            qQue_.FreeTensor(qL1_);
         }
+        qL1_.Drain();
+        kL1_.Drain();
+        vL1_.Drain();
+        pL1_.Drain();
+        qL0a_.Drain();
+        pL0a_.Drain();
+        l0b_.Drain();
+        oL0c_.Drain();
+        sL0c_.Drain();
     }
 
 private:
-    // Rows of Q (or K, V) ND in GM -> Nz in L1 with `padRows` rows. Key/value rows past
-    // `rows` are the reduction dimension of P.V and the columns of S: zero them first, so
-    // no stale L1 data enters a product. (A partial last 32-byte column block, when
-    // head_dim is not a multiple of 16, is zero-padded by the ND->NZ copy itself.)
+    // `rows` rows of Q, K or V (ND in GM, row pitch `pitch`) -> Nz in L1 with `padRows`
+    // rows per 16-column block. With zeroTail, rows [rows, padRows) of every column
+    // block are zeroed (their own addresses, so no ordering against the copy is needed):
+    // key/value rows past the last key are the padded columns of S and the padded
+    // reduction dimension of P.V, and stale L1 data there would reach the results. (A
+    // partial last column block, head_dim % 16 != 0, is zero-padded by ND->NZ itself.)
     __aicore__ inline void LoadRows(const AscendC::LocalTensor<T>& l1, const AscendC::GlobalTensor<T>& src,
                                     uint32_t rows, uint32_t padRows, uint64_t pitch, bool zeroTail)
     {
         if (zeroTail && rows < padRows) {
-            const uint16_t blocks = static_cast<uint16_t>(padRows * t_.headDimPad * sizeof(T) / kByteBlock);
-            AscendC::InitConstValue(l1, AscendC::InitConstValueParams<T>(1, blocks, 0, T(0.0f)));
-            AscendC::PipeBarrier<PIPE_MTE2>();
+            AscendC::InitConstValue(
+                l1[rows * kCubeBlock],
+                AscendC::InitConstValueParams<T>(static_cast<uint16_t>(t_.headDimPad / kCubeBlock),
+                                                 static_cast<uint16_t>(padRows - rows),
+                                                 static_cast<uint16_t>(rows), T(0.0f)));
         }
         AscendC::DataCopy(l1, src,
                           AscendC::Nd2NzParams(1, static_cast<uint16_t>(rows),
@@ -109,138 +199,183 @@ private:
         }
     }
 
-    __aicore__ inline void LoadQuery(const QueryTile& tile)
+    __aicore__ inline void BeginTile(const QueryTile& tile, uint32_t keyEnd)
     {
+        tile_ = tile;
+        keyEnd_ = keyEnd;
+        blocks_ = (keyEnd + t_.blockK - 1) / t_.blockK;
+        keysIssued_ = valuesIssued_ = 0;
         rows16_ = AlignUp(tile.rows, kCubeBlock);
         const uint64_t offset = uint64_t{tile.batch} * t_.qStrideBatch +
                                 uint64_t{tile.headQ} * t_.qStrideHead + uint64_t{tile.row0} * t_.qStrideRow;
-        qL1_ = qQue_.template AllocTensor<T>();
-        LoadRows(qL1_, q_[offset], tile.rows, rows16_, t_.qStrideRow, false);
-        qQue_.EnQue(qL1_);
-        qL1_ = qQue_.template DeQue<T>();
+        // Q: GM -> L1 (MTE2) -> L0A (MTE1), where it stays until the tile's last S product.
+        // Rows past tile.rows are stale: they only reach S and O rows nobody reads.
+        LoadRows(qL1_.BeginFill(), q_[offset], tile.rows, rows16_, t_.qStrideRow, false);
+        qL1_.EndFill();
+        const AscendC::LocalTensor<T> qL1 = qL1_.BeginUse();
+        LoadLeft(qL0a_.BeginFill(), qL1, rows16_, t_.headDimPad);
+        qL1_.EndUse();
+        qL0a_.EndFill();
+        qA_ = qL0a_.BeginUse();
     }
 
-    __aicore__ inline uint64_t KeyOffset(const QueryTile& tile, uint32_t block) const
+    __aicore__ inline uint64_t KeyOffset(uint32_t block) const
     {
-        return uint64_t{tile.batch} * t_.kvStrideBatch + uint64_t{tile.headKv} * t_.kvStrideHead +
+        return uint64_t{tile_.batch} * t_.kvStrideBatch + uint64_t{tile_.headKv} * t_.kvStrideHead +
                uint64_t{block} * t_.blockK * t_.kvStrideRow;
     }
 
-    __aicore__ inline uint32_t Columns(uint32_t keyEnd, uint32_t block) const
+    __aicore__ inline uint32_t Columns(uint32_t block) const
     {
-        return MinU32(t_.blockK, keyEnd - block * t_.blockK);
+        return MinU32(t_.blockK, keyEnd_ - block * t_.blockK);
     }
 
-    // S = Q K^T for one key block, into S slot (block sequence % 2).
-    __aicore__ inline void IterateBmm1(const QueryTile& tile, uint32_t keyEnd, uint32_t block)
+    // Start the K (or V) loads of the tile's next sub-blocks into every free L1 buffer:
+    // MTE2 works on them while the other pipes (and the vector cores) are busy.
+    __aicore__ inline void IssueKeys()
     {
+        for (; keysIssued_ < blocks_ && kL1_.InFlight() < kL1_.Copies(); ++keysIssued_) {
+            LoadRows(kL1_.BeginFill(), k_[KeyOffset(keysIssued_)], Columns(keysIssued_), t_.blockK,
+                     t_.kvStrideRow, true);
+            kL1_.EndFill();
+        }
+    }
+
+    __aicore__ inline void IssueValues()
+    {
+        for (; valuesIssued_ < blocks_ && vL1_.InFlight() < vL1_.Copies(); ++valuesIssued_) {
+            LoadRows(vL1_.BeginFill(), v_[KeyOffset(valuesIssued_)], Columns(valuesIssued_),
+                     t_.blockK, t_.kvStrideRow, true);
+            vL1_.EndFill();
+        }
+    }
+
+    // P sub-blocks of the round in workspace slot `slot` (rows of `width` elements).
+    __aicore__ inline void IssueProbs(const KeyRound& round, uint32_t slot)
+    {
+        for (; probsIssued_ < round.subBlocks && pL1_.InFlight() < pL1_.Copies(); ++probsIssued_) {
+            AscendC::DataCopy(pL1_.BeginFill(), exchange_.Probs(slot, probsIssued_ * t_.blockK),
+                              AscendC::Nd2NzParams(1, static_cast<uint16_t>(tile_.rows),
+                                                   static_cast<uint16_t>(t_.blockK), 0,
+                                                   static_cast<uint16_t>(round.width),
+                                                   static_cast<uint16_t>(rows16_), 1, 0));
+            pL1_.EndFill();
+        }
+    }
+
+    // S = Q K^T for every sub-block of round `index`, into the next S slot.
+    __aicore__ inline void ComputeScores(uint32_t index)
+    {
+        const KeyRound round = MakeRound(t_, keyEnd_, index);
+        const uint32_t slot = scoreSeq_++ % 2;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
-        AscendC::LocalTensor<T> kL1 = kQue_.template AllocTensor<T>();
-        LoadRows(kL1, k_[KeyOffset(tile, block)], Columns(keyEnd, block), bk, t_.kvStrideRow, true);
-        kQue_.EnQue(kL1);
-        kL1 = kQue_.template DeQue<T>();
+        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+            IssueKeys();
+            // K in Nz is already the Zn layout of K^T: copy fractals straight, per column block.
+            const AscendC::LocalTensor<T> kL1 = kL1_.BeginUse();
+            const AscendC::LocalTensor<T> b = l0b_.BeginFill();
+            for (uint32_t col = 0; col < d / kCubeBlock; ++col) {
+                AscendC::LoadData(b[col * bk * kCubeBlock], kL1[col * bk * kCubeBlock],
+                                  AscendC::LoadData2DParams(0, static_cast<uint8_t>(bk / kCubeBlock),
+                                                            1, 0, 0, false, 0));
+            }
+            kL1_.EndUse();
+            l0b_.EndFill();
+            IssueKeys();  // the L1 buffer just freed takes a later sub-block's K
 
-        AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
-        LoadLeft(a, qL1_, rows16_, d);
-        aQue_.EnQue(a);
-        a = aQue_.template DeQue<T>();
-        // K in Nz is already the Zn layout of K^T: copy fractals straight, per column block.
-        AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
-        for (uint32_t col = 0; col < d / kCubeBlock; ++col) {
-            AscendC::LoadData(b[col * bk * kCubeBlock], kL1[col * bk * kCubeBlock],
-                              AscendC::LoadData2DParams(0, static_cast<uint8_t>(bk / kCubeBlock), 1,
-                                                        0, 0, false, 0));
+            const AscendC::LocalTensor<float> c = sL0c_.BeginFill();
+            AscendC::Mmad(c, qA_, l0b_.BeginUse(),
+                          AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(bk),
+                                              static_cast<uint16_t>(d), 0, false, true));
+            l0b_.EndUse();
+            sL0c_.EndFill();
+            AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
+                exchange_.Scores(slot, sub * bk), sL0c_.BeginUse(),
+                AscendC::FixpipeParamsV220(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
+                                           static_cast<uint16_t>(rows16_), round.width, false));
+            sL0c_.EndUse();
         }
-        bQue_.EnQue(b);
-        b = bQue_.template DeQue<T>();
-        kQue_.FreeTensor(kL1);
-
-        AscendC::LocalTensor<float> c = cQue_.template AllocTensor<float>();
-        AscendC::Mmad(c, a, b, AscendC::MmadParams(static_cast<uint16_t>(rows16_),
-                                                   static_cast<uint16_t>(bk),
-                                                   static_cast<uint16_t>(d), 0, false, true));
-        aQue_.FreeTensor(a);
-        bQue_.FreeTensor(b);
-        cQue_.EnQue(c);
-        c = cQue_.template DeQue<float>();
-        AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            exchange_.Scores(scoreSeq_++ % 2, 0), c,
-            AscendC::FixpipeParamsV220(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
-                                       static_cast<uint16_t>(rows16_), bk, false));
-        cQue_.FreeTensor(c);
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagScores);
     }
 
-    // O_partial = P V for one key block, into O slot (block sequence % 2).
-    __aicore__ inline void IterateBmm2(const QueryTile& tile, uint32_t keyEnd, uint32_t block)
+    // O = P V of round `index`, accumulated over its sub-blocks in L0C, into the next O slot.
+    __aicore__ inline void ComputeOutput(uint32_t index)
     {
+        const KeyRound round = MakeRound(t_, keyEnd_, index);
+        const uint32_t slot = outputSeq_++ % 2;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
-        const uint32_t slot = outputSeq_++ % 2;
+        // V of this round and K of the next ones do not depend on the vector cores: their
+        // loads are in flight while the cube waits for P.
+        IssueValues();
+        IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
-        AscendC::LocalTensor<T> pL1 = pQue_.template AllocTensor<T>();
-        AscendC::DataCopy(pL1, exchange_.Probs(slot, 0),
-                          AscendC::Nd2NzParams(1, static_cast<uint16_t>(rows16_),
-                                               static_cast<uint16_t>(bk), 0,
-                                               static_cast<uint16_t>(bk),
-                                               static_cast<uint16_t>(rows16_), 1, 0));
-        pQue_.EnQue(pL1);
-        pL1 = pQue_.template DeQue<T>();
-        AscendC::LocalTensor<T> vL1 = vQue_.template AllocTensor<T>();
-        LoadRows(vL1, v_[KeyOffset(tile, block)], Columns(keyEnd, block), bk, t_.kvStrideRow, true);
-        vQue_.EnQue(vL1);
-        vL1 = vQue_.template DeQue<T>();
+        probsIssued_ = 0;
+        IssueProbs(round, slot);
+        const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
+        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+            const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
+            LoadLeft(pL0a_.BeginFill(), pL1, rows16_, bk);
+            pL1_.EndUse();
+            pL0a_.EndFill();
+            IssueProbs(round, slot);
 
-        AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
-        LoadLeft(a, pL1, rows16_, bk);
-        aQue_.EnQue(a);
-        a = aQue_.template DeQue<T>();
-        pQue_.FreeTensor(pL1);
-        // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
-        AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
-        for (uint32_t row = 0; row < bk / kCubeBlock; ++row) {
-            AscendC::LoadData(b[row * kCubeBlock * d], vL1[row * kCubeBlock * kCubeBlock],
-                              AscendC::LoadData2DParams(0, static_cast<uint8_t>(d / kCubeBlock),
-                                                        static_cast<uint16_t>(bk / kCubeBlock), 0,
-                                                        0, true, 0));
+            // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
+            IssueValues();
+            const AscendC::LocalTensor<T> vL1 = vL1_.BeginUse();
+            const AscendC::LocalTensor<T> b = l0b_.BeginFill();
+            for (uint32_t row = 0; row < bk / kCubeBlock; ++row) {
+                AscendC::LoadData(b[row * kCubeBlock * d], vL1[row * kCubeBlock * kCubeBlock],
+                                  AscendC::LoadData2DParams(0, static_cast<uint8_t>(d / kCubeBlock),
+                                                            static_cast<uint16_t>(bk / kCubeBlock), 0,
+                                                            0, true, 0));
+            }
+            vL1_.EndUse();
+            l0b_.EndFill();
+            IssueValues();
+
+            const AscendC::LocalTensor<T> a = pL0a_.BeginUse();
+            if (sub > 0) {
+                AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
+            }
+            AscendC::Mmad(o, a, l0b_.BeginUse(),
+                          AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(d),
+                                              static_cast<uint16_t>(bk), 0, false, sub == 0));
+            pL0a_.EndUse();
+            l0b_.EndUse();
         }
-        bQue_.EnQue(b);
-        b = bQue_.template DeQue<T>();
-        vQue_.FreeTensor(vL1);
-
-        AscendC::LocalTensor<float> c = cQue_.template AllocTensor<float>();
-        AscendC::Mmad(c, a, b, AscendC::MmadParams(static_cast<uint16_t>(rows16_),
-                                                   static_cast<uint16_t>(d),
-                                                   static_cast<uint16_t>(bk), 0, false, true));
-        aQue_.FreeTensor(a);
-        bQue_.FreeTensor(b);
-        cQue_.EnQue(c);
-        c = cQue_.template DeQue<float>();
+        oL0c_.EndFill();
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            exchange_.Output(slot, 0), c,
+            exchange_.Output(slot, 0), oL0c_.BeginUse(),
             AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16_),
                                        static_cast<uint16_t>(rows16_), d, false));
-        cQue_.FreeTensor(c);
+        oL0c_.EndUse();
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagOutput);
     }
 
     TilingData t_;
     uint32_t core_ = 0;
+    QueryTile tile_{};
+    uint32_t keyEnd_ = 0;
+    uint32_t blocks_ = 0;       // key sub-blocks of the tile
+    uint32_t keysIssued_ = 0;   // K sub-blocks of the tile whose load has been issued
+    uint32_t valuesIssued_ = 0;
+    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round
     uint32_t rows16_ = 0;
-    uint32_t scoreSeq_ = 0;
+    uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slot = seq % 2)
     uint32_t outputSeq_ = 0;
     ExchangeBuffers<T> exchange_;
     AscendC::GlobalTensor<T> q_, k_, v_;
-    AscendC::GlobalTensor<uint8_t> mask_;
-    AscendC::TQue<AscendC::TPosition::A1, 1> qQue_;
-    AscendC::TQue<AscendC::TPosition::A1, 1> pQue_;
-    AscendC::TQue<AscendC::TPosition::B1, 1> kQue_;
-    AscendC::TQue<AscendC::TPosition::B1, 1> vQue_;
-    AscendC::TQue<AscendC::TPosition::A2, 1> aQue_;
-    AscendC::TQue<AscendC::TPosition::B2, 1> bQue_;
-    AscendC::TQue<AscendC::TPosition::CO1, 1> cQue_;
-    AscendC::LocalTensor<T> qL1_;
+    AscendC::TBuf<AscendC::TPosition::A1> qL1Buf_, pL1Buf_;
+    AscendC::TBuf<AscendC::TPosition::B1> kL1Buf_, vL1Buf_;
+    AscendC::TBuf<AscendC::TPosition::A2> qL0aBuf_, pL0aBuf_;
+    AscendC::TBuf<AscendC::TPosition::B2> l0bBuf_;
+    AscendC::TBuf<AscendC::TPosition::CO1> oL0cBuf_, sL0cBuf_;
+    L1Ring qL1_, kL1_, vL1_, pL1_;
+    L0Ring qL0a_, pL0a_, l0b_;
+    L0cRing oL0c_, sL0c_;
+    AscendC::LocalTensor<T> qA_;  // Q in L0A for the current tile
 };
 
 }  // namespace flash_cann

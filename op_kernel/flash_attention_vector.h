@@ -1,15 +1,26 @@
-// The vector (AIV) half of the FlashAttention forward kernel: the online softmax.
+// The vector (AIV) half of the FlashAttention forward kernel: the online softmax, with
+// the output update one round behind it.
 //
-// The two vector cores of an AI core split each query tile's rows. Per key block:
-//   SoftMaxCompute  wait for S; scale; mask (key padding and block tail as an additive
-//                   -inf bias row, causal per row on diagonal blocks); row max m';
-//                   P = exp(S - m'); l = l * exp(m - m') + rowsum(P); P -> workspace ->
-//                   flag the cube
-//   ProcessVec2     acc = acc * exp(m - m') + P.V once the cube's product arrives
-// and per tile the epilogue DataCopyOut: out = acc / l, lse = m + ln(l). Statistics are
-// fp32; rows that see no key keep m = -inf, l = 0 and produce out = 0 and lse = -inf
-// (clamping m to the lowest float where it is subtracted keeps -inf - -inf out).
-// Everything is vector work on UB; no scalar reads of UB, so no scalar-vector syncs.
+// The two vector cores of an AI core split each query tile's rows. Per tile, with the
+// rounds of flash_cann_tiling.h (MakeRound):
+//   SoftmaxRound(0), then per round r >= 1: SoftmaxRound(r), UpdateOutput(r - 1); then
+//   UpdateOutput(last) and DataCopyOut.
+// SoftmaxRound(r) runs while the cube computes P.V(r - 1) and S(r + 1): it waits only
+// for S(r). UpdateOutput(r - 1) then needs O(r - 1) = P(r - 1) V(r - 1) and the rescale
+// factor alpha(r - 1) that SoftmaxRound(r - 1) left in a ring of kAlphaRing entries.
+//   SoftmaxRound  wait for S; per slice of vecRows rows (double-buffered): scale; key
+//                 bias (tail and key padding, one row per round); causal diagonal as
+//                 one 2-D compare + select; row max m'; alpha = exp(m - m') into the
+//                 ring; P = exp(S - m'); l = l alpha + rowsum(P); P -> workspace; one
+//                 flag to the cube per round
+//   UpdateOutput  wait for O; per slice: acc = acc alpha + O (acc = O in a tile's first
+//                 round)
+//   DataCopyOut   out = acc / l, lse = m + ln(l)
+// Statistics are fp32; rows that see no key keep m = -inf, l = 0 and produce out = 0 and
+// lse = -inf (clamping m to the lowest float where it is subtracted keeps -inf - -inf
+// out). No scalar reads of UB, so no scalar-vector syncs. Every PipeBarrier<PIPE_V>
+// separates a vector instruction from a later one that reads what it wrote (or
+// overwrites what it read); independent instructions are not separated.
 #ifndef FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 #define FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 
@@ -42,33 +53,43 @@ public:
         exchange_.Init(userWorkspace, core_, t_);
 
         const BufferBytes bytes = ComputeBufferBytes(t_, sizeof(T));
-        pipe->InitBuffer(sQue_, 1, bytes.sUb);
-        pipe->InitBuffer(pQue_, 1, bytes.pUb);
-        pipe->InitBuffer(rowBuf_, bytes.rowUb * (kRowStats - 1));
+        pipe->InitBuffer(sQue_, kVecBuffers, bytes.sUb);
+        pipe->InitBuffer(pQue_, kVecBuffers, bytes.pUb);
+        pipe->InitBuffer(oQue_, kVecBuffers, bytes.oUb);
+        pipe->InitBuffer(outQue_, kVecBuffers, bytes.outUb);
+        pipe->InitBuffer(accBuf_, bytes.accUb);
+        pipe->InitBuffer(rowBuf_, bytes.rowUb * kRowStats);
         pipe->InitBuffer(lseQue_, 1, bytes.rowUb);
         pipe->InitBuffer(brcBuf_, bytes.brcUb);
         pipe->InitBuffer(keyBuf_, bytes.keyUb * kKeyRows);
-        pipe->InitBuffer(maskQue_, 1, bytes.maskUb);
-        pipe->InitBuffer(maskHalfBuf_, bytes.maskHalfUb);
         pipe->InitBuffer(bitsBuf_, bytes.bitsUb);
-        pipe->InitBuffer(oQue_, 1, bytes.oUb);
-        pipe->InitBuffer(accBuf_, bytes.accUb);
-        pipe->InitBuffer(outQue_, 1, bytes.outUb);
+        if (MASK) {
+            pipe->InitBuffer(maskQue_, 1, bytes.maskUb);
+            pipe->InitBuffer(maskHalfBuf_, bytes.maskHalfUb);
+            maskHalf_ = maskHalfBuf_.template Get<half>();
+        }
+        if (CAUSAL) {
+            pipe->InitBuffer(diagBuf_, bytes.diagUb);
+            diag_ = diagBuf_.template Get<float>();
+        }
 
         const uint32_t rowFloats = bytes.rowUb / sizeof(float);
         rowMax_ = rowBuf_.template GetWithOffset<float>(rowFloats, 0);
         rowSum_ = rowBuf_.template GetWithOffset<float>(rowFloats, bytes.rowUb);
-        blockMax_ = rowBuf_.template GetWithOffset<float>(rowFloats, 2 * bytes.rowUb);
-        blockSum_ = rowBuf_.template GetWithOffset<float>(rowFloats, 3 * bytes.rowUb);
-        alpha_ = rowBuf_.template GetWithOffset<float>(rowFloats, 4 * bytes.rowUb);
+        sliceMax_ = rowBuf_.template GetWithOffset<float>(rowFloats, 2 * bytes.rowUb);
+        sliceSum_ = rowBuf_.template GetWithOffset<float>(rowFloats, 3 * bytes.rowUb);
+        for (uint32_t i = 0; i < kAlphaRing; ++i) {
+            alpha_[i] = rowBuf_.template GetWithOffset<float>(rowFloats, (4 + i) * bytes.rowUb);
+        }
         broadcast_ = brcBuf_.template Get<float>();
-        keyBias_ = keyBuf_.template GetWithOffset<float>(t_.blockK, 0);
-        column_ = keyBuf_.template GetWithOffset<float>(t_.blockK, bytes.keyUb);
-        keyScratch_ = keyBuf_.template GetWithOffset<float>(t_.blockK, 2 * bytes.keyUb);
-        maskHalf_ = maskHalfBuf_.template Get<half>();
+        const uint32_t w = RoundKeys(t_);
+        keyBias_ = keyBuf_.template GetWithOffset<float>(w, 0);
+        column_ = keyBuf_.template GetWithOffset<float>(w, bytes.keyUb);
+        keyScratch_ = keyBuf_.template GetWithOffset<float>(w, 2 * bytes.keyUb);
         bits_ = bitsBuf_.template Get<uint8_t>();
         acc_ = accBuf_.template Get<float>();
-        AscendC::CreateVecIndex(column_, 0.0f, t_.blockK);  // column index, for causal limits
+        AscendC::CreateVecIndex(column_, 0.0f, w);  // column index, for the round's last key
+        AscendC::PipeBarrier<PIPE_V>();  // column_ -> every round's Compares
     }
 
     __aicore__ inline void Process()
@@ -83,222 +104,265 @@ public:
             const uint32_t firstHalf = (tile.rows + 1) / 2;
             rows_ = sub_ == 0 ? firstHalf : tile.rows - firstHalf;
             rowOffset_ = sub_ == 0 ? 0 : firstHalf;
-            InitTile();
             const uint32_t keyEnd = KeyEnd<CAUSAL>(t_, tile);
-            const uint32_t blocks = (keyEnd + t_.blockK - 1) / t_.blockK;
-            for (uint32_t block = NextVisibleBlock<MASK>(t_, mask_, tile.batch, keyEnd, 0);
-                 block < blocks;
-                 block = NextVisibleBlock<MASK>(t_, mask_, tile.batch, keyEnd, block + 1)) {
-                const uint32_t slot = blockSeq_++ % 2;
-                SoftMaxCompute(tile, keyEnd, block, slot);
-                ProcessVec2(slot);
+            const uint32_t rounds = RoundCount(t_, keyEnd);
+            InitTile(rounds);
+            for (uint32_t round = 0; round < rounds; ++round) {
+                SoftmaxRound(tile, MakeRound(t_, keyEnd, round), roundSeq_ + round);
+                if (round > 0) {
+                    UpdateOutput(roundSeq_ + round - 1, round == 1);
+                }
             }
+            if (rounds > 0) {
+                UpdateOutput(roundSeq_ + rounds - 1, rounds == 1);
+            }
+            roundSeq_ += rounds;
             DataCopyOut(tile);
         }
     }
 
 private:
-    __aicore__ inline void InitTile()
+    __aicore__ inline uint32_t SliceRows(uint32_t first) const
+    {
+        return MinU32(t_.vecRows, rows_ - first);
+    }
+
+    __aicore__ inline void InitTile(uint32_t rounds)
     {
         if (rows_ == 0) {
             return;
         }
         AscendC::Duplicate(rowMax_, negInf_, rows_);
         AscendC::Duplicate(rowSum_, 0.0f, rows_);
-        AscendC::Duplicate(acc_, 0.0f, rows_ * t_.headDimPad);
-        AscendC::PipeBarrier<PIPE_V>();
+        if (rounds == 0) {  // no key at all: out = acc / max(l, tiny) = 0
+            AscendC::Duplicate(acc_, 0.0f, rows_ * t_.headDimPad);
+            AscendC::PipeBarrier<PIPE_V>();  // m, l, acc -> the epilogue that follows at once
+        }
     }
 
-    // keyBias_[c] = 0 if column c of the block holds a key this tile may attend to,
-    // -inf if it is past the block's last key or padded out by the key mask.
-    __aicore__ inline void BuildKeyBias(const QueryTile& tile, uint32_t block, uint32_t columns)
+    // keyBias_[c] = 0 if column c of the round holds a key the tile may attend to, -inf
+    // if it is past the round's last key or padded out by the key mask. Built once per
+    // round with vector ops from one copy of the round's mask bytes.
+    __aicore__ inline void BuildKeyBias(const QueryTile& tile, const KeyRound& round)
     {
-        const uint32_t bk = t_.blockK;
-        AscendC::Duplicate(keyBias_, 0.0f, bk);
-        AscendC::PipeBarrier<PIPE_V>();
-        if (columns < bk) {
-            AscendC::Compares(bits_, column_, static_cast<float>(columns), AscendC::CMPMODE::LT, bk);
-            AscendC::PipeBarrier<PIPE_V>();
+        const uint32_t w = round.width;
+        AscendC::Duplicate(keyBias_, 0.0f, w);
+        if (round.columns < w) {
+            AscendC::Compares(bits_, column_, static_cast<float>(round.columns), AscendC::CMPMODE::LT, w);
+            AscendC::PipeBarrier<PIPE_V>();  // Duplicate and Compares -> Select
             AscendC::Select(keyBias_, bits_, keyBias_, negInf_,
-                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, bk);
-            AscendC::PipeBarrier<PIPE_V>();
+                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, w);
         }
         if (MASK) {
             AscendC::LocalTensor<uint8_t> maskBytes = maskQue_.template AllocTensor<uint8_t>();
-            AscendC::DataCopyPad(maskBytes,
-                                 mask_[uint64_t{tile.batch} * t_.seqlenK + uint64_t{block} * bk],
-                                 AscendC::DataCopyExtParams(1, columns, 0, 0, 0),
+            AscendC::DataCopyPad(maskBytes, mask_[uint64_t{tile.batch} * t_.seqlenK + round.key0],
+                                 AscendC::DataCopyExtParams(1, round.columns, 0, 0, 0),
                                  AscendC::DataCopyPadExtParams<uint8_t>(false, 0, 0, 0));
             maskQue_.EnQue(maskBytes);
             maskBytes = maskQue_.template DeQue<uint8_t>();
             // Bytes past `columns` are stale; the bias there is already -inf.
-            AscendC::Cast(maskHalf_, maskBytes, AscendC::RoundMode::CAST_NONE, bk);
+            AscendC::Cast(maskHalf_, maskBytes, AscendC::RoundMode::CAST_NONE, w);
+            AscendC::PipeBarrier<PIPE_V>();  // Cast -> Cast
             maskQue_.FreeTensor(maskBytes);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Cast(keyScratch_, maskHalf_, AscendC::RoundMode::CAST_NONE, bk);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Compares(bits_, keyScratch_, 0.5f, AscendC::CMPMODE::GT, bk);  // true = attend
-            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Cast(keyScratch_, maskHalf_, AscendC::RoundMode::CAST_NONE, w);
+            AscendC::PipeBarrier<PIPE_V>();  // Cast -> Compares; Select above -> Compares (bits)
+            AscendC::Compares(bits_, keyScratch_, 0.5f, AscendC::CMPMODE::GT, w);  // true = attend
+            AscendC::PipeBarrier<PIPE_V>();  // Compares -> Select
             AscendC::Select(keyBias_, bits_, keyBias_, negInf_,
-                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, bk);
-            AscendC::PipeBarrier<PIPE_V>();
+                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, w);
         }
+        // keyBias_ and bits_ are next touched after the barrier that follows each slice's
+        // Muls, so no barrier is needed here.
     }
 
-    // dst[r][c] (op)= rowValue[r] for the rows of a row-major [rows_][width] tile: the
-    // per-row values are broadcast to one 32-byte block each (Brcb) and read with block
-    // stride 0, 64 columns per instruction.
+    // diag_[r][c] = c - r for a slice of width `width`: row r of a slice sees column c iff
+    // c - r <= (first row's last visible key - round's first key). Rebuilt only when the
+    // round width changes (a tile's last round can be narrower).
+    __aicore__ inline void PrepareDiagonal(uint32_t width)
+    {
+        if (diagWidth_ == width) {
+            return;
+        }
+        diagWidth_ = width;
+        AscendC::CreateVecIndex(diag_, 0.0f, t_.vecRows * width);  // r * width + c
+        AscendC::CreateVecIndex(keyScratch_, 0.0f, kFloatsPerRepeat);
+        AscendC::PipeBarrier<PIPE_V>();  // CreateVecIndex -> Muls
+        AscendC::Muls(keyScratch_, keyScratch_, static_cast<float>(width + 1), kFloatsPerRepeat);
+        AscendC::PipeBarrier<PIPE_V>();  // Muls -> Brcb in RowBroadcast
+        RowBroadcast<RowOp::kSubtract>(diag_, keyScratch_, t_.vecRows, width);
+    }
+
+    // dst[r][c] (op)= rowValue[r] for the `rows` rows of a row-major [rows][width] tile:
+    // the per-row values are broadcast to one 32-byte block each (Brcb) and read with
+    // block stride 0, 64 columns per instruction.
     template <RowOp OP>
     __aicore__ inline void RowBroadcast(const AscendC::LocalTensor<float>& dst,
-                                        const AscendC::LocalTensor<float>& rowValue, uint32_t width)
+                                        const AscendC::LocalTensor<float>& rowValue, uint32_t rows,
+                                        uint32_t width)
     {
-        AscendC::Brcb(broadcast_, rowValue, static_cast<uint8_t>((rows_ + 7) / 8),
+        AscendC::Brcb(broadcast_, rowValue, static_cast<uint8_t>((rows + 7) / 8),
                       AscendC::BrcbRepeatParams(1, 8));
-        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::PipeBarrier<PIPE_V>();  // Brcb -> the row operation
         const uint8_t pitch = static_cast<uint8_t>(width / kFloatsPerBlock);
         for (uint32_t col = 0; col < width; col += kFloatsPerRepeat) {
             const uint64_t mask = MinU32(kFloatsPerRepeat, width - col);
             const AscendC::BinaryRepeatParams params(1, 1, 0, pitch, pitch, 1);
             if constexpr (OP == RowOp::kSubtract) {
-                AscendC::Sub(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows_), params);
+                AscendC::Sub(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows), params);
             } else {
-                AscendC::Mul(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows_), params);
+                AscendC::Mul(dst[col], dst[col], broadcast_, mask, static_cast<uint8_t>(rows), params);
             }
         }
-        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::PipeBarrier<PIPE_V>();  // dst -> its next reader; broadcast_ -> next Brcb
     }
 
-    // result[r] = max (or sum) of row r of the [rows_][blockK] tile: per 32-byte block
-    // (BlockReduce), then over the row's blocks (WholeReduce). `scratch` holds one value
-    // per block.
+    // result[r] = max (or sum) of row r of a [rows][width] tile (width <= 512): per 32-byte
+    // block (BlockReduce), then over the row's blocks (WholeReduce). `scratch` holds one
+    // value per block.
     template <bool MAX>
     __aicore__ inline void RowReduce(const AscendC::LocalTensor<float>& result,
                                      const AscendC::LocalTensor<float>& tile,
-                                     const AscendC::LocalTensor<float>& scratch)
+                                     const AscendC::LocalTensor<float>& scratch, uint32_t rows,
+                                     uint32_t width)
     {
-        const uint32_t bk = t_.blockK;
-        const uint32_t repeatsPerRow = bk / kFloatsPerRepeat;
+        const uint32_t repeatsPerRow = width / kFloatsPerRepeat;
         const uint32_t rowsPerCall = 255 / repeatsPerRow;  // at most 255 repeats per call
-        for (uint32_t row = 0; row < rows_; row += rowsPerCall) {
-            const int32_t repeats = static_cast<int32_t>(MinU32(rowsPerCall, rows_ - row) * repeatsPerRow);
+        for (uint32_t row = 0; row < rows; row += rowsPerCall) {
+            const int32_t repeats = static_cast<int32_t>(MinU32(rowsPerCall, rows - row) * repeatsPerRow);
             if (MAX) {
-                AscendC::BlockReduceMax(scratch[row * bk / kFloatsPerBlock], tile[row * bk], repeats,
+                AscendC::BlockReduceMax(scratch[row * width / kFloatsPerBlock], tile[row * width], repeats,
                                         static_cast<int32_t>(kFloatsPerRepeat), 1, 1, 8);
             } else {
-                AscendC::BlockReduceSum(scratch[row * bk / kFloatsPerBlock], tile[row * bk], repeats,
+                AscendC::BlockReduceSum(scratch[row * width / kFloatsPerBlock], tile[row * width], repeats,
                                         static_cast<int32_t>(kFloatsPerRepeat), 1, 1, 8);
             }
         }
-        AscendC::PipeBarrier<PIPE_V>();
-        const int32_t perRow = static_cast<int32_t>(bk / kFloatsPerBlock);
+        AscendC::PipeBarrier<PIPE_V>();  // BlockReduce -> WholeReduce
+        const int32_t perRow = static_cast<int32_t>(width / kFloatsPerBlock);
         if (MAX) {
-            AscendC::WholeReduceMax(result, scratch, perRow, static_cast<int32_t>(rows_), 1, 1,
+            AscendC::WholeReduceMax(result, scratch, perRow, static_cast<int32_t>(rows), 1, 1,
                                     perRow / static_cast<int32_t>(kFloatsPerBlock),
                                     AscendC::ReduceOrder::ORDER_ONLY_VALUE);
         } else {
-            AscendC::WholeReduceSum(result, scratch, perRow, static_cast<int32_t>(rows_), 1, 1,
+            AscendC::WholeReduceSum(result, scratch, perRow, static_cast<int32_t>(rows), 1, 1,
                                     perRow / static_cast<int32_t>(kFloatsPerBlock));
         }
-        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::PipeBarrier<PIPE_V>();  // result -> its reader; scratch -> its next writer
     }
 
-    // Causal rows of a block that crosses the diagonal: columns past the row's last
-    // visible key become -inf.
+    // Causal rows of a slice that crosses the diagonal: columns past each row's last
+    // visible key become -inf, for the whole slice at once.
     __aicore__ inline void MaskCausal(const AscendC::LocalTensor<float>& s, const QueryTile& tile,
-                                      uint32_t block, uint32_t columns)
+                                      const KeyRound& round, uint32_t first, uint32_t rows)
     {
-        const uint32_t bk = t_.blockK;
-        for (uint32_t r = 0; r < rows_; ++r) {
-            const int64_t lastVisible = static_cast<int64_t>(tile.row0) + rowOffset_ + r +
-                                        t_.causalOffset - static_cast<int64_t>(block) * bk;
-            if (lastVisible >= static_cast<int64_t>(columns) - 1) {
-                continue;  // the key bias already covers columns past the block's end
-            }
-            if (lastVisible < 0) {
-                AscendC::Duplicate(s[r * bk], negInf_, bk);
-            } else {
-                AscendC::Compares(bits_, column_, static_cast<float>(lastVisible),
-                                  AscendC::CMPMODE::LE, bk);
-                AscendC::PipeBarrier<PIPE_V>();
-                AscendC::Select(s[r * bk], bits_, s[r * bk], negInf_,
-                                AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, bk);
-            }
-            AscendC::PipeBarrier<PIPE_V>();
+        const int64_t limit = static_cast<int64_t>(tile.row0) + rowOffset_ + first + t_.causalOffset -
+                              static_cast<int64_t>(round.key0);
+        if (limit >= static_cast<int64_t>(round.columns) - 1) {
+            return;  // every row sees every key of the round
         }
+        // Below -vecRows no row sees any column: clamp so the float compare stays exact.
+        const float clamped = static_cast<float>(limit < -static_cast<int64_t>(t_.vecRows)
+                                                     ? -static_cast<int64_t>(t_.vecRows) - 1
+                                                     : limit);
+        const uint32_t count = rows * round.width;
+        AscendC::Compares(bits_, diag_, clamped, AscendC::CMPMODE::LE, count);
+        AscendC::PipeBarrier<PIPE_V>();  // Compares -> Select
+        AscendC::Select(s, bits_, s, negInf_, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+        AscendC::PipeBarrier<PIPE_V>();  // s -> row max; bits_ -> next Compares
     }
 
-    __aicore__ inline void SoftMaxCompute(const QueryTile& tile, uint32_t keyEnd, uint32_t block,
-                                          uint32_t slot)
+    __aicore__ inline void SoftmaxRound(const QueryTile& tile, const KeyRound& round, uint32_t seq)
     {
-        const uint32_t bk = t_.blockK;
-        const uint32_t columns = MinU32(bk, keyEnd - block * bk);
-        const uint32_t count = rows_ * bk;
         AscendC::CrossCoreWaitFlag(kFlagScores);
         if (rows_ > 0) {
-            AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
-            AscendC::DataCopy(s, exchange_.Scores(slot, rowOffset_ * bk), count);
-            sQue_.EnQue(s);
-            s = sQue_.template DeQue<float>();
-            AscendC::Muls(s, s, t_.scale, count);
-            AscendC::PipeBarrier<PIPE_V>();
-            if (MASK || columns < bk) {
-                BuildKeyBias(tile, block, columns);
-                for (uint32_t col = 0; col < bk; col += kFloatsPerRepeat) {
-                    const uint8_t pitch = static_cast<uint8_t>(bk / kFloatsPerBlock);
-                    AscendC::Add(s[col], s[col], keyBias_[col], kFloatsPerRepeat,
-                                 static_cast<uint8_t>(rows_),
-                                 AscendC::BinaryRepeatParams(1, 1, 1, pitch, pitch, 0));
-                }
-                AscendC::PipeBarrier<PIPE_V>();
+            const bool bias = MASK || round.columns < round.width;
+            if (bias) {
+                BuildKeyBias(tile, round);
             }
             if (CAUSAL) {
-                MaskCausal(s, tile, block, columns);
+                PrepareDiagonal(round.width);
             }
-            // The P buffer doubles as reduction scratch until P is written into it.
-            AscendC::LocalTensor<T> p = pQue_.template AllocTensor<T>();
-            const AscendC::LocalTensor<float> scratch = p.template ReinterpretCast<float>();
-            RowReduce<true>(blockMax_, s, scratch);
-            // m' = max(m, block max); alpha = exp(m - m'); subtract m' clamped to a finite
-            // value, so rows with no visible key so far stay at -inf, never NaN.
-            AscendC::Max(blockSum_, rowMax_, blockMax_, rows_);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Maxs(blockMax_, blockSum_, kLowest, rows_);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Sub(alpha_, rowMax_, blockMax_, rows_);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Exp(alpha_, alpha_, rows_);
-            AscendC::Adds(rowMax_, blockSum_, 0.0f, rows_);
-            RowBroadcast<RowOp::kSubtract>(s, blockMax_, bk);
-            AscendC::Exp(s, s, count);
-            AscendC::PipeBarrier<PIPE_V>();
-            RowReduce<false>(blockSum_, s, scratch);
-            AscendC::Mul(rowSum_, rowSum_, alpha_, rows_);
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Add(rowSum_, rowSum_, blockSum_, rows_);
-            AscendC::Cast(p, s, AscendC::RoundMode::CAST_RINT, count);
-            sQue_.FreeTensor(s);
-            pQue_.EnQue(p);
-            p = pQue_.template DeQue<T>();
-            AscendC::DataCopy(exchange_.Probs(slot, rowOffset_ * bk), p, count);
-            pQue_.FreeTensor(p);
+            for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
+                SoftmaxSlice(tile, round, seq, first, SliceRows(first), bias);
+            }
         }
         AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(kFlagProbs);
     }
 
-    __aicore__ inline void ProcessVec2(uint32_t slot)
+    __aicore__ inline void SoftmaxSlice(const QueryTile& tile, const KeyRound& round, uint32_t seq,
+                                        uint32_t first, uint32_t rows, bool bias)
+    {
+        const uint32_t w = round.width;
+        const uint32_t count = rows * w;
+        const uint32_t slot = seq % 2;
+        AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
+        AscendC::DataCopy(s, exchange_.Scores(slot, (rowOffset_ + first) * w), count);
+        sQue_.EnQue(s);
+        s = sQue_.template DeQue<float>();
+        AscendC::Muls(s, s, t_.scale, count);
+        AscendC::PipeBarrier<PIPE_V>();  // Muls -> bias / causal / row max
+        if (bias) {
+            const uint8_t pitch = static_cast<uint8_t>(w / kFloatsPerBlock);
+            for (uint32_t col = 0; col < w; col += kFloatsPerRepeat) {
+                AscendC::Add(s[col], s[col], keyBias_[col], kFloatsPerRepeat, static_cast<uint8_t>(rows),
+                             AscendC::BinaryRepeatParams(1, 1, 1, pitch, pitch, 0));
+            }
+            AscendC::PipeBarrier<PIPE_V>();  // Add -> causal / row max
+        }
+        if (CAUSAL) {
+            MaskCausal(s, tile, round, first, rows);
+        }
+        // The P buffer doubles as reduction scratch until P is written into it.
+        AscendC::LocalTensor<T> p = pQue_.template AllocTensor<T>();
+        const AscendC::LocalTensor<float> scratch = p.template ReinterpretCast<float>();
+        const AscendC::LocalTensor<float> m = rowMax_[first];
+        const AscendC::LocalTensor<float> l = rowSum_[first];
+        const AscendC::LocalTensor<float> alpha = alpha_[seq % kAlphaRing][first];
+        RowReduce<true>(sliceMax_, s, scratch, rows, w);
+        // m' = max(m, slice max); alpha = exp(m - m'); subtract m' clamped to a finite
+        // value, so rows with no visible key so far stay at -inf, never NaN.
+        AscendC::Max(sliceSum_, m, sliceMax_, rows);
+        AscendC::PipeBarrier<PIPE_V>();  // Max -> Maxs
+        AscendC::Maxs(sliceMax_, sliceSum_, kLowest, rows);
+        AscendC::PipeBarrier<PIPE_V>();  // Maxs -> Sub, and the broadcast of m'
+        AscendC::Sub(alpha, m, sliceMax_, rows);
+        AscendC::PipeBarrier<PIPE_V>();  // Sub -> Exp; Sub reads m before Adds rewrites it
+        AscendC::Exp(alpha, alpha, rows);
+        AscendC::Adds(m, sliceSum_, 0.0f, rows);
+        RowBroadcast<RowOp::kSubtract>(s, sliceMax_, rows, w);
+        AscendC::Exp(s, s, count);
+        AscendC::PipeBarrier<PIPE_V>();  // Exp -> row sum (which also rewrites sliceSum_)
+        RowReduce<false>(sliceSum_, s, scratch, rows, w);
+        AscendC::Mul(l, l, alpha, rows);
+        AscendC::PipeBarrier<PIPE_V>();  // Mul -> Add
+        AscendC::Add(l, l, sliceSum_, rows);
+        AscendC::Cast(p, s, AscendC::RoundMode::CAST_RINT, count);
+        sQue_.FreeTensor(s);
+        pQue_.EnQue(p);
+        p = pQue_.template DeQue<T>();
+        AscendC::DataCopy(exchange_.Probs(slot, (rowOffset_ + first) * w), p, count);
+        pQue_.FreeTensor(p);
+    }
+
+    // acc = acc * alpha + O for the round with sequence number `seq` (acc = O in the
+    // tile's first round).
+    __aicore__ inline void UpdateOutput(uint32_t seq, bool firstRound)
     {
         const uint32_t d = t_.headDimPad;
-        if (rows_ > 0) {
-            RowBroadcast<RowOp::kMultiply>(acc_, alpha_, d);
-        }
         AscendC::CrossCoreWaitFlag(kFlagOutput);
-        if (rows_ > 0) {
+        for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
+            const uint32_t rows = SliceRows(first);
             AscendC::LocalTensor<float> o = oQue_.template AllocTensor<float>();
-            AscendC::DataCopy(o, exchange_.Output(slot, rowOffset_ * d), rows_ * d);
+            AscendC::DataCopy(o, exchange_.Output(seq % 2, (rowOffset_ + first) * d), rows * d);
             oQue_.EnQue(o);
             o = oQue_.template DeQue<float>();
-            AscendC::Add(acc_, acc_, o, rows_ * d);
-            AscendC::PipeBarrier<PIPE_V>();
+            const AscendC::LocalTensor<float> acc = acc_[first * d];
+            if (firstRound) {
+                AscendC::Adds(acc, o, 0.0f, rows * d);
+            } else {
+                RowBroadcast<RowOp::kMultiply>(acc, alpha_[seq % kAlphaRing][first], rows, d);
+                AscendC::Add(acc, acc, o, rows * d);
+            }
             oQue_.FreeTensor(o);
         }
     }
@@ -311,26 +375,32 @@ private:
         }
         const uint32_t d = t_.headDimPad;
         const uint32_t row = tile.row0 + rowOffset_;
-        AscendC::Maxs(blockSum_, rowSum_, kSmallest, rows_);
-        AscendC::Duplicate(alpha_, 1.0f, rows_);
-        AscendC::PipeBarrier<PIPE_V>();
-        AscendC::Div(alpha_, alpha_, blockSum_, rows_);
-        AscendC::PipeBarrier<PIPE_V>();
-        RowBroadcast<RowOp::kMultiply>(acc_, alpha_, d);
-        AscendC::LocalTensor<T> out = outQue_.template AllocTensor<T>();
-        AscendC::Cast(out, acc_, AscendC::RoundMode::CAST_RINT, rows_ * d);
-        outQue_.EnQue(out);
-        out = outQue_.template DeQue<T>();
+        // After a round, the last l and acc writes are ordered before this point by the
+        // hand-offs of the O update (P out -> cube -> O in); InitTile orders the no-round case.
+        const AscendC::LocalTensor<float> reciprocal = sliceMax_;
+        AscendC::Maxs(sliceSum_, rowSum_, kSmallest, rows_);
+        AscendC::Duplicate(reciprocal, 1.0f, rows_);
+        AscendC::PipeBarrier<PIPE_V>();  // Maxs, Duplicate -> Div
+        AscendC::Div(reciprocal, reciprocal, sliceSum_, rows_);
+        AscendC::PipeBarrier<PIPE_V>();  // Div -> Brcb
         const uint64_t outOffset = uint64_t{tile.batch} * t_.qStrideBatch +
                                    uint64_t{tile.headQ} * t_.qStrideHead + uint64_t{row} * t_.qStrideRow;
-        AscendC::DataCopyPad(out_[outOffset], out,
-                             AscendC::DataCopyExtParams(static_cast<uint16_t>(rows_), t_.headDim * sizeof(T), 0,
-                                                        static_cast<uint32_t>((t_.qStrideRow - t_.headDim) * sizeof(T)), 0));
-        outQue_.FreeTensor(out);
+        for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
+            const uint32_t rows = SliceRows(first);
+            RowBroadcast<RowOp::kMultiply>(acc_[first * d], reciprocal[first], rows, d);
+            AscendC::LocalTensor<T> out = outQue_.template AllocTensor<T>();
+            AscendC::Cast(out, acc_[first * d], AscendC::RoundMode::CAST_RINT, rows * d);
+            outQue_.EnQue(out);
+            out = outQue_.template DeQue<T>();
+            AscendC::DataCopyPad(out_[outOffset + uint64_t{first} * t_.qStrideRow], out,
+                                 AscendC::DataCopyExtParams(static_cast<uint16_t>(rows), t_.headDim * sizeof(T), 0,
+                                                            static_cast<uint32_t>((t_.qStrideRow - t_.headDim) * sizeof(T)), 0));
+            outQue_.FreeTensor(out);
+        }
 
         AscendC::LocalTensor<float> lse = lseQue_.template AllocTensor<float>();
         AscendC::Ln(lse, rowSum_, rows_);
-        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::PipeBarrier<PIPE_V>();  // Ln -> Add
         AscendC::Add(lse, lse, rowMax_, rows_);
         lseQue_.EnQue(lse);
         lse = lseQue_.template DeQue<float>();
@@ -338,6 +408,7 @@ private:
         AscendC::DataCopyPad(lse_[lseOffset], lse,
                              AscendC::DataCopyExtParams(1, rows_ * sizeof(float), 0, 0, 0));
         lseQue_.FreeTensor(lse);
+        AscendC::PipeBarrier<PIPE_V>();  // Ln/Add read m and l before the next tile resets them
     }
 
     TilingData t_;
@@ -345,7 +416,8 @@ private:
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;       // this vector core's rows of the current tile
     uint32_t rowOffset_ = 0;  // their first row within the tile
-    uint32_t blockSeq_ = 0;
+    uint32_t roundSeq_ = 0;   // rounds before the current tile (workspace slot = seq % 2)
+    uint32_t diagWidth_ = 0;  // width the causal template was built for
     float negInf_ = 0;
     ExchangeBuffers<T> exchange_;
     AscendC::GlobalTensor<T> out_;
@@ -354,9 +426,10 @@ private:
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, oQue_, maskQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, outQue_, lseQue_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowBuf_, brcBuf_, keyBuf_, maskHalfBuf_, bitsBuf_,
-        accBuf_;
-    AscendC::LocalTensor<float> rowMax_, rowSum_, blockMax_, blockSum_, alpha_, broadcast_;
-    AscendC::LocalTensor<float> keyBias_, column_, keyScratch_, acc_;
+        accBuf_, diagBuf_;
+    AscendC::LocalTensor<float> rowMax_, rowSum_, sliceMax_, sliceSum_, broadcast_;
+    AscendC::LocalTensor<float> alpha_[kAlphaRing];
+    AscendC::LocalTensor<float> keyBias_, column_, keyScratch_, acc_, diag_;
     AscendC::LocalTensor<half> maskHalf_;
     AscendC::LocalTensor<uint8_t> bits_;
 };

@@ -20,7 +20,7 @@ __aicore__ inline void RunForward(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_
     AscendC::TPipe pipe;
     if ASCEND_IS_AIC {
         flash_cann::FlashAttentionCube<T, CAUSAL, MASK> cube;
-        cube.Init(query, key, value, keyPaddingMask, userWorkspace, tiling, &pipe);
+        cube.Init(query, key, value, userWorkspace, tiling, &pipe);
         cube.Process();
     }
     if ASCEND_IS_AIV {

@@ -51,23 +51,38 @@ struct TilingData {
     // theirs, key and value share theirs.
     uint64_t qStrideBatch, qStrideHead, qStrideRow;
     uint64_t kvStrideBatch, kvStrideHead, kvStrideRow;
-    // Blocking: query tiles of up to blockQ rows, key blocks of blockK columns. Each of
-    // the two vector cores of an AI core owns half of a tile's rows.
+    // Blocking (see docs/kernel.md for the schedule these drive):
+    //   blockQ    query tile rows (at most); the two vector cores take half each. The
+    //             cube keeps the whole tile's Q in L0A, so blockQ x headDimPad is bounded
+    //             by L0A beside the P operand: 256 rows only where that fits.
+    //   blockK    key sub-block: the unit of one cube product (S = Q K^T of blockK keys,
+    //             or the P.V contribution of blockK keys) and of the K/V/P L1 loads.
+    //   keyStack  sub-blocks per round: one round = blockK * keyStack keys. The cube
+    //             Fixpipes S per sub-block, accumulates P.V over the whole stack in L0C
+    //             and writes O once per round; the vector cores hand over S, P and O
+    //             once per round (one cross-core flag each).
+    //   vecRows   rows of one vector slice: the vector cores process a round's S as
+    //             slices of vecRows rows x (blockK * keyStack) columns, double-buffered
+    //             in UB. A multiple of 8 (row statistics stay 32-byte aligned).
     uint32_t blockQ;
     uint32_t blockK;
-    // How many copies of each double-bufferable buffer the kernel allocates.
-    uint32_t kvL1Buffers;
-    uint32_t pL1Buffers;
-    uint32_t l0aBuffers;
-    uint32_t l0bBuffers;
-    uint32_t l0cBuffers;
+    uint32_t keyStack;
+    uint32_t vecRows;
+    // Copies of each ring buffer (1 or 2; 2 = double-buffered). The K, V and P loads
+    // into L1 and the L0B operand ring are always double-buffered where they fit.
+    uint32_t kvL1Buffers;  // K sub-blocks in L1, and V sub-blocks in L1
+    uint32_t pL1Buffers;   // P sub-blocks in L1
+    uint32_t l0aBuffers;   // P operand sub-blocks in L0A (Q has its own L0A region)
+    uint32_t l0bBuffers;   // B operand (K^T or V sub-block) in L0B
+    uint32_t l0cBuffers;   // S sub-block results in L0C (O has its own L0C region)
+    uint32_t causal;       // 1: the causal mask is compiled in (also in the tiling key);
+    uint32_t hasMask;      // 1: a key padding mask is (ditto). Both decide UB buffers.
     // Work split: AI core c owns the rows [rowStart[c], rowStart[c + 1]) of the
     // flattened (batch, head_q, seqlen_q) row space.
     uint32_t usedCores;
     uint32_t reserved;
     uint64_t rowStart[kMaxCores + 1];
-    // Per-core user workspace (GM) for the cube <-> vector exchange: two slots each of
-    // scores S (fp32), probabilities P (input dtype) and partial outputs O (fp32).
+    // Per-core user workspace (GM) for the cube <-> vector exchange (Workspace below).
     uint64_t workspacePerCore;
 };
 
@@ -81,68 +96,97 @@ __aicore__ inline uint32_t MinU32(uint32_t a, uint32_t b)
     return a < b ? a : b;
 }
 
-// Bytes of every buffer the kernel allocates, per copy (the *Buffers counts above say
-// how many copies). One formula for the planner's accounting and the kernel's
-// InitBuffer calls. AIC buffers live in L1/L0A/L0B/L0C; each AIV has its own UB.
+// Keys of one full round.
+__aicore__ inline uint32_t RoundKeys(const TilingData& t)
+{
+    return t.blockK * t.keyStack;
+}
+
+// Rows of one vector core's half of a full tile.
+__aicore__ inline uint32_t VectorRows(const TilingData& t)
+{
+    return t.blockQ / 2;
+}
+
+// Bytes of every buffer the kernel allocates, per copy. One formula for the planner's
+// accounting (ListBuffers) and the kernel's InitBuffer calls. AIC buffers live in
+// L1/L0A/L0B/L0C; each AIV has its own UB. W = blockK * keyStack (a round's columns),
+// rows = blockQ / 2, D = headDimPad.
 struct BufferBytes {
     // AIC
-    uint32_t qL1;      // query tile, A operand source (Nz)
-    uint32_t kL1;      // key block (Nz = Zn of K^T)
-    uint32_t vL1;      // value block (Nz)
-    uint32_t pL1;      // probabilities tile, A operand source
-    uint32_t l0a;      // A operand: Q (blockQ x D) or P (blockQ x blockK)
-    uint32_t l0b;      // B operand: K^T or V (blockK x D)
-    uint32_t l0c;      // result: S (blockQ x blockK) or O (blockQ x D), fp32
-    // AIV (per vector core, rows = blockQ / 2)
-    uint32_t sUb;      // scores rows, fp32
-    uint32_t pUb;      // probabilities rows, input dtype
-    uint32_t oUb;      // partial output rows, fp32
-    uint32_t accUb;    // running output rows, fp32
-    uint32_t outUb;    // final output rows, input dtype
-    uint32_t rowUb;    // one per-row statistic (m, l, ...), fp32
-    uint32_t brcUb;    // a per-row statistic broadcast to one 32-byte block per row
-    uint32_t keyUb;    // one per-key row (bias, column index, reduce scratch), fp32
-    uint32_t maskUb;   // key mask bytes
-    uint32_t maskHalfUb;
-    uint32_t bitsUb;   // comparison bit mask
+    uint32_t qL1;      // Q tile (Nz), blockQ x D, loaded once per tile
+    uint32_t kL1;      // K sub-block (Nz = Zn of K^T), blockK x D
+    uint32_t vL1;      // V sub-block (Nz), blockK x D
+    uint32_t pL1;      // P sub-block (Nz), blockQ x blockK
+    uint32_t qL0a;     // Q tile (Zz), resident for the whole tile
+    uint32_t pL0a;     // P sub-block (Zz)
+    uint32_t l0b;      // K^T or V sub-block (Zn), blockK x D
+    uint32_t oL0c;     // O of a round, fp32, blockQ x D, accumulated over the stack
+    uint32_t sL0c;     // S of a sub-block, fp32, blockQ x blockK
+    // AIV (per vector core)
+    uint32_t sUb;      // S slice, fp32, vecRows x W
+    uint32_t pUb;      // P slice, input dtype, vecRows x W (row-reduction scratch before)
+    uint32_t oUb;      // O partial slice, fp32, vecRows x D
+    uint32_t accUb;    // running output, fp32, rows x D
+    uint32_t outUb;    // output slice, input dtype, vecRows x D
+    uint32_t rowUb;    // one per-row statistic, fp32, rows
+    uint32_t brcUb;    // a slice's per-row values broadcast to one 32-byte block per row
+    uint32_t keyUb;    // one per-key row of a round (bias, column index, scratch), fp32
+    uint32_t maskUb;   // key mask bytes of a round (MASK only)
+    uint32_t maskHalfUb;  // the same as half (MASK only)
+    uint32_t bitsUb;   // comparison bits of a slice
+    uint32_t diagUb;   // causal template c - r of a slice, fp32 (CAUSAL only)
 };
 
-// Per-row statistics the vector core keeps: m, l, block max, block sum, alpha, lse.
-constexpr uint32_t kRowStats = 6;
-// Per-key rows the vector core keeps: key bias, column index, reduction scratch.
+// Per-row statistics the vector core keeps in one buffer: m, l, the ring of kAlphaRing
+// rescale factors alpha (the O update runs one round behind the softmax), and the
+// slice's max and sum. The lse output row has its own queue buffer.
+constexpr uint32_t kAlphaRing = 2;
+constexpr uint32_t kRowStats = 4 + kAlphaRing;
+// Per-key rows the vector core keeps: key bias, column index, scratch.
 constexpr uint32_t kKeyRows = 3;
+// Double-buffered vector queues (S, P, O partial and output slices).
+constexpr uint32_t kVecBuffers = 2;
 
 __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t elemBytes)
 {
     const uint32_t bq = t.blockQ;
     const uint32_t bk = t.blockK;
     const uint32_t d = t.headDimPad;
-    const uint32_t rows = bq / 2;
+    const uint32_t w = RoundKeys(t);
+    const uint32_t vr = t.vecRows;
     BufferBytes b{};
     b.qL1 = bq * d * elemBytes;
     b.kL1 = bk * d * elemBytes;
     b.vL1 = bk * d * elemBytes;
     b.pL1 = bq * bk * elemBytes;
-    b.l0a = bq * (d > bk ? d : bk) * elemBytes;
+    b.qL0a = bq * d * elemBytes;
+    b.pL0a = bq * bk * elemBytes;
     b.l0b = bk * d * elemBytes;
-    b.l0c = bq * (d > bk ? d : bk) * 4u;
-    b.sUb = rows * bk * 4u;
-    b.pUb = rows * bk * elemBytes;
-    b.oUb = rows * d * 4u;
-    b.accUb = rows * d * 4u;
-    b.outUb = rows * d * elemBytes;
-    b.rowUb = AlignUp(rows * 4u, kByteBlock);
-    b.brcUb = AlignUp(rows, 8u) * kByteBlock;
-    b.keyUb = bk * 4u;
-    b.maskUb = AlignUp(bk, kByteBlock);
-    b.maskHalfUb = bk * 2u;
-    b.bitsUb = AlignUp(bk / 8u, kByteBlock);
+    b.oL0c = bq * d * 4u;
+    b.sL0c = bq * bk * 4u;
+    b.sUb = vr * w * 4u;
+    b.pUb = vr * w * elemBytes;
+    b.oUb = vr * d * 4u;
+    b.accUb = VectorRows(t) * d * 4u;
+    b.outUb = vr * d * elemBytes;
+    b.rowUb = AlignUp(VectorRows(t) * 4u, kByteBlock);
+    b.brcUb = AlignUp(vr, 8u) * kByteBlock;
+    b.keyUb = w * 4u;
+    b.maskUb = AlignUp(w, kByteBlock);
+    b.maskHalfUb = w * 2u;
+    b.bitsUb = AlignUp(vr * w / 8u, kByteBlock);
+    b.diagUb = vr * w * 4u;
     return b;
 }
 
-// The per-AI-core workspace through which the cube and vector cores exchange data: two
-// slots of each buffer, so the cube computes S of block j+1 while the vector cores turn
-// S of block j into P. Offsets in bytes from the core's part of the user workspace.
+// The per-AI-core workspace through which the cube and vector cores exchange one
+// round's data: two slots each of S (fp32, blockQ x W), P (input dtype, blockQ x W) and
+// O (fp32, blockQ x D). Two are enough: the cube writes S(r+1) before it waits for
+// P(r), and every slot is rewritten only after a cross-core flag shows that its
+// previous contents were consumed (docs/kernel.md, "The workspace ring"). Rows have the
+// round's width: S and P of a round with fewer sub-blocks are packed with that width.
+// Offsets in bytes from the core's part of the user workspace.
 struct Workspace {
     uint64_t slotBytes[3];  // scores S (fp32), probabilities P (input dtype), output O (fp32)
     uint64_t scores;
@@ -154,8 +198,9 @@ struct Workspace {
 
     __aicore__ Workspace(const TilingData& t, uint32_t elemBytes)
     {
-        slotBytes[0] = Align(uint64_t{t.blockQ} * t.blockK * 4);
-        slotBytes[1] = Align(uint64_t{t.blockQ} * t.blockK * elemBytes);
+        const uint64_t w = RoundKeys(t);
+        slotBytes[0] = Align(uint64_t{t.blockQ} * w * 4);
+        slotBytes[1] = Align(uint64_t{t.blockQ} * w * elemBytes);
         slotBytes[2] = Align(uint64_t{t.blockQ} * t.headDimPad * 4);
         scores = 0;
         probs = 2 * slotBytes[0];
@@ -212,6 +257,34 @@ __aicore__ inline uint32_t KeyEnd(const TilingData& t, const QueryTile& tile)
         return 0;
     }
     return last < static_cast<int64_t>(t.seqlenK) ? static_cast<uint32_t>(last) : t.seqlenK;
+}
+
+// One round of a tile: keys [key0, key0 + columns) in `subBlocks` sub-blocks of
+// blockK keys; S and P rows of the round are `width` = subBlocks x blockK wide (the
+// last sub-block's keys past `columns` are zero-padded by the cube and masked by the
+// vector cores).
+struct KeyRound {
+    uint32_t key0;
+    uint32_t columns;
+    uint32_t subBlocks;
+    uint32_t width;
+};
+
+// Rounds of a tile whose keys are [0, keyEnd): the blockK sub-blocks, keyStack at a time.
+__aicore__ inline uint32_t RoundCount(const TilingData& t, uint32_t keyEnd)
+{
+    const uint32_t blocks = (keyEnd + t.blockK - 1) / t.blockK;
+    return (blocks + t.keyStack - 1) / t.keyStack;
+}
+
+__aicore__ inline KeyRound MakeRound(const TilingData& t, uint32_t keyEnd, uint32_t round)
+{
+    KeyRound r;
+    r.key0 = round * RoundKeys(t);
+    r.columns = MinU32(RoundKeys(t), keyEnd - r.key0);
+    r.subBlocks = (r.columns + t.blockK - 1) / t.blockK;
+    r.width = r.subBlocks * t.blockK;
+    return r;
 }
 
 }  // namespace flash_cann

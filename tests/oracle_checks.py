@@ -28,12 +28,12 @@ def through_op(q, k, v, key_padding_mask, *, scale, causal, layout):
 
 
 def triton_poisoning():
-    """Context for :func:`check`'s ``within``: every buffer the Triton kernels must write
-    starts as NaN, so that an element no kernel wrote fails the comparison."""
-    # Imported here: collecting the tests must work where triton is not installed.
-    from flash_cann.backends import triton as triton_backend
+    """Context for :func:`check`'s ``within``: every buffer the Triton kernels (CUDA and
+    NPU hosts) must write starts as NaN, so that an element no kernel wrote fails the
+    comparison."""
+    from flash_cann.backends import triton_buffers
 
-    return triton_backend.poisoned_outputs()
+    return triton_buffers.poisoned_outputs()
 
 
 def check(device, dtype, *, causal, masked, heads, head_dim, seqlens, layout, gen,

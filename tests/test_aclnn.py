@@ -37,9 +37,9 @@ EXPECTED_PROTOTYPES = {
            "const aclTensor *query, const aclTensor *key, const aclTensor *value, "
            "const aclTensor *out, const aclTensor *softmaxLse, "
            "const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional, "
-           "double scale, bool causal, char *layoutOptional, const aclTensor *gradQueryOut, "
-           "const aclTensor *gradKeyOut, const aclTensor *gradValueOut, "
-           "uint64_t *workspaceSize, aclOpExecutor **executor)",
+           "double scale, bool causal, char *layoutOptional, bool deterministic, "
+           "const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, "
+           "const aclTensor *gradValueOut, uint64_t *workspaceSize, aclOpExecutor **executor)",
 }
 
 
@@ -52,15 +52,20 @@ def test_prototype_is_cann_generation_of_the_spec(op):
     assert api.get_workspace_size == f"aclnn{entry['cann_op_type']}GetWorkspaceSize"
 
 
+def _cann_attrs(entry):
+    """The YAML attributes the CANN op has (autograd_only ones only reach the backward)."""
+    return [a for a in entry["attrs"] if not a.get("autograd_only")]
+
+
 @pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
 def test_arguments_are_the_yaml_inputs_attrs_outputs_in_order(entry):
     params = aclnn.aclnn_api(SPEC.ops[entry["name"]]).params
     assert [(p.role, p.spec_name) for p in params] == (
         [("input", t["name"]) for t in entry["inputs"]]
-        + [("attr", a["name"]) for a in entry["attrs"]]
+        + [("attr", a["name"]) for a in _cann_attrs(entry)]
         + [("output", t["name"]) for t in entry["outputs"]])
     attrs = {p.spec_name: p.ctype for p in params if p.role == "attr"}
-    assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in entry["attrs"]}
+    assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in _cann_attrs(entry)}
     for param, tensor in zip(params, entry["inputs"]):
         assert param.name.endswith("Optional") == bool(tensor.get("optional", False))
 
@@ -68,7 +73,7 @@ def test_arguments_are_the_yaml_inputs_attrs_outputs_in_order(entry):
 @pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
 def test_launcher_schema_is_the_aclnn_order_with_outputs_written_in_place(entry):
     schema = torch._C.parse_schema(aclnn.launcher_schema(SPEC.ops[entry["name"]]))
-    names = [t["name"] for t in entry["inputs"]] + [a["name"] for a in entry["attrs"]]
+    names = [t["name"] for t in entry["inputs"]] + [a["name"] for a in _cann_attrs(entry)]
     outputs = [t["name"] for t in entry["outputs"]]
     assert [a.name for a in schema.arguments] == names + outputs
     assert [a.alias_info is not None and a.alias_info.is_write
@@ -116,15 +121,17 @@ def _required_symbols(spec):
     return header.split("kAclnnSymbols = {", 1)[1].split("}", 1)[0]
 
 
-def test_the_package_need_not_export_a_backward_kernel_it_does_not_have():
-    """npu.backward is false: a library with only the forward's aclnn functions is the
-    flash-cann package; with the flag on, the backward's are required too."""
+def test_the_package_must_export_the_backward_kernels_api_when_the_spec_says_it_has_one():
+    """npu.backward is true: the Grad op's functions are required; with it false, a library
+    with only the forward's aclnn functions is the flash-cann package."""
     assert _required_symbols(SPEC) == ('"aclnnFlashCannAttentionGetWorkspaceSize", '
-                                       '"aclnnFlashCannAttention"')
-    with_backward = dataclasses.replace(
+                                       '"aclnnFlashCannAttention", '
+                                       '"aclnnFlashCannAttentionGradGetWorkspaceSize", '
+                                       '"aclnnFlashCannAttentionGrad"')
+    without_backward = dataclasses.replace(
         SPEC, backends={**SPEC.backends,
-                        "npu": dataclasses.replace(SPEC.backends["npu"], backward=True)})
-    assert "aclnnFlashCannAttentionGradGetWorkspaceSize" in _required_symbols(with_backward)
+                        "npu": dataclasses.replace(SPEC.backends["npu"], backward=False)})
+    assert "Grad" not in _required_symbols(without_backward)
 
 
 @pytest.mark.parametrize("code, text", [

@@ -52,13 +52,13 @@ def _one_line_error(capsys, argv):
     (["demo", "--device", "cuda"], "backend 'triton' (device type 'cuda') cannot run here"),
     (["demo", "--device", "npu"], "backend 'npu' (device type 'npu') cannot run here: "),
     (["demo", "--device", "cpu", "--backend", "triton"],
-     "--backend triton runs on device type 'cuda', not --device cpu"),
+     "--backend triton runs on device type(s) cuda, npu, not --device cpu"),
 ])
 def test_demo_says_in_one_line_what_is_missing(argv, message, capsys, monkeypatch):
     # As on a machine without a GPU or an NPU, whatever this one has.
     is_available = ops.is_available
-    monkeypatch.setattr(ops, "is_available",
-                        lambda backend: backend.device_type == "cpu" and is_available(backend))
+    monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None: (
+        (device_type or backend.device_type) == "cpu" and is_available(backend, device_type)))
     assert message in _one_line_error(capsys, argv)
 
 

@@ -1,13 +1,18 @@
-"""flash-cann's NPU extension (framework/csrc), built here and run on a fake NPU.
+"""flash-cann's NPU extension (framework/csrc), built here against the real torch_npu and
+run on a fake NPU.
 
-Built with -Wall -Wextra -Werror against torch's real C++ headers and TEST-ONLY stand-ins
-for the few torch_npu / CANN declarations it uses (tests/npu_standins/include), then run
-in a fresh process on a fake "npu" device (host memory) with a fake op library that
-records what each aclnn call received (tests/npu_standins/fake_npu). Its aclnn
-prototypes are written by hand, so this checks the extension's own logic -- argument
-order and C types, aclTensor descriptions, workspace and stream, optional inputs, the
-lazy NPU registration, library selection, every non-zero status turned into a message.
-It does not check torch_npu, CANN or the kernels: they exist only on an Ascend server.
+Compiled with -Wall -Wextra -Werror against torch's C++ headers and the real torch-npu
+2.13.0 wheel's headers (which ship CANN's acl/ headers; the aclnn declarations are our
+own, framework/csrc/aclnn_types.h), and linked with --no-undefined against the wheel's
+real libtorch_npu.so (tests/torch_npu_wheel.py). It then runs in a fresh process against
+a fake libtorch_npu.so of the same soname -- an "npu" device in host memory -- and a fake
+op library that records what each aclnn call received (tests/npu_standins/fake_npu). Its
+aclnn prototypes are written by hand, so this checks the extension's own logic --
+argument order and C types, aclTensor descriptions, workspace and stream, optional
+inputs, op-plugin's stream-resource steps, the lazy NPU registration, library selection,
+the backward from loss.backward() to the Grad op, every non-zero status turned into a
+message. It does not check torch_npu's behaviour, CANN or the kernels: they exist only on
+an Ascend server.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
-import flash_cann
 from flash_cann import aclnn
 from flash_cann.opp_paths import LIBRARY
 
 from native_build import needs
+from torch_npu_wheel import torch_npu_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "framework" / "csrc"
@@ -49,6 +54,7 @@ def _run(cmd):
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
+    wheel = torch_npu_wheel()
     out = tmp_path_factory.mktemp("npu_extension")
     generated = out / "generated"
     aclnn.write_headers(generated)
@@ -56,14 +62,14 @@ def build(tmp_path_factory):
     cxx = ["g++", "-std=c++17", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
            *[f"-isystem{p}" for p in torch.utils.cpp_extension.include_paths()],
-           f"-I{STANDINS / 'include'}", f"-I{CSRC}", f"-I{generated}"]
+           f"-isystem{wheel / 'include'}", f"-I{CSRC}", f"-I{generated}"]
     # One translation unit for the two torch-heavy sources keeps CI (2 cores) fast.
     unity = out / "launcher_unity.cpp"
     unity.write_text("".join(f'#include "{CSRC / name}"\n'
                              for name in ("aclnn_call.cpp", "flash_cann_npu.cpp")))
     package = out / "vendors" / "flash_cann" / "op_api" / "lib"
     other = out / "vendors" / "other" / "op_api" / "lib"
-    for d in (package, other, out / "ext" / "flash_cann_npu"):
+    for d in (package, other, out / "ext" / "flash_cann_npu", out / "fake"):
         d.mkdir(parents=True)
     (out / "other_vendor.c").write_text("int another_vendors_op(void) { return 0; }\n")
     jobs = [cxx + ["-c", str(unity), "-o", str(out / "launcher.o")],
@@ -77,12 +83,14 @@ def build(tmp_path_factory):
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         list(pool.map(_run, jobs))
     torch_libs = [f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
-    _run(["g++", "-shared", str(out / "fake.o"), "-o", str(out / "libfake_torch_npu.so"),
-          *torch_libs])
-    # --no-undefined: the extension needs nothing from torch_npu beyond the stand-ins.
+    # The fake takes the real library's soname, so the extension loads it in its place.
+    _run(["g++", "-shared", "-Wl,-soname,libtorch_npu.so", str(out / "fake.o"), "-o",
+          str(out / "fake" / "libtorch_npu.so"), *torch_libs])
+    # --no-undefined against the real libtorch_npu.so: every torch_npu symbol the
+    # extension needs is one the real library exports.
     _run(["g++", "-shared", "-Wl,--no-undefined", str(out / "launcher.o"), str(out / "opapi.o"),
-          "-o", str(out / "ext" / "flash_cann_npu" / "_launcher.so"), f"-L{out}",
-          "-lfake_torch_npu", f"-Wl,-rpath,{out}", *torch_libs, "-ldl"])
+          "-o", str(out / "ext" / "flash_cann_npu" / "_launcher.so"),
+          f"-L{wheel / 'lib'}", "-ltorch_npu", f"-Wl,-rpath,{out / 'fake'}", *torch_libs, "-ldl"])
     (out / "not_a_library.so").write_text("not ELF")
     return out
 
@@ -90,17 +98,15 @@ def build(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results(build):
     env = dict(os.environ,
-               # This checkout's package too: the subprocess must run the sources under
-               # test, not whatever flash_cann the environment has installed.
-               PYTHONPATH=os.pathsep.join([str(FAKE), str(build / "ext"),
-                                           str(Path(flash_cann.__file__).parents[1])]),
-               FAKE_TORCH_NPU_LIB=str(build / "libfake_torch_npu.so"),
+               PYTHONPATH=os.pathsep.join([str(FAKE), str(build / "ext"), str(ROOT / "python")]),
+               FAKE_TORCH_NPU_LIB=str(build / "fake" / "libtorch_npu.so"),
                FAKE_ACLNN_LOG=str(build / "aclnn.jsonl"),
                ASCEND_CUSTOM_OPP_PATH=":".join(str(build / "vendors" / v)
                                                for v in ("other", "flash_cann")),
                BAD_LIBRARIES=":".join([str(build / "not_a_library.so"),
                                        str(build / "vendors" / "other" / LIBRARY)]))
-    env.pop("ASCEND_OPP_PATH", None)
+    for name in ("ASCEND_OPP_PATH", "FAKE_NPU_CORE_CONTROL", "FAKE_ACLNN_FAIL"):
+        env.pop(name, None)
     done = subprocess.run([sys.executable, str(FAKE / "scenarios.py")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -147,10 +153,10 @@ def test_extension_is_loaded_lazily_and_only_from_a_library_with_our_symbols(res
     assert error.startswith("RuntimeError: flash_cann: no candidate is the flash-cann op "
                             "package's aclnn library:")
     assert f"\n  {build / 'not_a_library.so'}: " in error  # dlopen's reason, e.g. too short
-    # The forward's functions are required; the backward's are not while the package
-    # has no backward kernel (npu.backward is false in the spec).
+    # Every function of the spec's ops is required (npu.backward: the Grad op has a kernel).
     assert (f"{build / 'vendors' / 'other' / LIBRARY}: does not export "
             f"aclnnFlashCannAttentionGetWorkspaceSize, aclnnFlashCannAttention, "
+            f"aclnnFlashCannAttentionGradGetWorkspaceSize, aclnnFlashCannAttentionGrad, "
             f"aclCreateTensor") in error
     # ASCEND_CUSTOM_OPP_PATH lists "other" first: skipped, as torch_npu skips it.
     assert results["available"] == {"reason": None,
@@ -187,13 +193,28 @@ def test_bsh_with_mqa_runs_as_a_bsnd_view(results):
     assert result["out_shape"] == [1, 5, 32]
 
 
-def test_backward_is_refused_while_the_package_has_no_backward_kernel(results):
-    assert results["bwd_refused"]["error"].startswith(
-        "NotImplementedError: flash_cann: the Ascend package has no backward kernel yet")
+def test_loss_backward_reaches_the_grad_kernel_with_deterministic(results):
+    """loss.backward() through flash_attn_func(deterministic=True) on NPU tensors: the Grad
+    op's aclnn API gets the forward's tensors, attributes and deterministic=True."""
+    result = results["bwd_loss_backward"]
+    log = result["log"]
+    _check_lifecycle(log, "aclnnFlashCannAttentionGradGetWorkspaceSize",
+                     "aclnnFlashCannAttentionGrad")
+    stage1 = _calls(log, "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
+    for name, given in result["tensors"].items():
+        _check_tensor(stage1[name], given, name)
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+    assert stage1["grad_out"]["dims"] == result["tensors"]["out"]["dims"]
+    assert stage1["softmax_lse"]["dims"] == [1, 4, 4]  # (batch, heads_q, seqlen_q), fp32
+    assert stage1["softmax_lse"]["dtype"] == ACL_DTYPES["torch.float32"]
+    # The forward ran first (its aclnn API), then the backward, once each.
+    calls = [c["call"] for c in log if c["call"].startswith("aclnn")]
+    assert calls == ["aclnnFlashCannAttentionGetWorkspaceSize", "aclnnFlashCannAttention",
+                     "aclnnFlashCannAttentionGradGetWorkspaceSize", "aclnnFlashCannAttentionGrad"]
 
 
 def test_backward_through_autograd_reaches_aclnn(results):
-    """With the spec's npu.backward switched on, as once the Grad kernel exists."""
+    """Gradients of both outputs, a key padding mask and grad_softmax_lse fed, BNSD."""
     result = results["bwd_autograd"]
     log = result["log"]
     _check_lifecycle(log, "aclnnFlashCannAttentionGradGetWorkspaceSize",
@@ -201,7 +222,45 @@ def test_backward_through_autograd_reaches_aclnn(results):
     stage1 = _calls(log, "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
     for name, given in result["tensors"].items():
         _check_tensor(stage1[name], given, name)
-    assert {k: stage1[k] for k in ("scale", "causal", "layout")} == result["attrs"]
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+
+
+@pytest.mark.parametrize("case, stage, status", [
+    ("bwd_stage1_561002", "aclnnFlashCannAttentionGradGetWorkspaceSize", 561002),
+    ("bwd_stage2_561003", "aclnnFlashCannAttentionGrad", 561003),
+])
+def test_a_failing_grad_call_is_explained_like_the_forwards(results, case, stage, status):
+    error, log = results[case]["error"], results[case]["log"]
+    assert error.startswith(f"RuntimeError: flash_cann: flash_cann::bwd on NPU: {stage} "
+                            f"returned aclnn status {status} (")
+    assert "layout=BNSD, deterministic=False, grad_query=Half[1, 2, 4, 8]" in error
+    assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))
+
+
+def test_backward_is_refused_when_the_spec_says_the_package_has_none(results):
+    assert results["bwd_refused"]["error"].startswith(
+        "NotImplementedError: flash_cann: the spec says the Ascend package has no backward "
+        "kernel (backends.npu.backward: false)")
+    assert not results["bwd_refused"]["log"]  # nothing reached aclnn
+
+
+def test_each_stage_takes_the_streams_resources_when_torch_npu_asks(results):
+    """op-plugin's EXEC_NPU_CMD: check_enqueue_need_use before stage 1, and
+    check_dequeue_need_use inside the queued stage 2, each followed by
+    aclrtUseStreamResInCurrentThread(stream) when it says so."""
+    calls = [(c["call"], c.get("stream")) for c in results["core_control"]["log"]
+             if c["call"] != "aclCreateTensor" and c["call"] != "aclDestroyTensor"]
+    assert calls == [("aclrtUseStreamResInCurrentThread", FAKE_STREAM),
+                     ("aclnnFlashCannAttentionGetWorkspaceSize", None),
+                     ("aclrtUseStreamResInCurrentThread", FAKE_STREAM),
+                     ("aclnnFlashCannAttention", FAKE_STREAM)]
+    # ...and without core control (every other scenario), never.
+    assert not _calls(results["fwd_bnsd_gqa"]["log"], "aclrtUseStreamResInCurrentThread")
+    # A failure to take them stops the call before stage 1, and nothing leaks.
+    failing = results["core_control_failing"]
+    assert failing["error"] == ("RuntimeError: flash_cann: aclrtUseStreamResInCurrentThread "
+                                "returned 107002")
+    assert not [c for c in failing["log"] if c["call"].startswith("aclnn")]
 
 
 @pytest.mark.parametrize("case, stage, status, meaning", [
@@ -229,3 +288,55 @@ def test_every_failing_status_is_an_exception_that_explains_it(results, case, st
 def test_launcher_refuses_a_strided_output(results):
     assert ("flash_cann: flash_cann::fwd: output out must be a dense tensor in a plain NPU "
             "format") in results["strided_output"]["error"]
+
+
+_OLD_TORCH_NPU = """
+namespace c10_npu { struct NPUStream; }  // no core control: no stream-resource checks
+struct Command { static void RunOpApi(const std::string &, std::function<int()>, bool = false); };
+"""
+_NEW_TORCH_NPU = """
+namespace c10_npu {
+bool check_enqueue_need_use(void *stream);
+bool check_dequeue_need_use(void *stream);
+}
+struct Command {
+  static void RunOpApi(const std::string &, std::function<int()>, bool = false);
+  static void RunOpApiV2(const std::string &, const std::function<int()> &, bool = false);
+};
+"""
+
+
+@pytest.mark.parametrize("declarations, present", [(_OLD_TORCH_NPU, False),
+                                                   (_NEW_TORCH_NPU, True)], ids=["old", "new"])
+def test_compile_time_detection_of_op_plugins_calls(tmp_path, declarations, present):
+    """torch_npu_compat.h finds check_enqueue/dequeue_need_use and RunOpApiV2 exactly when
+    the torch_npu headers declare them (the real 2.13.0 headers: the tests above)."""
+    probe = tmp_path / "probe.cpp"
+    probe.write_text(
+        "#include <functional>\n#include <string>\n" + declarations +
+        '#include "torch_npu_compat.h"\n'
+        "using flash_cann_npu::compat::HasRunOpApiV2;\n"
+        "using flash_cann_npu::compat::kHasStreamResourceChecks;\n"
+        f"static_assert(kHasStreamResourceChecks<void *> == {str(present).lower()});\n"
+        f"static_assert(HasRunOpApiV2<Command, std::function<int()>>::value == "
+        f"{str(present).lower()});\n"
+        "void Use() {\n"
+        "  flash_cann_npu::compat::StreamResourcesNeeded(static_cast<void *>(nullptr),\n"
+        "                                                flash_cann_npu::compat::Stage::kEnqueue);\n"
+        "  flash_cann_npu::compat::RunOpApi<Command>(\"op\", std::function<int()>());\n"
+        "}\n")
+    _run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CSRC}",
+          str(probe)])
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)], ids=["CI", "elsewhere"])
+def test_an_unavailable_wheel_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    import torch_npu_wheel as wheel
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(wheel, "CACHE", tmp_path)
+    monkeypatch.setattr(wheel.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, "", "ERROR: No matching distribution found for torch-npu==2.13.0"))
+    with pytest.raises(outcome, match="the torch-npu 2.13.0 wheel is needed: pip download "
+                                      "torch-npu==2.13.0 failed: ERROR: No matching"):
+        wheel.torch_npu_wheel()

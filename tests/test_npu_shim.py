@@ -20,6 +20,8 @@ from flash_cann.backends import npu
 
 from contract import RAW
 
+ROOT = Path(__file__).resolve().parents[1]
+
 INSTALL_HINT = " ".join(RAW["backends"]["npu"]["install_hint"].split())
 
 PROBE = """
@@ -179,3 +181,70 @@ def test_no_config_ini_means_no_vendors(tmp_path):
     assert opp_paths.describe_search({}) == (
         "neither ASCEND_CUSTOM_OPP_PATH nor ASCEND_OPP_PATH (with vendors/config.ini "
         "load_priority) is set")
+
+
+FAKE_NPU = Path(__file__).resolve().parent / "npu_standins" / "fake_npu"
+LAZY_TORCHAIR = {  # id: environment of tests/npu_standins/fake_npu/lazy_torchair.py
+    "torch_npu 2.1-2.8 (proxy at import)": {"FAKE_TORCH_NPU_TORCHAIR": "import"},
+    "torch_npu 2.9+ (proxy at Dynamo set-up)": {"FAKE_TORCH_NPU_TORCHAIR": "dynamo"},
+    "torchair imported first": {"FAKE_TORCH_NPU_TORCHAIR": "import", "IMPORT_TORCHAIR_FIRST": "1"},
+    "torchair fails to load": {"FAKE_TORCH_NPU_TORCHAIR": "import",
+                               "FAKE_TORCHAIR_IMPORT_ERROR": "libge_runner.so: cannot open"},
+}
+
+
+@pytest.fixture(scope="module")
+def lazy_torchair():
+    """A session under torch_npu's lazy torchair proxy, for each case, in fresh processes."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(FAKE_NPU), str(ROOT / "python")])
+    started = {name: subprocess.Popen([sys.executable, str(FAKE_NPU / "lazy_torchair.py")],
+                                      env={**environ, **env}, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for name, env in LAZY_TORCHAIR.items()}
+    states = {}
+    for name, process in started.items():
+        stdout, stderr = process.communicate(timeout=180)
+        assert process.returncode == 0, stderr
+        states[name] = json.loads(stdout.splitlines()[-1])
+    return states
+
+
+@pytest.mark.parametrize("case", list(LAZY_TORCHAIR)[:2])
+def test_import_flash_cann_under_torch_npus_lazy_torchair(lazy_torchair, case):
+    """The proxy is in sys.modules (after import torch_npu, or after a first
+    torch.compile), torchair is not loaded: import flash_cann must neither touch the
+    proxy's attributes (it raises) nor load torchair; enable_torchair() loads it through
+    the proxy and registers with the package the proxy forwards to."""
+    state = lazy_torchair[case]
+    timing = LAZY_TORCHAIR[case]["FAKE_TORCH_NPU_TORCHAIR"]
+    assert state["proxy_after_torch_npu"] == ("_LazyTorchair" if timing == "import"
+                                              else "NoneType")
+    assert state["proxy_after_compile"] == "_LazyTorchair"
+    assert state["import_flash_cann"] == "ok"
+    assert not state["torchair_loaded_by_import"] and not state["registered_at_import"]
+    assert state["enable_torchair"] == "ok"
+    assert state["torchair_loaded"] and state["registered"]
+    assert state["registered_with"] == "torch_npu.dynamo.torchair"
+
+
+def test_import_flash_cann_after_torchair_was_imported_through_the_proxy_registers(lazy_torchair):
+    state = lazy_torchair["torchair imported first"]
+    assert state["import_torchair"] == "ok" and state["import_flash_cann"] == "ok"
+    assert state["registered_at_import"]
+    assert state["registered_with"] == "torch_npu.dynamo.torchair"
+
+
+def test_torchair_failing_to_load_through_the_proxy_is_reported(lazy_torchair):
+    state = lazy_torchair["torchair fails to load"]
+    assert state["import_flash_cann"] == "ok"
+    assert state["enable_torchair"].startswith(
+        "ImportError: flash_cann.enable_torchair() needs torchair, which ships with torch_npu "
+        "and needs CANN (ImportError: libge_runner.so: cannot open)")
+    assert not state["registered"]
+
+
+def test_blocked_torch_npu_import_is_named_not_crashed_on(monkeypatch):
+    """sys.modules["torch_npu"] = None (how imports are blocked) is not an imported module."""
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    assert npu.unavailable_reason() == f"torch_npu is not installed: {INSTALL_HINT}"

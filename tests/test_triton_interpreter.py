@@ -1,5 +1,7 @@
 """The Triton backend's kernels on the CPU, through Triton's interpreter: a handful of
-tiny cases for machines without a GPU (the full grid runs on a GPU: test_triton.py).
+tiny cases for machines without a GPU (the full grid runs on a GPU: test_triton.py),
+through the CUDA host and through the NPU host (persistent grid, the NPU tile table;
+test_triton_npu.py lowers those launches with Huawei's compiler).
 
 TRITON_INTERPRET=1 must be set before triton is imported, so test_kernels_in_interpreter
 runs this file again in a subprocess with it set; there the kernel cases run, here they
@@ -61,10 +63,10 @@ def test_kernels_in_interpreter():
 @needs_triton
 def test_poisoned_outputs_fill_every_buffer():
     """The seam the poisoning tests rely on: buffers the kernels must write start as NaN."""
-    from flash_cann.backends import triton as triton_backend
+    from flash_cann.backends import triton_buffers
 
-    with triton_backend.poisoned_outputs():
-        poisoned = triton_backend._empty((3, 5), torch.float16, torch.device("cpu"))
+    with triton_buffers.poisoned_outputs():
+        poisoned = triton_buffers.empty((3, 5), torch.float16, torch.device("cpu"))
     assert torch.isnan(poisoned).all()
 
 
@@ -145,3 +147,34 @@ def test_every_candidate_tile(kernel, triton_on_cpu, gen):
             results = check("cpu", torch.float16, causal=True, masked=True, heads=(2, 1),
                             head_dim=64, seqlens=(130, 150), layout="BSND", gen=gen, batch=1)
         assert all(r.ok for r in results), f"{config}\n" + "\n".join(map(str, results))
+
+
+@pytest.fixture
+def triton_npu_on_cpu(triton_on_cpu, monkeypatch):
+    """CPU tensors go to the NPU host of the triton backend (persistent grid over 3
+    "cores", the NPU tile table, no descriptors); the interpreter runs its launches."""
+    from flash_cann import ops
+    from flash_cann.backends import triton_npu
+
+    monkeypatch.setattr(ops, "_module", lambda backend, device_type=None: triton_npu)
+    monkeypatch.setattr(triton_npu, "ai_cores", lambda device: 3)
+
+
+NPU_CASES = [  # (causal, masked, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k))
+    # GQA, tails in every kernel, the diagonal right of the corner; each of the 3
+    # programs loops over several tiles.
+    (True, True, (4, 2), 64, (130, 150)),
+    # MQA, head_dim 80 padded to 128, rows above the diagonal.
+    (True, False, (2, 1), 80, (70, 33)),
+    # The largest head_dim, padding.
+    (False, True, (2, 2), 256, (40, 70)),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("case", NPU_CASES, ids=str)
+def test_npu_host_matches_oracle(case, triton_npu_on_cpu, gen):
+    """The kernels as the NPU runs them (PERSISTENT, TILES) give the right answer."""
+    causal, masked, heads, head_dim, seqlens = case
+    assert_all_ok(check("cpu", torch.float16, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout="BSND", gen=gen))

@@ -8,6 +8,7 @@
 #include <torch_npu/csrc/framework/OpCommand.h>
 
 #include "aclnn_status.h"
+#include "torch_npu_compat.h"
 
 namespace flash_cann_npu {
 namespace {
@@ -139,6 +140,13 @@ char *AclnnCall::attr(const char *name, c10::string_view value) {
 }
 
 void AclnnCall::run(const char *stage1_name, const char *stage2_name, const Stage1 &stage1) {
+  using at_npu::native::OpCommand;
+  // op-plugin's EXEC_NPU_CMD pattern: each aclnn stage runs on a thread that holds the
+  // stream's resources when torch_npu's core control asks for it (torch_npu_compat.h).
+  const aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
+  if (compat::StreamResourcesNeeded(stream, compat::Stage::kEnqueue)) {
+    library_.UseStreamResources(stream);
+  }
   uint64_t workspace_size = 0;
   aclOpExecutor *executor = nullptr;
   const aclnnStatus status = stage1(&workspace_size, &executor);
@@ -149,7 +157,9 @@ void AclnnCall::run(const char *stage1_name, const char *stage2_name, const Stag
 
   // From torch_npu's caching allocator on the current stream, alive until stage 2 is
   // enqueued: afterwards the block can only be reused by work queued behind ours on the
-  // same stream (op-plugin's EXEC_NPU_CMD relies on the same ordering).
+  // same stream (op-plugin's EXEC_NPU_CMD relies on the same ordering). op-plugin takes
+  // it from OpPreparation::unsafe_empty_workspace, which libtorch_npu.so does not export
+  // (2.13.0): an extension built outside torch_npu cannot link it.
   at::Tensor workspace_buffer;
   void *workspace = nullptr;
   if (workspace_size > 0) {
@@ -158,7 +168,6 @@ void AclnnCall::run(const char *stage1_name, const char *stage2_name, const Stag
                                      .dtype(at::kByte));
     workspace = workspace_buffer.data_ptr();
   }
-  const aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
   const auto stage2 = resolve<ExecuteFn>(stage2_name);
   const OpApiLibrary *library = &library_;
   // The queue thread owns the aclTensors from here (and destroys them after stage 2).
@@ -167,16 +176,20 @@ void AclnnCall::run(const char *stage1_name, const char *stage2_name, const Stag
   // With TASK_QUEUE_ENABLE (torch_npu's default) this runs later on the queue thread:
   // everything is captured by value. An exception there is logged by torch_npu and
   // surfaces at the next synchronisation; with ASCEND_LAUNCH_BLOCKING=1 it is raised here.
-  at_npu::native::OpCommand::RunOpApi(
-      stage2_name, [=, torch_op = torch_op_, arguments = arguments_]() -> int {
-        const aclnnStatus result = stage2(workspace, workspace_size, executor, stream);
-        for (aclTensor *tensor : acl_tensors) {
-          library->destroy_tensor()(tensor);
-        }
-        TORCH_CHECK(result == 0, FailureMessage(torch_op, stage2_name, result, arguments,
-                                                library->RecentError()));
-        return 0;
-      });
+  const at_npu::native::PROC_FUNC launch =
+      [=, torch_op = torch_op_, arguments = arguments_]() -> int {
+    if (compat::StreamResourcesNeeded(stream, compat::Stage::kDequeue)) {
+      library->UseStreamResources(stream);
+    }
+    const aclnnStatus result = stage2(workspace, workspace_size, executor, stream);
+    for (aclTensor *tensor : acl_tensors) {
+      library->destroy_tensor()(tensor);
+    }
+    TORCH_CHECK(result == 0, FailureMessage(torch_op, stage2_name, result, arguments,
+                                            library->RecentError()));
+    return 0;
+  };
+  compat::RunOpApi<OpCommand>(stage2_name, launch);
 }
 
 }  // namespace flash_cann_npu

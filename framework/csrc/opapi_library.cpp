@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 namespace flash_cann_npu {
 namespace {
@@ -17,6 +18,7 @@ std::atomic<const OpApiLibrary *> loaded{nullptr};  // set once, kept for the pr
 const char *const kCreateTensor = "aclCreateTensor";
 const char *const kDestroyTensor = "aclDestroyTensor";
 const char *const kRecentErrMsg = "aclGetRecentErrMsg";
+const char *const kUseStreamRes = "aclrtUseStreamResInCurrentThread";
 
 std::string LastDlError() {
   const char *error = dlerror();
@@ -30,7 +32,8 @@ OpApiLibrary::OpApiLibrary(void *handle, std::string path)
       path_(std::move(path)),
       create_tensor_(reinterpret_cast<CreateTensorFn>(dlsym(handle, kCreateTensor))),
       destroy_tensor_(reinterpret_cast<DestroyTensorFn>(dlsym(handle, kDestroyTensor))),
-      recent_error_(reinterpret_cast<RecentErrMsgFn>(dlsym(handle, kRecentErrMsg))) {}
+      recent_error_(reinterpret_cast<RecentErrMsgFn>(dlsym(handle, kRecentErrMsg))),
+      use_stream_resources_(reinterpret_cast<UseStreamResFn>(dlsym(handle, kUseStreamRes))) {}
 
 const OpApiLibrary &OpApiLibrary::Load(const std::vector<std::string> &candidates,
                                        const std::vector<std::string> &aclnn_symbols) {
@@ -89,6 +92,19 @@ void *OpApiLibrary::Symbol(const char *name) const {
 std::string OpApiLibrary::RecentError() const {
   const char *message = recent_error_ != nullptr ? recent_error_() : nullptr;
   return message != nullptr ? message : "";
+}
+
+void OpApiLibrary::UseStreamResources(aclrtStream stream) const {
+  if (use_stream_resources_ == nullptr) {
+    throw std::runtime_error(std::string("flash_cann: torch_npu asks this thread to take the "
+                                         "stream's resources, but ") +
+                             path_ + " and its CANN libraries do not export " + kUseStreamRes);
+  }
+  const int status = use_stream_resources_(stream);
+  if (status != 0) {
+    throw std::runtime_error(std::string("flash_cann: ") + kUseStreamRes + " returned " +
+                             std::to_string(status));
+  }
 }
 
 }  // namespace flash_cann_npu

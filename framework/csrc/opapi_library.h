@@ -29,6 +29,10 @@ class OpApiLibrary {
   DestroyTensorFn destroy_tensor() const { return destroy_tensor_; }
   // CANN's last error message on the calling thread ("" if none), cleared by reading.
   std::string RecentError() const;
+  // aclrtUseStreamResInCurrentThread: the calling thread takes `stream`'s resources (what
+  // torch_npu's c10_npu::UseStreamResInCurrentThread does; libtorch_npu.so does not export
+  // that one). Throws std::runtime_error if CANN lacks it or it fails.
+  void UseStreamResources(aclrtStream stream) const;
 
  private:
   OpApiLibrary(void *handle, std::string path);
@@ -38,6 +42,7 @@ class OpApiLibrary {
   CreateTensorFn create_tensor_;
   DestroyTensorFn destroy_tensor_;
   RecentErrMsgFn recent_error_;  // null if the library's dependencies lack it
+  UseStreamResFn use_stream_resources_;  // null in CANN versions without core control
 };
 
 }  // namespace flash_cann_npu

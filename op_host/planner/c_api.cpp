@@ -4,6 +4,8 @@
 
 #include "plan_json.h"
 
+using namespace flash_cann;
+
 namespace {
 
 int64_t Emit(const std::string& text, char* out, uint64_t capacity)
@@ -15,6 +17,27 @@ int64_t Emit(const std::string& text, char* out, uint64_t capacity)
     return static_cast<int64_t>(text.size());
 }
 
+// The platform and request of a C ABI call; the refusal as JSON if the arguments are bad.
+std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t headsKv,
+                     int64_t seqlenQ, int64_t seqlenK, int64_t headDim, int32_t dtype,
+                     int32_t layout, int32_t causal, int32_t hasMask, double scale,
+                     int32_t aicCores, Platform& platform,
+                     PlanRequest& request)
+{
+    const Platform* known = FindPlatform(soc ? soc : "");
+    if (known == nullptr) {
+        return ErrorJson(std::string("unknown SoC '") + (soc ? soc : "") + "'");
+    }
+    if (dtype < 0 || dtype > 2 || layout < 0 || layout > 1) {
+        return ErrorJson("dtype must be 0..2 and layout 0..1");
+    }
+    platform = WithAiCores(*known, aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
+    request = PlanRequest{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
+                          static_cast<DType>(dtype), static_cast<Layout>(layout),
+                          causal != 0, hasMask != 0, scale};
+    return "";
+}
+
 }  // namespace
 
 extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q,
@@ -23,22 +46,37 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
                                         int32_t causal, int32_t has_mask, double scale,
                                         int32_t aic_cores, char* out, uint64_t capacity)
 {
-    using namespace flash_cann;
-    const Platform* known = FindPlatform(soc ? soc : "");
-    if (known == nullptr) {
-        return Emit(ErrorJson(std::string("unknown SoC '") + (soc ? soc : "") + "'"), out, capacity);
+    Platform platform;
+    PlanRequest request;
+    const std::string refusal = ReadCall(soc, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                         head_dim, dtype, layout, causal, has_mask, scale,
+                                         aic_cores, platform, request);
+    if (!refusal.empty()) {
+        return Emit(refusal, out, capacity);
     }
-    if (dtype < 0 || dtype > 2 || layout < 0 || layout > 1) {
-        return Emit(ErrorJson("dtype must be 0..2 and layout 0..1"), out, capacity);
+    return Emit(PlanToJson(MakePlan(request, platform), request, platform), out, capacity);
+}
+
+extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_q,
+                                             int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                             int64_t head_dim, int32_t dtype, int32_t layout,
+                                             int32_t causal, int32_t has_mask,
+                                             int32_t deterministic, double scale,
+                                             int32_t aic_cores, char* out, uint64_t capacity)
+{
+    Platform platform;
+    GradPlanRequest request;
+    const std::string refusal = ReadCall(soc, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                         head_dim, dtype, layout, causal, has_mask, scale,
+                                         aic_cores, platform, request.problem);
+    if (!refusal.empty()) {
+        return Emit(refusal, out, capacity);
     }
-    const Platform platform = WithAiCores(*known, aic_cores > 0 ? static_cast<uint32_t>(aic_cores) : 0);
-    const PlanRequest request{batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
-                              static_cast<DType>(dtype), static_cast<Layout>(layout),
-                              causal != 0, has_mask != 0, scale};
-    return Emit(PlanToJson(MakePlan(request, platform), platform), out, capacity);
+    request.deterministic = deterministic != 0;
+    return Emit(GradPlanToJson(MakeGradPlan(request, platform), request, platform), out, capacity);
 }
 
 extern "C" int64_t flash_cann_platforms_json(char* out, uint64_t capacity)
 {
-    return Emit(flash_cann::PlatformsToJson(), out, capacity);
+    return Emit(PlatformsToJson(), out, capacity);
 }

@@ -17,6 +17,14 @@ int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q, in
                              int32_t dtype, int32_t layout, int32_t causal, int32_t has_mask,
                              double scale, int32_t aic_cores, char* out, uint64_t capacity);
 
+// Plan a backward call: the same arguments as flash_cann_plan_json, and `deterministic`
+// (1: dQ reduced in a fixed order, 0: fp32 atomic adds). Same return convention.
+int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_q,
+                                  int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                  int64_t head_dim, int32_t dtype, int32_t layout, int32_t causal,
+                                  int32_t has_mask, int32_t deterministic, double scale,
+                                  int32_t aic_cores, char* out, uint64_t capacity);
+
 // The built-in platform table as JSON; same return convention.
 int64_t flash_cann_platforms_json(char* out, uint64_t capacity);
 

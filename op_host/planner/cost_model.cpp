@@ -2,7 +2,135 @@
 
 #include <algorithm>
 
+
 namespace flash_cann {
+namespace {
+
+// The incumbent: S1 128 rows per vector core, S2 128 x nRatio 8 keys per round
+// (FlashAttentionScoreTilingS1s2Bn2gs1::CalcS1S2BasicBlock, CalcNRatio).
+constexpr uint32_t kIncumbentRowsPerVectorCore = 128;
+constexpr uint32_t kIncumbentKeysPerRound = 128 * 8;
+constexpr uint32_t kIncumbentSlicesPerRound = 8;  // softmax on [S1 / nRatio, S2 x nRatio]
+
+uint64_t CeilDiv(uint64_t a, uint64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+// The tile of `rows` query rows starting at `row0`, visiting keys [0, keyEnd) in rounds
+// of `keys`; its diagonal rounds hold keys visible to some of its rows but not all.
+TileWork Tile(const TilingData& t, bool causal, uint32_t row0, uint32_t rows, uint32_t keyEnd,
+              uint32_t keys)
+{
+    const uint32_t rounds = static_cast<uint32_t>(CeilDiv(keyEnd, keys));
+    uint32_t diagonal = 0;
+    if (causal) {
+        const int64_t firstRowKeys =
+            std::clamp<int64_t>(int64_t{row0} + t.causalOffset + 1, 0, t.seqlenK);
+        if (firstRowKeys < keyEnd) {
+            diagonal = rounds - static_cast<uint32_t>(firstRowKeys / keys);
+        }
+    }
+    return {rows, rounds, diagonal};
+}
+
+// Every used core's tiles, walked as the kernel walks them.
+std::vector<CoreWorkList> CoreTiles(const TilingData& t, bool causal, uint32_t keys)
+{
+    std::vector<CoreWorkList> cores(t.usedCores);
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        uint64_t cursor = t.rowStart[c];
+        QueryTile tile{};
+        while (NextTile(t, cursor, t.rowStart[c + 1], tile)) {
+            const uint32_t keyEnd = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
+            if (keyEnd > 0) {
+                AppendTile(cores[c], Tile(t, causal, tile.row0, tile.rows, keyEnd, keys));
+            }
+        }
+    }
+    return cores;
+}
+
+// The incumbent's split (FlashAttentionScoreTilingS1s2Bn2gs1 with L1 reuse): the
+// (batch, head, 128-row block) space cut into equal runs of splitFactor blocks, one run
+// per pair of vector cores = one AI core, the two vector cores taking alternate blocks;
+// a round of the AI core covers one block of each (256 rows).
+std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
+                                                  uint32_t vectorCores)
+{
+    const uint64_t blocksPerHead = CeilDiv(t.seqlenQ, kIncumbentRowsPerVectorCore);
+    const uint64_t total = uint64_t{t.batch} * t.headsQ * blocksPerHead;
+    const uint64_t split = CeilDiv(total, std::min<uint64_t>(total, vectorCores)) * 2;
+    std::vector<CoreWorkList> cores;
+    for (uint64_t first = 0; first < total; first += split) {
+        CoreWorkList tiles;
+        for (uint64_t b = first; b < std::min(total, first + split); b += 2) {
+            // The later block of the pair sees the most keys (causal).
+            const uint64_t last = std::min(total, b + 2) - 1;
+            const uint32_t row0 = static_cast<uint32_t>(last % blocksPerHead) *
+                                  kIncumbentRowsPerVectorCore;
+            const uint32_t rows = std::min(kIncumbentRowsPerVectorCore, t.seqlenQ - row0);
+            const QueryTile tile{0, 0, 0, row0, rows};
+            const uint32_t keyEnd = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
+            if (keyEnd > 0) {
+                AppendTile(tiles, Tile(t, causal, row0, 2 * kIncumbentRowsPerVectorCore, keyEnd,
+                                       kIncumbentKeysPerRound));
+            }
+        }
+        cores.push_back(tiles);
+    }
+    return cores;
+}
+
+double HbmBytes(const PlanRequest& r)
+{
+    const double e = ElementBytes(r.dtype);
+    const double qo = 2.0 * r.batch * r.headsQ * r.seqlenQ * r.headDim * e;
+    const double kv = 2.0 * r.batch * r.headsKv * r.seqlenK * r.headDim * e;
+    const double lse = 4.0 * r.batch * r.headsQ * r.seqlenQ;
+    const double mask = r.hasMask ? static_cast<double>(r.batch) * r.seqlenK : 0.0;
+    return qo + kv + lse + mask;
+}
+
+Prediction Finish(const KernelDesign& design, const std::vector<CoreWorkList>& cores,
+                  const PlanRequest& r, const Platform& p)
+{
+    const SchedulePrediction s = PredictSchedule(design, cores, HbmBytes(r), r.hasMask, RatesFor(p));
+    Prediction pr;
+    pr.design = design.name;
+    pr.seconds = s.seconds;
+    pr.launchSeconds = s.launchSeconds;
+    pr.hbmSeconds = s.hbmSeconds;
+    pr.coreSeconds = s.coreSeconds;
+    pr.meanCoreSeconds = s.meanCoreSeconds;
+    pr.bound = s.bound;
+    for (uint32_t e = 0; e < kEngines; ++e) {
+        pr.engineBusySeconds.emplace_back(EngineName(Engine(e)), s.busy[e]);
+    }
+    pr.usefulFlops = 4.0 * r.headDim * r.batch * r.headsQ *
+                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal);
+    pr.cubeUtilization = pr.seconds > 0 ? pr.usefulFlops / (pr.seconds * CubePeakFlops(p)) : 0;
+    return pr;
+}
+
+// A TilingData with the problem of `r` (strides, sizes, causal offset), for designs
+// planned outside MakePlan.
+TilingData ProblemTiling(const PlanRequest& r)
+{
+    TilingData t{};
+    t.batch = static_cast<uint32_t>(r.batch);
+    t.headsQ = static_cast<uint32_t>(r.headsQ);
+    t.headsKv = static_cast<uint32_t>(r.headsKv);
+    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
+    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
+    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
+    t.headDim = static_cast<uint32_t>(r.headDim);
+    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
+    t.causalOffset = r.seqlenK - r.seqlenQ;
+    return t;
+}
+
+}  // namespace
 
 double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal)
 {
@@ -18,45 +146,60 @@ double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal)
     return n * a + n * (n - 1) / 2;
 }
 
+KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
+{
+    KernelDesign d;
+    d.name = "flash-cann pipelined kernel";
+    d.keysPerRound = RoundKeys(t);
+    d.headDimPad = t.headDimPad;
+    d.elemBytes = elemBytes;
+    d.vectorSlices = std::max<uint32_t>(1, (VectorRows(t) + t.vecRows - 1) / t.vecRows);
+    d.ubScoreBuffers = 2;            // S, P, O-partial slices double-buffered in UB
+    d.probBufferIsScratch = false;
+    d.scoresAhead = 2;               // S(0), then S(r + 1) before PV(r)
+    d.outputDelay = 1;               // U(r - 1) after SM(r)
+    d.loadsBeforeProbWait = true;    // V(r) and K(r + 2) issued before waiting for P(r)
+    d.queryInL0a = true;
+    d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
+    d.l0cBuffers = t.l0cBuffers;     // the S ring
+    d.outputOwnL0c = true;           // O accumulated over the stack in its own buffer
+    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice
+    return d;
+}
+
+KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes)
+{
+    KernelDesign d;
+    d.name = "incumbent FlashAttentionScore design (S1 128 x S2 1024 per vector core)";
+    d.keysPerRound = kIncumbentKeysPerRound;
+    d.headDimPad = headDimPad;
+    d.elemBytes = elemBytes;
+    d.vectorSlices = kIncumbentSlicesPerRound;
+    d.ubScoreBuffers = 2;
+    d.probBufferIsScratch = false;
+    d.scoresAhead = 2;               // bmm1(i) is issued before bmm2(i-1)
+    d.outputDelay = 1;               // vec2(i-2) after vec1(i-1)
+    d.pipelineAcrossTiles = true;    // taskId ring continues over S1 blocks
+    d.causalMaskPerRow = false;      // SelectWithBytesMask on the whole tile
+    return d;
+}
+
 Prediction Predict(const Plan& plan, const PlanRequest& r, const Platform& p)
 {
-    const TilingData& t = plan.tiling;
-    const double e = ElementBytes(r.dtype);
-    const double clock = p.cubeClockGhz * 1e9;
-    double maxMacs = 0;
-    double maxVectorPasses = 0;
-    double scoreElements = 0;
-    double keyColumns = 0;
-    for (const CoreWork& c : plan.cores) {
-        const double score = static_cast<double>(c.scoreElements);
-        // Output rows x key blocks ~ score elements / blockK (both per padded row).
-        const double outputs = score / t.blockK * t.headDimPad;
-        maxMacs = std::max(maxMacs, c.macs);
-        maxVectorPasses = std::max(maxVectorPasses, score * kScorePasses + outputs * kOutputPasses);
-        scoreElements += score;
-        keyColumns += static_cast<double>(c.keyColumns);
-    }
-    Prediction pr;
-    pr.cubeSeconds = maxMacs / (16.0 * 16.0 * 16.0 * clock);
-    pr.vectorSeconds = maxVectorPasses / 2 / (kVectorElementsPerCycle * clock);
-    const double qo = 2.0 * r.batch * r.headsQ * r.seqlenQ * r.headDim * e;
-    const double kv = 2.0 * r.batch * r.headsKv * r.seqlenK * r.headDim * e;
-    const double lse = 4.0 * r.batch * r.headsQ * r.seqlenQ;
-    const double mask = r.hasMask ? static_cast<double>(r.batch) * r.seqlenK : 0.0;
-    pr.hbmSeconds = (qo + kv + lse + mask) / p.hbmBytesPerSecond;
-    const double workspace = scoreElements * (8.0 + 2.0 * e) +
-                             scoreElements / t.blockK * t.headDimPad * 8.0;
-    const double kvReloads = keyColumns * r.headDim * 2.0 * e;
-    pr.l2Seconds = (workspace + kvReloads) / p.l2BytesPerSecond;
-    pr.seconds = std::max({pr.cubeSeconds, pr.vectorSeconds, pr.hbmSeconds, pr.l2Seconds});
-    pr.bound = pr.seconds == pr.cubeSeconds   ? "cube"
-               : pr.seconds == pr.vectorSeconds ? "vector"
-               : pr.seconds == pr.hbmSeconds    ? "HBM"
-                                                : "L2 (workspace traffic)";
-    pr.usefulFlops = 4.0 * r.headDim * r.batch * r.headsQ *
-                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal);
-    pr.cubeUtilization = pr.seconds > 0 ? pr.usefulFlops / (pr.seconds * CubePeakFlops(p)) : 0;
-    return pr;
+    return PredictDesign(DesignFromTiling(plan.tiling, ElementBytes(r.dtype)), plan.tiling, r, p);
+}
+
+Prediction PredictIncumbent(const PlanRequest& r, const Platform& p)
+{
+    const TilingData t = ProblemTiling(r);
+    return Finish(IncumbentDesign(t.headDimPad, ElementBytes(r.dtype)),
+                  IncumbentTiles(t, r.causal, p.aivCores), r, p);
+}
+
+Prediction PredictDesign(const KernelDesign& design, const TilingData& split,
+                         const PlanRequest& r, const Platform& p)
+{
+    return Finish(design, CoreTiles(split, r.causal, design.keysPerRound), r, p);
 }
 
 }  // namespace flash_cann

@@ -1,29 +1,41 @@
-// A roofline model of the forward kernel on an Ascend platform: a PREDICTION, used to
-// report expected time and cube utilisation (`flash-cann plan`), never to decide
-// correctness. Assumes perfect overlap of the four engines, so it is optimistic.
+// The cost model of flash-cann's forward kernel and of the incumbent's: each design
+// described as data (KernelDesign) and run through the schedule model
+// (schedule_model.h). PREDICTIONS, used to report expected time and cube utilisation
+// (`flash-cann plan`, benchmarks/npu_model.py), never to decide correctness.
 //
-//   cube    busiest core's MACs / (16*16*16 MACs/cycle x cube clock)
-//   vector  busiest core's vector element-passes, split over its 2 vector cores, at
-//           64 fp32 elements per cycle: kScorePasses per score element (scale, bias,
-//           row max, subtract, exp, row sum, cast to P, copy) and kOutputPasses per output
-//           element per key block (rescale, accumulate)
-//   HBM     Q, K, V, out, lse, mask read/written once, over the platform's HBM bandwidth
-//   L2      per key block: S (fp32) and P written and read back through the GM
-//           workspace, O partials (fp32) likewise, K and V re-read; over L2 bandwidth
-//   time = max of the four; utilisation = useful FLOPs (4 D x visible query-key pairs)
-//          / (time x cube peak)
+//   DesignFromTiling   our kernel as the plan's TilingData configures it (op_kernel/
+//                      flash_attention_{cube,vector}.h, docs/kernel.md): rounds of
+//                      blockK x keyStack keys, S one round ahead of P.V, the O update one
+//                      round behind the softmax, V and the next K loaded before the wait
+//                      for P, Q resident in L0A, O accumulated in its own L0C buffer over
+//                      the stack, vecRows-row double-buffered UB slices, tiles drained
+//                      one by one
+//   IncumbentDesign    FlashAttentionScore's forward on 910B (hicann/ops-transformer
+//                      attention/flash_attention_score/op_kernel/
+//                      flash_attention_score_s1s2_bn2gs1.h, tiling
+//                      FlashAttentionScoreTilingS1s2Bn2gs1): per vector core 128 query
+//                      rows x 1024 keys (S2 128 x nRatio 8) per round, the cube serving
+//                      both vector cores (256 rows, K/V shared in L1), ring
+//                      bmm1(i) vec1(i-1) bmm2(i-1) vec2(i-2) running across S1 blocks
 #ifndef FLASH_CANN_PLANNER_COST_MODEL_H
 #define FLASH_CANN_PLANNER_COST_MODEL_H
 
 #include "planner.h"
+#include "schedule_model.h"
 
 namespace flash_cann {
 
-constexpr double kScorePasses = 8;
-constexpr double kOutputPasses = 2;
-constexpr double kVectorElementsPerCycle = 64;
+KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes);
+KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes);
 
+// The prediction for a plan of our kernel.
 Prediction Predict(const Plan& plan, const PlanRequest& request, const Platform& platform);
+// The incumbent's design on the same problem, with its own work split.
+Prediction PredictIncumbent(const PlanRequest& request, const Platform& platform);
+
+// Any design on the work split of `split` (its blockQ, rowStart, usedCores).
+Prediction PredictDesign(const KernelDesign& design, const TilingData& split,
+                         const PlanRequest& request, const Platform& platform);
 
 // Query-key pairs that are visible (not masked by causality), for one (batch, head).
 double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal);

@@ -3,6 +3,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "cost_model.h"
+
 namespace flash_cann {
 namespace {
 
@@ -63,6 +65,8 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     Object o(out);
     o.Key("block_q") << t.blockQ;
     o.Key("block_k") << t.blockK;
+    o.Key("key_stack") << t.keyStack;
+    o.Key("vec_rows") << t.vecRows;
     o.Key("head_dim_pad") << t.headDimPad;
     o.Key("group") << t.group;
     o.Key("causal_offset") << t.causalOffset;
@@ -77,6 +81,78 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
                         << ']';
     o.Key("tiling_bytes") << sizeof(TilingData);
+}
+
+void WriteBuffers(std::ostringstream& out, const std::vector<BufferUse>& buffers)
+{
+    out << '[';
+    for (size_t i = 0; i < buffers.size(); ++i) {
+        const BufferUse& b = buffers[i];
+        out << (i ? "," : "");
+        Object ob(out);
+        ob.Key("stage") << Quote(b.stage);
+        ob.Key("name") << Quote(b.name);
+        ob.Key("level") << Quote(MemLevelName(b.level));
+        ob.Key("bytes") << b.bytes;
+        ob.Key("copies") << b.copies;
+    }
+    out << ']';
+}
+
+void WriteLevels(std::ostringstream& out, const std::vector<LevelUse>& levels)
+{
+    out << '[';
+    for (size_t i = 0; i < levels.size(); ++i) {
+        const LevelUse& l = levels[i];
+        out << (i ? "," : "");
+        Object ol(out);
+        ol.Key("level") << Quote(MemLevelName(l.level));
+        ol.Key("used") << l.used;
+        ol.Key("capacity") << l.capacity;
+    }
+    out << ']';
+}
+
+void WriteGradTiling(std::ostringstream& out, const GradTilingData& t)
+{
+    Object o(out);
+    o.Key("block_q") << t.blockQ;
+    o.Key("block_k") << t.blockK;
+    o.Key("key_blocks") << t.keyBlocks;
+    o.Key("head_dim_pad") << t.headDimPad;
+    o.Key("group") << t.group;
+    o.Key("causal_offset") << t.causalOffset;
+    o.Key("dq_slots") << t.dqSlots;
+    o.Key("dq_chunk_blocks") << t.dqChunkBlocks;
+    o.Key("pass_rows") << t.passRows;
+    o.Key("units") << t.units;
+    o.Key("used_cores") << t.usedCores;
+    o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';
+    o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
+                        << ']';
+    o.Key("tiling_bytes") << sizeof(GradTilingData);
+}
+
+void WritePrediction(std::ostringstream& out, const Prediction& p, const Platform& platform)
+{
+    Object o(out);
+    o.Key("label") << Quote("PREDICTION of the schedule model (docs/planner.md), not a measurement");
+    o.Key("design") << Quote(p.design);
+    o.Key("seconds") << p.seconds;
+    o.Key("launch_seconds") << p.launchSeconds;
+    o.Key("hbm_seconds") << p.hbmSeconds;
+    o.Key("core_seconds") << p.coreSeconds;
+    o.Key("mean_core_seconds") << p.meanCoreSeconds;
+    o.Key("useful_flops") << p.usefulFlops;
+    o.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
+    o.Key("cube_utilization") << p.cubeUtilization;
+    o.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
+    o.Key("bound") << Quote(p.bound);
+    o.Key("engine_busy_seconds");
+    Object busy(out);
+    for (const auto& [engine, seconds] : p.engineBusySeconds) {
+        busy.Key(engine.c_str()) << seconds;
+    }
 }
 
 }  // namespace
@@ -105,7 +181,8 @@ std::string PlatformsToJson()
     return out.str();
 }
 
-std::string PlanToJson(const PlanResult& result, const Platform& platform)
+std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
+                       const Platform& platform)
 {
     if (!result.ok()) {
         return ErrorJson(result.error);
@@ -122,28 +199,10 @@ std::string PlanToJson(const PlanResult& result, const Platform& platform)
         o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
         o.Key("tiling");
         WriteTiling(out, plan.tiling);
-        o.Key("buffers") << '[';
-        for (size_t i = 0; i < plan.buffers.size(); ++i) {
-            const BufferUse& b = plan.buffers[i];
-            out << (i ? "," : "");
-            Object ob(out);
-            ob.Key("stage") << Quote(b.stage);
-            ob.Key("name") << Quote(b.name);
-            ob.Key("level") << Quote(MemLevelName(b.level));
-            ob.Key("bytes") << b.bytes;
-            ob.Key("copies") << b.copies;
-        }
-        out << ']';
-        o.Key("levels") << '[';
-        for (size_t i = 0; i < plan.levels.size(); ++i) {
-            const LevelUse& l = plan.levels[i];
-            out << (i ? "," : "");
-            Object ol(out);
-            ol.Key("level") << Quote(MemLevelName(l.level));
-            ol.Key("used") << l.used;
-            ol.Key("capacity") << l.capacity;
-        }
-        out << ']';
+        o.Key("buffers");
+        WriteBuffers(out, plan.buffers);
+        o.Key("levels");
+        WriteLevels(out, plan.levels);
         o.Key("cores") << '[';
         for (size_t i = 0; i < plan.cores.size(); ++i) {
             const CoreWork& c = plan.cores[i];
@@ -155,17 +214,74 @@ std::string PlanToJson(const PlanResult& result, const Platform& platform)
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        const Prediction& p = plan.prediction;
+        o.Key("prediction");
+        WritePrediction(out, Predict(plan, request, platform), platform);
+        o.Key("incumbent_design_prediction");
+        WritePrediction(out, PredictIncumbent(request, platform), platform);
+    }
+    return out.str();
+}
+
+std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& request,
+                           const Platform& platform)
+{
+    if (!result.ok()) {
+        return ErrorJson(result.error);
+    }
+    const GradPlan& plan = result.plan;
+    std::ostringstream out;
+    out << std::setprecision(10);
+    {
+        Object o(out);
+        o.Key("platform");
+        WritePlatform(out, platform);
+        o.Key("tiling_key") << plan.tilingKey;
+        o.Key("block_dim") << plan.blockDim;
+        o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
+        o.Key("workspace");
+        {
+            Object ow(out);
+            ow.Key("delta") << plan.workspace.delta;
+            ow.Key("dq") << plan.workspace.dq;
+            ow.Key("dk_dv") << plan.workspace.dkdv;
+            ow.Key("exchange") << plan.workspace.exchange;
+        }
+        o.Key("tiling");
+        WriteGradTiling(out, plan.tiling);
+        o.Key("buffers");
+        WriteBuffers(out, plan.buffers);
+        o.Key("levels");
+        WriteLevels(out, plan.levels);
+        o.Key("cores") << '[';
+        for (size_t i = 0; i < plan.cores.size(); ++i) {
+            const GradCoreWork& c = plan.cores[i];
+            out << (i ? "," : "");
+            Object oc(out);
+            oc.Key("units") << '[' << c.unitBegin << ',' << c.unitEnd << ']';
+            oc.Key("steps") << c.steps;
+            oc.Key("macs") << c.macs;
+        }
+        out << ']';
+        o.Key("imbalance") << plan.imbalance;
+        const BackwardPrediction p = PredictGradPlan(plan, request, platform);
         o.Key("prediction");
         Object op(out);
+        op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
+                                 "not a measurement");
         op.Key("seconds") << p.seconds;
-        op.Key("cube_seconds") << p.cubeSeconds;
-        op.Key("vector_seconds") << p.vectorSeconds;
-        op.Key("hbm_seconds") << p.hbmSeconds;
-        op.Key("l2_seconds") << p.l2Seconds;
+        op.Key("pre_seconds") << p.preSeconds;
+        op.Key("main_seconds") << p.mainSeconds;
+        op.Key("post_seconds") << p.postSeconds;
         op.Key("useful_flops") << p.usefulFlops;
+        op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
         op.Key("cube_utilization") << p.cubeUtilization;
+        op.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
         op.Key("bound") << Quote(p.bound);
+        op.Key("engine_busy_seconds");
+        Object busy(out);
+        for (const auto& [engine, seconds] : p.engineBusySeconds) {
+            busy.Key(engine.c_str()) << seconds;
+        }
     }
     return out.str();
 }

@@ -4,11 +4,18 @@
 
 #include <string>
 
+#include "grad_planner.h"
 #include "planner.h"
 
 namespace flash_cann {
 
-std::string PlanToJson(const PlanResult& result, const Platform& platform);
+// The plan, its prediction and, for comparison, the prediction for the incumbent's
+// design on the same problem.
+std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
+                       const Platform& platform);
+// The backward plan and its schedule-model prediction.
+std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& request,
+                           const Platform& platform);
 std::string PlatformsToJson();
 std::string ErrorJson(const std::string& message);
 

@@ -7,6 +7,7 @@
 
 #include "../flash_cann_contract.h"
 #include "cost_model.h"
+#include "plan_parts.h"
 #include "work_model.h"
 
 namespace flash_cann {
@@ -30,22 +31,27 @@ constexpr uint64_t kMaxNd2NzPitch = std::numeric_limits<uint16_t>::max();
 // A TPipe manages at most 64 buffers (asc-devkit QBUF_MAX_LEN).
 constexpr uint32_t kMaxBuffersPerPipe = 64;
 
-// Block shapes the kernel supports, largest first. blockK is a multiple of 64 so that a
-// key row of fp32 is a whole number of 256-byte vector repeats (Compares needs that);
+// Keys per round (blockK x keyStack). At most 512: a fp32 row of a round reduces to
+// 64 partial results, one WholeReduce repeat.
+constexpr uint32_t kRoundKeys = 512;
+// Query tiles of 256 rows are planned for sequences at least this long, where they fit:
+// the vector cores then take 128 rows each, and each K/V sub-block serves twice the rows.
+constexpr int64_t kLongSequence = 1024;
+// Block shapes (blockQ, blockK) the kernel supports, largest first (256-row tiles are
+// tried first, and only, for long sequences). blockK is a multiple of 64, so that one
+// fp32 key row is a whole number of 256-byte vector repeats (Compares needs that);
 // blockQ is even (two vector cores split a tile) and a multiple of the cube block.
+constexpr uint32_t kLongTile[2] = {256, 64};
 constexpr uint32_t kBlockCandidates[][2] = {
-    {128, 256}, {128, 128}, {64, 256}, {64, 128}, {128, 64}, {64, 64}, {32, 128}, {32, 64},
+    {128, 128}, {128, 64}, {64, 128}, {64, 64}, {32, 128}, {32, 64}, {16, 64},
 };
+// Rows of one vector slice, largest first: multiples of 8 so a slice's row statistics
+// start 32-byte aligned.
+constexpr uint32_t kVecRowCandidates[] = {32, 24, 16, 8};
 
-template <typename... Parts>
-std::string Message(const Parts&... parts)
-{
-    std::ostringstream out;
-    (out << ... << parts);
-    return out.str();
-}
+}  // namespace
 
-std::string Validate(const PlanRequest& r)
+std::string ValidateProblem(const PlanRequest& r)
 {
     const std::pair<const char*, int64_t> sizes[] = {
         {"batch", r.batch}, {"heads_q", r.headsQ}, {"heads_kv", r.headsKv},
@@ -94,61 +100,44 @@ std::string Validate(const PlanRequest& r)
     return "";
 }
 
-void SetProblem(TilingData& t, const PlanRequest& r)
-{
-    t.batch = static_cast<uint32_t>(r.batch);
-    t.headsQ = static_cast<uint32_t>(r.headsQ);
-    t.headsKv = static_cast<uint32_t>(r.headsKv);
-    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
-    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
-    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
-    t.headDim = static_cast<uint32_t>(r.headDim);
-    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
-    t.causalOffset = r.seqlenK - r.seqlenQ;
-    t.scale = static_cast<float>(r.scale);
-    t.layout = static_cast<uint32_t>(r.layout);
-    const uint64_t d = t.headDim;
-    if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
-        t.qStrideRow = d;
-        t.qStrideHead = d * t.seqlenQ;
-        t.qStrideBatch = t.qStrideHead * t.headsQ;
-        t.kvStrideRow = d;
-        t.kvStrideHead = d * t.seqlenK;
-        t.kvStrideBatch = t.kvStrideHead * t.headsKv;
-    } else {  // BSND: (batch, seqlen, heads, head_dim)
-        t.qStrideHead = d;
-        t.qStrideRow = d * t.headsQ;
-        t.qStrideBatch = t.qStrideRow * t.seqlenQ;
-        t.kvStrideHead = d;
-        t.kvStrideRow = d * t.headsKv;
-        t.kvStrideBatch = t.kvStrideRow * t.seqlenK;
-    }
-}
+namespace {
 
 std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
 {
     const BufferBytes b = ComputeBufferBytes(t, elemBytes);
-    return {
-        {"cube: load Q tile", "q_l1", MemLevel::L1, b.qL1, 1},
-        {"cube: load K block", "k_l1", MemLevel::L1, b.kL1, t.kvL1Buffers},
-        {"cube: load V block", "v_l1", MemLevel::L1, b.vL1, t.kvL1Buffers},
-        {"cube: load P tile", "p_l1", MemLevel::L1, b.pL1, t.pL1Buffers},
-        {"cube: A operand (Q or P)", "a_l0a", MemLevel::L0A, b.l0a, t.l0aBuffers},
-        {"cube: B operand (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
-        {"cube: result (S or O), fp32", "c_l0c", MemLevel::L0C, b.l0c, t.l0cBuffers},
-        {"vector: scores S rows, fp32", "s_ub", MemLevel::UB, b.sUb, 1},
-        {"vector: probabilities P rows (also row-reduction scratch)", "p_ub", MemLevel::UB, b.pUb, 1},
-        {"vector: row statistics", "rows_ub", MemLevel::UB, b.rowUb, kRowStats},
-        {"vector: row statistic broadcast", "brc_ub", MemLevel::UB, b.brcUb, 1},
-        {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb, kKeyRows},
-        {"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1},
-        {"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1},
-        {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
-        {"vector: partial output O rows, fp32", "o_ub", MemLevel::UB, b.oUb, 1},
+    std::vector<BufferUse> buffers = {
+        {"cube: Q tile (loaded once per tile)", "q_l1", MemLevel::L1, b.qL1, 1},
+        {"cube: K sub-block ring", "k_l1", MemLevel::L1, b.kL1, t.kvL1Buffers},
+        {"cube: V sub-block ring", "v_l1", MemLevel::L1, b.vL1, t.kvL1Buffers},
+        {"cube: P sub-block ring", "p_l1", MemLevel::L1, b.pL1, t.pL1Buffers},
+        {"cube: Q operand, resident for the tile", "q_l0a", MemLevel::L0A, b.qL0a, 1},
+        {"cube: P operand ring", "p_l0a", MemLevel::L0A, b.pL0a, t.l0aBuffers},
+        {"cube: B operand ring (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
+        {"cube: O of a round, fp32, accumulated over the stack", "o_l0c", MemLevel::L0C, b.oL0c, 1},
+        {"cube: S sub-block ring, fp32", "s_l0c", MemLevel::L0C, b.sL0c, t.l0cBuffers},
+        {"vector: S slice, fp32", "s_ub", MemLevel::UB, b.sUb, kVecBuffers},
+        {"vector: P slice (also row-reduction scratch)", "p_ub", MemLevel::UB, b.pUb, kVecBuffers},
+        {"vector: O partial slice, fp32", "o_ub", MemLevel::UB, b.oUb, kVecBuffers},
+        {"vector: output slice", "out_ub", MemLevel::UB, b.outUb, kVecBuffers},
         {"vector: running output rows, fp32", "acc_ub", MemLevel::UB, b.accUb, 1},
-        {"vector: output rows", "out_ub", MemLevel::UB, b.outUb, 1},
+        {"vector: row statistics (m, l, alpha ring, slice max/sum)", "rows_ub", MemLevel::UB,
+         b.rowUb * kRowStats, 1},
+        {"vector: lse rows", "lse_ub", MemLevel::UB, b.rowUb, 1},
+        {"vector: row statistic broadcast", "brc_ub", MemLevel::UB, b.brcUb, 1},
+        {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb * kKeyRows, 1},
+        {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
     };
+    if (t.hasMask) {
+        buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
+        buffers.push_back({"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1});
+    }
+    if (t.causal) {
+        buffers.push_back({"vector: causal template c - r", "diag_ub", MemLevel::UB, b.diagUb, 1});
+    }
+    return buffers;
 }
+
+}  // namespace
 
 uint64_t Capacity(MemLevel level, const Platform& p)
 {
@@ -186,28 +175,78 @@ bool Fits(const std::vector<LevelUse>& levels)
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
 
-// Pick the largest block shape whose cube operands and results are double-buffered
-// (so MTE1, the cube and Fixpipe overlap), or failing that the largest that fits at all;
-// then double-buffer the L1 loads that still fit.
-bool ChooseBlocks(TilingData& t, uint32_t elemBytes, const Platform& p)
+std::string CheckPlatform(const Platform& platform)
+{
+    if (platform.aicCores < 1) {
+        return Message("platform ", platform.name, " reports no AI cores");
+    }
+    return "";
+}
+
+std::string CheckPipeBuffers(const std::vector<BufferUse>& buffers)
+{
+    uint32_t pipeBuffers = 0;
+    for (const BufferUse& b : buffers) {
+        pipeBuffers += b.copies;
+    }
+    if (pipeBuffers > kMaxBuffersPerPipe) {
+        return Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
+                       kMaxBuffersPerPipe);
+    }
+    return "";
+}
+
+namespace {
+
+// Complete the plan for one block shape with (at least) `l0Copies` copies of the L0 rings
+// (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
+// then double-buffer the remaining rings where they still fit. False if nothing fits.
+bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies,
+              uint32_t elemBytes, const Platform& p)
 {
     auto fits = [&] { return Fits(SumLevels(ListBuffers(t, elemBytes), p)); };
+    t.blockQ = blockQ;
+    t.blockK = blockK;
+    t.keyStack = kRoundKeys / blockK;
+    t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
+    for (uint32_t vecRows : kVecRowCandidates) {
+        if (vecRows > AlignUp(blockQ / 2, 8)) {
+            continue;
+        }
+        t.vecRows = vecRows;
+        t.kvL1Buffers = t.pL1Buffers = 1;
+        if (!fits()) {
+            continue;
+        }
+        for (uint32_t* count : {&t.l0bBuffers, &t.l0aBuffers, &t.l0cBuffers, &t.kvL1Buffers,
+                                &t.pL1Buffers}) {
+            *count = 2;
+            if (!fits()) {
+                *count = 1;
+            }
+        }
+        return true;
+    }
+    return false;
+}
+
+// Long sequences: a 256-row tile where it fits at all. Otherwise the largest shape whose
+// L0 rings are double-buffered (so MTE1, the cube and Fixpipe overlap), or failing that
+// the largest that fits with single L0 buffers.
+bool ChooseBlocks(TilingData& t, bool longSequence, uint32_t elemBytes, const Platform& p)
+{
+    if (longSequence) {
+        for (uint32_t l0Copies : {2u, 1u}) {
+            if (TryShape(t, kLongTile[0], kLongTile[1], l0Copies, elemBytes, p)) {
+                return true;
+            }
+        }
+    }
     for (uint32_t l0Copies : {2u, 1u}) {
         for (const auto& candidate : kBlockCandidates) {
-            t.blockQ = candidate[0];
-            t.blockK = candidate[1];
-            t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
-            t.kvL1Buffers = t.pL1Buffers = 1;
-            if (!fits()) {
-                continue;
+            if (TryShape(t, candidate[0], candidate[1], l0Copies, elemBytes, p)) {
+                return true;
             }
-            for (uint32_t* count : {&t.kvL1Buffers, &t.pL1Buffers}) {
-                *count = 2;
-                if (!fits()) {
-                    *count = 1;
-                }
-            }
-            return true;
         }
     }
     return false;
@@ -235,32 +274,28 @@ uint32_t ElementBytes(DType dtype)
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
-    result.error = Validate(request);
-    if (!result.ok()) {
-        return result;
+    result.error = ValidateProblem(request);
+    if (result.ok()) {
+        result.error = CheckPlatform(platform);
     }
-    if (platform.aicCores < 1) {
-        result.error = Message("platform ", platform.name, " reports no AI cores");
+    if (!result.ok()) {
         return result;
     }
     Plan& plan = result.plan;
     TilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(request.dtype);
     SetProblem(t, request);
-    if (!ChooseBlocks(t, elemBytes, platform)) {
+    t.causal = request.causal ? 1 : 0;
+    t.hasMask = request.hasMask ? 1 : 0;
+    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;
     }
     plan.buffers = ListBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);
-    uint32_t pipeBuffers = 0;
-    for (const BufferUse& b : plan.buffers) {
-        pipeBuffers += b.copies;
-    }
-    if (pipeBuffers > kMaxBuffersPerPipe) {
-        result.error = Message("the plan needs ", pipeBuffers, " buffers; a TPipe manages at most ",
-                               kMaxBuffersPerPipe);
+    result.error = CheckPipeBuffers(plan.buffers);
+    if (!result.ok()) {
         return result;
     }
 
@@ -277,7 +312,6 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
-    plan.prediction = Predict(plan, request, platform);
     return result;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "../../op_kernel/flash_cann_tiling.h"
 #include "platform.h"
@@ -62,16 +63,19 @@ struct CoreWork {
     double macs;             // 2 x scoreElements x padded head_dim (Q.K^T and P.V)
 };
 
-// Roofline prediction (a model, not a measurement): see cost_model.h.
+// Schedule-model prediction (a model, not a measurement): see cost_model.h. Computed on
+// request (Predict), not by MakePlan: the CANN shell plans at every launch.
 struct Prediction {
-    double seconds = 0;
-    double cubeSeconds = 0;
-    double vectorSeconds = 0;
-    double hbmSeconds = 0;
-    double l2Seconds = 0;
+    std::string design;          // the kernel design the model ran
+    double seconds = 0;          // launch + slowest AI core (or the HBM floor)
+    double launchSeconds = 0;
+    double hbmSeconds = 0;       // HBM floor: inputs and outputs once
+    double coreSeconds = 0;      // the slowest AI core's schedule
+    double meanCoreSeconds = 0;
     double usefulFlops = 0;      // 4 * D * (visible query-key pairs), no padding
     double cubeUtilization = 0;  // usefulFlops / (seconds * cube peak)
-    std::string bound;           // which term dominates
+    std::string bound;           // what limits the slowest core
+    std::vector<std::pair<std::string, double>> engineBusySeconds;  // slowest core
 };
 
 struct Plan {
@@ -83,7 +87,6 @@ struct Plan {
     std::vector<LevelUse> levels;
     std::vector<CoreWork> cores;
     double imbalance = 0;              // max core work / (total work / platform AI cores)
-    Prediction prediction;
 };
 
 struct PlanResult {

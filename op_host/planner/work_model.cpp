@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "balanced_split.h"
+
 namespace flash_cann {
 namespace {
 
@@ -48,12 +50,8 @@ Work SegmentWork(const TilingData& t, bool causal)
 uint64_t VisitedColumns(const TilingData& t, const QueryTile& tile, bool causal)
 {
     const uint32_t keys = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-    if (keys == 0) {
-        return 0;
-    }
-    const uint64_t fullBlocks = (keys - 1) / t.blockK;
-    const uint32_t lastCols = keys - static_cast<uint32_t>(fullBlocks * t.blockK);
-    return fullBlocks * t.blockK + AlignUp(lastCols, kCubeBlock);
+    // The cube computes whole blockK sub-blocks (the last one's keys zero-padded).
+    return (uint64_t{keys} + t.blockK - 1) / t.blockK * t.blockK;
 }
 
 namespace {
@@ -80,39 +78,14 @@ Work MeasureRange(const TilingData& t, bool causal, const Work& segment, uint64_
     return work;
 }
 
-// Move each boundary between two cores by one split unit while that lowers the larger
-// of the two cores' exact work: the prefix model above ignores where tiles start, so
-// this settles the last few percent.
+// The prefix model ignores where tiles start, so the boundaries are refined against the
+// exact work of the kernel's tiles: this settles the last few percent.
 void RefineSplit(TilingData& t, bool causal, const Work& segment, uint64_t unit)
 {
     constexpr int kPasses = 16;
-    auto cost = [&](uint64_t begin, uint64_t end) {
-        return MeasureRange(t, causal, segment, begin, end).scoreElements;
-    };
-    for (int pass = 0; pass < kPasses; ++pass) {
-        bool moved = false;
-        for (uint32_t c = 1; c < t.usedCores; ++c) {
-            uint64_t& boundary = t.rowStart[c];
-            const uint64_t lo = t.rowStart[c - 1];
-            const uint64_t hi = t.rowStart[c + 1];
-            uint64_t best = std::max(cost(lo, boundary), cost(boundary, hi));
-            for (int64_t step : {static_cast<int64_t>(unit), -static_cast<int64_t>(unit)}) {
-                const uint64_t candidate = boundary + step;
-                if (candidate <= lo || candidate >= hi) {
-                    continue;
-                }
-                const uint64_t worse = std::max(cost(lo, candidate), cost(candidate, hi));
-                if (worse < best) {
-                    best = worse;
-                    boundary = candidate;
-                    moved = true;
-                }
-            }
-        }
-        if (!moved) {
-            return;
-        }
-    }
+    RefineBoundaries(t.rowStart, t.usedCores, unit, [&](uint64_t begin, uint64_t end) {
+        return static_cast<double>(MeasureRange(t, causal, segment, begin, end).scoreElements);
+    }, kPasses);
 }
 
 }  // namespace
@@ -135,30 +108,11 @@ void SplitRows(TilingData& t, bool causal, uint32_t cores)
         prefix[k + 1] = prefix[k] + static_cast<double>(AlignUp(piece.rows, kCubeBlock)) *
                                         static_cast<double>(VisitedColumns(t, piece, causal));
     }
-    const double segmentWork = prefix[units];
-    const double total = segmentWork * static_cast<double>(segments);
     const uint64_t totalRows = segments * sq;
-    cores = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(cores, segments * units)));
-
-    std::vector<uint64_t> starts{0};
-    for (uint32_t c = 1; c < cores; ++c) {
-        const double target = total * c / cores;
-        uint64_t segment = static_cast<uint64_t>(target / segmentWork);
-        segment = std::min(segment, segments - 1);
-        const double rest = target - static_cast<double>(segment) * segmentWork;
-        // The unit boundary whose prefix work is closest to the target.
-        uint64_t k = static_cast<uint64_t>(
-            std::lower_bound(prefix.begin(), prefix.end(), rest) - prefix.begin());
-        k = std::min(k, units);
-        if (k > 0 && rest - prefix[k - 1] < prefix[k] - rest) {
-            --k;
-        }
-        const uint64_t row = segment * sq + std::min(k * unit, sq);
-        if (row > starts.back() && row < totalRows) {
-            starts.push_back(row);  // skip empty ranges: every used core gets rows
-        }
+    std::vector<uint64_t> starts = SplitPeriodic(prefix, segments, cores);
+    for (uint64_t& start : starts) {  // units -> rows (the last unit of a segment may be short)
+        start = start == segments * units ? totalRows : start / units * sq + start % units * unit;
     }
-    starts.push_back(totalRows);
     t.usedCores = static_cast<uint32_t>(starts.size() - 1);
     std::fill(std::begin(t.rowStart), std::end(t.rowStart), 0);
     std::copy(starts.begin(), starts.end(), t.rowStart);

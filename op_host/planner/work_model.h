@@ -1,7 +1,7 @@
 // The planner's model of the forward kernel's work, and the work split built on it.
 //
 // Unit of work: cube multiply-accumulates over what the kernel really computes -- tile
-// rows padded to 16, the key blocks a tile visits (the last one padded to 16), head_dim
+// rows padded to 16, the whole key sub-blocks a tile visits (the last one zero-padded), head_dim
 // padded to 16, for Q.K^T and P.V. Causal tiles visit only the key blocks left of their
 // last row's diagonal, so their work grows along the sequence: the split balances it.
 #ifndef FLASH_CANN_PLANNER_WORK_MODEL_H

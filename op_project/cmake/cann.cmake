@@ -5,7 +5,7 @@
 #
 # Compiling follows CANN's documented operator-project CMake modules (find_package(ASC); asc-devkit
 # docs "编译与部署/基本流程.md" and "附录/cmake函数参考.md", CANN >= 8.3): npu_op_code_gen runs CANN's
-# op_build on op_host/flash_cann_attention.cpp (aclnn_*.cpp/.h, op_proto, ops-info ini), npu_op_library
+# op_build on op_host/flash_cann_attention{,_grad}.cpp (aclnn_*.cpp/.h, op_proto, ops-info ini), npu_op_library
 # builds the aclnn, proto (OP_PROTO_LIB) and tiling (OP_TILING_LIB) libraries, npu_op_kernel_library
 # compiles op_kernel/ per SoC. Packing is ours (payload.cmake): ENABLE_CPACK False is CANN's
 # documented switch for projects that package their own way.
@@ -41,7 +41,8 @@ get_target_property(planner_sources flash_cann_planner SOURCES)
 list(TRANSFORM planner_sources PREPEND "${planner_dir}/")
 get_target_property(planner_includes flash_cann_planner INTERFACE_INCLUDE_DIRECTORIES)
 list(TRANSFORM planner_includes PREPEND "-I")
-set(op_host_sources "${FLASH_CANN_ROOT}/op_host/flash_cann_attention.cpp")
+set(op_host_sources "${FLASH_CANN_ROOT}/op_host/flash_cann_attention.cpp"
+                    "${FLASH_CANN_ROOT}/op_host/flash_cann_attention_grad.cpp")
 npu_op_code_gen(
   SRC ${op_host_sources} ${planner_sources}
   PACKAGE ${vendor_name}
@@ -62,9 +63,8 @@ endforeach()
 target_link_libraries(cust_op_proto PRIVATE flash_cann_planner)
 target_link_libraries(cust_optiling PRIVATE flash_cann_planner)
 
-# Kernel files follow CANN's OpType -> file name rule (FlashCannAttention -> flash_cann_attention.cpp),
-# so the directory is scanned. FlashCannAttentionGrad has no AI Core configuration (no Ascend backward
-# kernel yet), so CANN builds no kernel for it.
+# Kernel files follow CANN's OpType -> file name rule (FlashCannAttention -> flash_cann_attention.cpp,
+# FlashCannAttentionGrad -> flash_cann_attention_grad.cpp), so the directory is scanned.
 npu_op_kernel_sources(ascendc_kernels KERNEL_DIR ./)
 npu_op_kernel_library(ascendc_kernels
   SRC_BASE "${FLASH_CANN_ROOT}/op_kernel/"

@@ -94,7 +94,7 @@ def aclnn_api(op: OpSpec) -> AclnnApi:
                     _camel(t.name) + ("Optional" if t.optional else "")) for t in op.inputs]
     params += [Param("attr", a.name, _ATTR_CTYPES[a.type],
                      _camel(a.name) + ("Optional" if a.type == "str" and a.has_default else ""))
-               for a in op.attrs]
+               for a in op.cann_attrs]
     if len(op.outputs) == 1:
         params.append(Param("output", op.outputs[0].name, "const aclTensor *", "out"))
     else:
@@ -107,7 +107,7 @@ def launcher_schema(op: OpSpec) -> str:
     """Schema of the extension's launcher op for ``op``: the aclnn arguments in aclnn
     order, the outputs preallocated by the caller and written in place."""
     params = [f"{'Tensor?' if t.optional else 'Tensor'} {t.name}" for t in op.inputs]
-    params += [f"{a.type} {a.name}" for a in op.attrs]
+    params += [f"{a.type} {a.name}" for a in op.cann_attrs]
     params += [f"Tensor({alias}!) {t.name}" for alias, t in zip(string.ascii_lowercase, op.outputs)]
     return f"{op.name}({', '.join(params)}) -> ()"
 
@@ -121,7 +121,7 @@ def _c_string(text: str) -> str:
 def _kernel_params(op: OpSpec) -> list[str]:
     params = [_declare(_KERNEL_TYPES["Tensor?" if t.optional else "Tensor"], t.name)
               for t in op.inputs]
-    params += [_declare(_KERNEL_TYPES[a.type], a.name) for a in op.attrs]
+    params += [_declare(_KERNEL_TYPES[a.type], a.name) for a in op.cann_attrs]
     params += [_declare(_KERNEL_TYPES["Tensor"], t.name) for t in op.outputs]
     return params
 

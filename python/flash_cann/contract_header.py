@@ -4,7 +4,8 @@ cannot drift from it.
 
 Per op (a C++ namespace named after it): namespaces ``input``, ``attr`` and ``output``,
 each with an ``Index`` enum (``k`` + the CamelCase spec name, in spec order) and
-``kCount``, e.g. ``contract::fwd::input::kKeyPaddingMask``; for the whole spec the
+``kCount``, e.g. ``contract::fwd::input::kKeyPaddingMask`` (attributes: those the CANN op
+has, not the autograd-only ones); for the whole spec the
 head_dim limits and the layouts (``kLayout<NAME>``, in spec order: the value of
 ``flash_cann::Layout``) and the NPU backend's dtypes (``kDType<Name>``: the value of
 ``flash_cann::DType``). Any op, input, attribute or output added to the spec appears
@@ -66,7 +67,7 @@ def render(spec: Spec) -> str:
     for op in spec.ops.values():
         lines += ["", f"// {op.cann_op_type}", f"namespace {op.name} {{",
                   *_indices("input", [t.name for t in op.inputs]),
-                  *_indices("attr", [a.name for a in op.attrs]),
+                  *_indices("attr", [a.name for a in op.cann_attrs]),
                   *_indices("output", [t.name for t in op.outputs]),
                   f"}}  // namespace {op.name}"]
     lines += ["", "}  // namespace contract", "}  // namespace flash_cann", "",

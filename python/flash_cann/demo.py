@@ -99,14 +99,14 @@ def choose(device_type: str | None, backend: str | None):
     checked against the spec); raises CannotRun if they disagree or cannot run here."""
     if backend is not None:
         chosen = ops.SPEC.backends[backend]
-        if device_type is not None and device_type != chosen.device_type:
-            raise CannotRun(f"--backend {backend} runs on device type '{chosen.device_type}', "
-                            f"not --device {device_type} (leave out --device)")
-        device_type = chosen.device_type
+        if device_type is not None and device_type not in chosen.device_types:
+            raise CannotRun(f"--backend {backend} runs on device type(s) "
+                            f"{', '.join(chosen.device_types)}, not --device {device_type}")
+        device_type = device_type or chosen.device_type
     else:
         device_type = device_type or ops.best_device().type
         chosen = ops.backend_for(device_type)
-    reason = ops.unavailable_reason(chosen)
+    reason = ops.unavailable_reason(chosen, device_type)
     if reason is not None:
         raise CannotRun(f"backend '{chosen.name}' (device type '{device_type}') cannot run "
                         f"here: {reason}")

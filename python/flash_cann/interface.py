@@ -84,8 +84,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         window_size: (left, right). Only (-1, -1) (no sliding window) is supported yet.
         softcap: float. Only 0.0 (no soft-capping) is supported yet.
         alibi_slopes: Only None is supported yet.
-        deterministic: bool. Accepted for compatibility: every flash_cann backend's
-            backward is deterministic.
+        deterministic: bool. Whether the backward pass must be bitwise repeatable. The
+            CPU and Triton backends always are; on the NPU it selects the Grad kernel's
+            deterministic dQ accumulation (per-core partials reduced in a fixed order)
+            instead of the faster fp32 atomic adds.
         return_attn_probs: bool. Whether to also return the logsumexp (and, as
             flash-attn does when dropout_p == 0, None for the attention probabilities).
     Return:
@@ -100,10 +102,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     _not_supported(softcap != 0.0, "softcap", softcap, "0.0")
     _not_supported(alibi_slopes is not None, "alibi_slopes", "<tensor>", "None")
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    _flag(deterministic, "deterministic")
     out, softmax_lse = torch.ops.flash_cann.fwd(
         q, k, v, None, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
-        causal=_flag(causal, "causal"), layout="BSND")
+        causal=_flag(causal, "causal"), layout="BSND",
+        deterministic=_flag(deterministic, "deterministic"))
     return (out, softmax_lse, None) if _flag(return_attn_probs, "return_attn_probs") else out
 
 
@@ -134,7 +136,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 
 def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=None,
-              key_padding_mask=None, return_lse=False):
+              key_padding_mask=None, return_lse=False, deterministic=False):
     """Attention for CANN-style callers.
 
     Arguments:
@@ -154,6 +156,7 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
            torch_npu.npu_fusion_attention's atten_mask (where 1 = masked out).
            Rows with no visible key return 0 (and lse -inf), never NaN.
         return_lse: also return softmax_lse.
+        deterministic: a bitwise repeatable backward pass (as in :func:`flash_attn_func`).
     Return:
         out: same shape and layout as q.
         softmax_lse [if return_lse]: (batch, heads_q, seqlen_q), float32.
@@ -184,7 +187,8 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
             key_padding_mask, batch, layouts.sizes(k, op_layout)[2], q.device)
     out, lse = torch.ops.flash_cann.fwd(
         q, k, v, key_padding_mask, scale=_softmax_scale(scale, q, "scale"),
-        causal=_flag(causal, "causal"), layout=op_layout)
+        causal=_flag(causal, "causal"), layout=op_layout,
+        deterministic=_flag(deterministic, "deterministic"))
     if layout == "BSH":
         out = out.flatten(-2)
     return (out, lse) if _flag(return_lse, "return_lse") else out

@@ -38,7 +38,8 @@ _blocks: list[str] = []
 
 def backend_for(device) -> BackendSpec | None:
     """The backend serving ``device`` (a device type such as "cpu", or a torch.device)
-    now, or None if the spec has none."""
+    now: the one selected with use_backend, else the first of the device's candidates
+    that can run (the first if none can), or None if the spec has none."""
     device_type = device.type if isinstance(device, torch.device) else device
     if not isinstance(device_type, str):
         raise TypeError(f"flash_cann: backend_for takes a device type (str) or a torch.device "
@@ -47,6 +48,8 @@ def backend_for(device) -> BackendSpec | None:
     if name is not None:
         return SPEC.backends[name]
     candidates = SPEC.backends_for_device(device_type)
+    if len(candidates) > 1:
+        return next((b for b in candidates if is_available(b, device_type)), candidates[0])
     return candidates[0] if candidates else None
 
 
@@ -55,51 +58,44 @@ def use_backend(name: str) -> Iterator[None]:
     """Run the ops of ``name``'s device type on backend ``name`` inside the block.
 
     Example: ``with flash_cann.use_backend("twin"): ...`` runs CPU tensors through the
-    Ascend C kernel on the CPU twin instead of the default CPU backend."""
+    Ascend C kernel on the CPU twin instead of the default CPU backend;
+    ``use_backend("triton")`` runs CUDA and NPU tensors through the Triton kernels."""
     if name not in SPEC.backends:
         raise ValueError(f"flash_cann: unknown backend {name!r} "
                          f"(choose from {', '.join(SPEC.backends)})")
-    device_type = SPEC.backends[name].device_type
-    previous = _selected.get(device_type)
-    _selected[device_type] = name
+    previous = dict(_selected)
+    _selected.update(dict.fromkeys(SPEC.backends[name].device_types, name))
     _blocks.append(name)
     try:
         yield
     finally:
         _blocks.pop()
-        if previous is None:
-            _selected.pop(device_type, None)
-        else:
-            _selected[device_type] = previous
+        _selected.clear()
+        _selected.update(previous)
 
 
-def _serving(device_type: str) -> BackendSpec | None:
-    """The backend for the op's tensors; inside ``use_backend(name)`` tensors that
-    backend cannot take are an error, not a silent run on the device's default."""
-    inner = _blocks[-1] if _blocks else None
-    if inner is not None and SPEC.backends[inner].device_type != device_type:
-        raise ValueError(f"flash_cann: use_backend({inner!r}) is active, but the tensors are "
-                         f"on device type '{device_type}' ({inner} takes "
-                         f"'{SPEC.backends[inner].device_type}' tensors)")
-    return backend_for(device_type)
+def _module(backend: BackendSpec, device_type: str | None = None):
+    module = backend.module(device_type or backend.device_type)
+    return importlib.import_module(f"{__package__}.backends.{module}")
 
 
-def _module(backend: BackendSpec):
-    return importlib.import_module(f"{__package__}.backends.{backend.name}")
-
-
-def is_available(backend: BackendSpec) -> bool:
-    """Whether ``backend`` can run here (its module imports and finds its device)."""
+def is_available(backend: BackendSpec, device_type: str | None = None) -> bool:
+    """Whether ``backend`` can run here on ``device_type`` (default: its own): its
+    module imports and finds the device."""
     try:
-        module = _module(backend)
+        module = _module(backend, device_type)
     except ImportError:
         return False
     return module.available()
 
 
-def unavailable_reason(backend: BackendSpec) -> str | None:
-    """None if ``backend`` can run here, else what it lacks, in one line."""
-    return None if is_available(backend) else _unavailable_reason(backend)
+def unavailable_reason(backend: BackendSpec, device_type: str | None = None) -> str | None:
+    """None if ``backend`` can run here on ``device_type`` (default: its own), else what it
+    lacks, in one line."""
+    device_type = device_type or backend.device_type
+    if is_available(backend, device_type):
+        return None
+    return _unavailable_reason(backend, device_type)
 
 
 def best_device() -> torch.device:
@@ -110,21 +106,41 @@ def best_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
-    backend = _serving(query.device.type)
+def _serving(device_type: str) -> BackendSpec:
+    """The backend to run ``device_type``'s tensors on; unless one was selected, it must
+    be able to run (else the error says what to install)."""
+    # Inside use_backend(name), tensors that backend cannot take are an error, not a
+    # silent run on the device's default.
+    inner = _blocks[-1] if _blocks else None
+    if inner is not None and device_type not in SPEC.backends[inner].device_types:
+        raise ValueError(f"flash_cann: use_backend({inner!r}) is active, but the tensors are "
+                         f"on device type '{device_type}' ({inner} takes "
+                         f"{', '.join(SPEC.backends[inner].device_types)} tensors)")
+    backend = backend_for(device_type)
+    if device_type not in _selected and not is_available(backend, device_type):
+        raise _no_backend(device_type)
+    return backend
+
+
+# deterministic (autograd_only in the spec) only reaches the backward, through autograd.
+def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+                deterministic=False):
+    device_type = query.device.type
+    backend = _serving(device_type)
     check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
-    return _module(backend).forward(query, key, value, key_padding_mask,
-                                    scale=scale, causal=causal, layout=layout)
+    return _module(backend, device_type).forward(query, key, value, key_padding_mask,
+                                                 scale=scale, causal=causal, layout=layout)
 
 
 def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                grad_softmax_lse, scale, causal=False, layout="BNSD"):
-    backend = _serving(query.device.type)
+                grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
+    device_type = query.device.type
+    backend = _serving(device_type)
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, backend)
-    return _module(backend).backward(grad_out, query, key, value, out, softmax_lse,
-                                     key_padding_mask, grad_softmax_lse,
-                                     scale=scale, causal=causal, layout=layout)
+    return _module(backend, device_type).backward(
+        grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
+        scale=scale, causal=causal, layout=layout, deterministic=deterministic)
 
 
 def register_device(device_type: str) -> None:
@@ -134,10 +150,11 @@ def register_device(device_type: str) -> None:
     torch.library.register_kernel(BWD, device_type, _bwd_kernel, lib=_LIB)
 
 
-def _unavailable_reason(backend: BackendSpec) -> str:
-    """What the backend lacks, in its own words if it can say, else the spec's hint."""
+def _unavailable_reason(backend: BackendSpec, device_type: str) -> str:
+    """What the backend lacks on ``device_type``, in its own words if it can say, else the
+    spec's hint."""
     try:
-        module = _module(backend)
+        module = _module(backend, device_type)
     except ImportError:
         return backend.install_hint
     says = getattr(module, "unavailable_reason", None)
@@ -148,7 +165,7 @@ def _registered_lazily(device_type: str) -> bool:
     """Register ``device_type``'s kernels if its backend can run now (e.g. torch_npu was
     imported after flash_cann); True if it did."""
     backend = backend_for(device_type)
-    if backend is None or not is_available(backend):
+    if backend is None or not is_available(backend, device_type):
         return False
     try:
         register_device(device_type)
@@ -164,16 +181,22 @@ def _fallback(op_name: str):
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         if _registered_lazily(device.type):
             return getattr(torch.ops.flash_cann, op_name)(*args, **kwargs)
-        candidates = SPEC.backends_for_device(device.type)
-        hint = "; ".join(filter(None, (_unavailable_reason(b) for b in candidates)))
-        supported = ", ".join(sorted({b.device_type for b in SPEC.backends.values()}))
-        raise NotImplementedError(
-            f"flash_cann has no backend loaded for device type '{device.type}'"
-            + (f": {hint}" if hint else f" (supported: {supported})"))
+        raise _no_backend(device.type)
     return kernel
 
 
-for _device_type in sorted({b.device_type for b in SPEC.backends.values()}):
+def _no_backend(device_type: str) -> NotImplementedError:
+    """The error for a device type no backend can run here: what each candidate lacks."""
+    candidates = SPEC.backends_for_device(device_type)
+    hint = "; ".join(filter(None, (f"{b.name}: {_unavailable_reason(b, device_type)}"
+                                   for b in candidates)))
+    supported = ", ".join(sorted({d for b in SPEC.backends.values() for d in b.device_types}))
+    return NotImplementedError(
+        f"flash_cann has no backend loaded for device type '{device_type}'"
+        + (f": {hint}" if hint else f" (supported: {supported})"))
+
+
+for _device_type in sorted({d for b in SPEC.backends.values() for d in b.device_types}):
     try:
         register_device(_device_type)
     except (RuntimeError, ValueError):
@@ -183,9 +206,10 @@ for _op in SPEC.ops:
 
 
 @torch.library.register_fake(FWD, lib=_LIB)
-def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD"):
+def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
+              deterministic=False):
     p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
-                  _serving(query.device.type))
+                  backend_for(query.device.type))
     out = query.new_empty(query.shape)
     lse = query.new_empty((p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
     return out, lse
@@ -193,9 +217,9 @@ def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="
 
 @torch.library.register_fake(BWD, lib=_LIB)
 def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal=False, layout="BNSD"):
+              grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
     check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal, layout, _serving(query.device.type))
+              grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 

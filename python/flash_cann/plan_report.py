@@ -1,4 +1,5 @@
-"""``flash-cann plan``: print the tiling planner's plan for a shape on an Ascend SoC."""
+"""``flash-cann plan``: print the tiling planner's plan for a shape on an Ascend SoC
+(``--backward``: the backward kernel's plan)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def add_arguments(parser) -> None:
                         help="bottom-right aligned causal mask (default: off)")
     parser.add_argument("--mask", action="store_true", help="a key padding mask is passed")
     parser.add_argument("--cores", type=int, default=0, help="override the AI core count")
+    parser.add_argument("--backward", action="store_true",
+                        help="plan the backward kernel (FlashCannAttentionGrad)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --backward: deterministic dQ (fixed-order reduction)")
     parser.add_argument("--json", action="store_true", help="print the raw plan as JSON")
 
 
@@ -40,30 +45,48 @@ def _pct(used: int, capacity: int) -> str:
     return f"{100.0 * used / capacity:5.1f}%" if capacity else "  n/a"
 
 
-def run(args) -> int:
-    batch, heads, seqlen, head_dim = _parse_shape(args.shape)
-    dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
-    try:
-        p = planner.plan(args.soc, batch, heads, seqlen, head_dim, heads_kv=args.kv_heads,
-                         seqlen_k=args.seqlen_k, dtype=dtype, layout=args.layout,
-                         causal=args.causal, has_mask=args.mask, aic_cores=args.cores)
-    except ValueError as refusal:  # PlanRefused, or an unknown SoC
-        print(refusal)
-        return 1
-    if args.json:
-        print(json.dumps(p, indent=1))
-        return 0
-    plat, t, pred = p["platform"], p["tiling"], p["prediction"]
-    kv_heads = args.kv_heads or heads
-    seqlen_k = args.seqlen_k or seqlen
+def _print_prediction(pred: dict, plat: dict) -> None:
+    print(f"PREDICTION (schedule model of docs/planner.md, calibrated against the incumbent's "
+          f"measured 910B2 figures; not a measurement, nothing here ran on an NPU)")
+    print(f"  design     {pred['design']}")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (launch {pred['launch_seconds'] * 1e6:.1f} us "
+          f"+ slowest AI core {pred['core_seconds'] * 1e3:.3f} ms; mean core "
+          f"{pred['mean_core_seconds'] * 1e3:.3f} ms; HBM floor {pred['hbm_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of cube "
+          f"peak ({plat['cube_peak_tflops']:.1f} TFLOP/s), useful {pred['useful_flops'] / 1e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    core = pred["core_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, core) if core else ''}")
+
+
+def _problem_lines(p: dict, args, batch, heads, seqlen, head_dim, dtype) -> None:
+    plat = p["platform"]
     print(f"platform   {plat['name']}: {plat['aic_cores']} AI cores (cube) x 2 vector cores; "
           f"cube peak {plat['cube_peak_tflops']:.1f} TFLOP/s fp16/bf16")
-    print(f"problem    batch {batch}, heads {heads} (kv {kv_heads}), seqlen_q {seqlen}, "
-          f"seqlen_k {seqlen_k}, head_dim {head_dim}, {dtype}, {args.layout}"
-          f"{', causal' if args.causal else ''}{', key mask' if args.mask else ''}")
+    print(f"problem    batch {batch}, heads {heads} (kv {args.kv_heads or heads}), seqlen_q "
+          f"{seqlen}, seqlen_k {args.seqlen_k or seqlen}, head_dim {head_dim}, {dtype}, "
+          f"{args.layout}{', causal' if args.causal else ''}{', key mask' if args.mask else ''}")
+
+
+def _memory_lines(p: dict) -> None:
+    print("\nbuffers (per cube core: L1/L0A/L0B/L0C; per vector core: UB)")
+    print(f"  {'level':<5} {'buffer':<14} {'bytes':>9} {'x':>2}  stage")
+    for b in p["buffers"]:
+        print(f"  {b['level']:<5} {b['name']:<14} {b['bytes']:>9,} {b['copies']:>2}  {b['stage']}")
+    print("\nmemory per level (UB capacity keeps 8 KB free for the vector API's scratch)")
+    for level in p["levels"]:
+        print(f"  {level['level']:<4} {level['used']:>9,} / {level['capacity']:>9,} bytes "
+              f"{_pct(level['used'], level['capacity'])}")
+
+
+def _forward_report(p: dict) -> None:
+    plat, t, pred = p["platform"], p["tiling"], p["prediction"]
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']}; head_dim padded to {t['head_dim_pad']}; {p['block_dim']} AI cores "
           f"launched; tiling data {t['tiling_bytes']} bytes")
+    print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
+          f"cube/vector round; vector slices of {t['vec_rows']} rows")
     cores = p["cores"]
     macs = [c["macs"] for c in cores]
     mean = sum(macs) / plat["aic_cores"]
@@ -73,21 +96,78 @@ def run(args) -> int:
     for i, c in enumerate(cores):
         print(f"  {i:>4} {c['rows'][0]:>11}-{c['rows'][1]:<11} {c['tiles']:>7} "
               f"{c['macs'] / mean if mean else 0:>10.3f}")
-    print("\nbuffers (per cube core: L1/L0A/L0B/L0C; per vector core: UB)")
-    print(f"  {'level':<5} {'buffer':<14} {'bytes':>9} {'x':>2}  stage")
-    for b in p["buffers"]:
-        print(f"  {b['level']:<5} {b['name']:<14} {b['bytes']:>9,} {b['copies']:>2}  {b['stage']}")
-    print("\nmemory per level (UB capacity keeps 8 KB free for the vector API's scratch)")
-    for level in p["levels"]:
-        print(f"  {level['level']:<4} {level['used']:>9,} / {level['capacity']:>9,} bytes "
-              f"{_pct(level['used'], level['capacity'])}")
+    _memory_lines(p)
     print(f"\nworkspace  {p['user_workspace_bytes'] / 2**20:.2f} MiB for the cube<->vector "
           f"exchange (+ the API's system workspace)")
-    print("\nPREDICTION (roofline model of docs/planner.md; not a measurement, not run on an NPU)")
-    print(f"  time {pred['seconds'] * 1e3:.3f} ms, bound by {pred['bound']}: cube "
-          f"{pred['cube_seconds'] * 1e3:.3f} ms, vector {pred['vector_seconds'] * 1e3:.3f} ms, "
-          f"HBM {pred['hbm_seconds'] * 1e3:.3f} ms, L2 {pred['l2_seconds'] * 1e3:.3f} ms")
-    tflops = pred["useful_flops"] / pred["seconds"] / 1e12 if pred["seconds"] else 0.0
-    print(f"  useful {pred['useful_flops'] / 1e12:.2f} TFLOP -> {tflops:.1f} TFLOP/s = "
-          f"{100 * pred['cube_utilization']:.1f}% of cube peak")
+    print()
+    _print_prediction(pred, plat)
+    inc = p["incumbent_design_prediction"]
+    print(f"  same model, incumbent's design ({inc['design']}): {inc['tflops']:.1f} TFLOP/s = "
+          f"{100 * inc['cube_utilization']:.1f}% of cube peak, bound: {inc['bound']}")
+
+
+def _backward_report(p: dict, deterministic: bool) -> None:
+    plat, t, ws = p["platform"], p["tiling"], p["workspace"]
+    variant = (f"deterministic: {t['dq_slots']} fp32 slots, one per chunk of "
+               f"{t['dq_chunk_blocks']} key blocks, summed in order" if deterministic
+               else "fast: fp32 atomic adds into one accumulator")
+    print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
+          f"{t['block_k']} ({t['key_blocks']} per head); head_dim padded to {t['head_dim_pad']}; "
+          f"pre/post-pass chunks of {t['pass_rows']} rows; {p['block_dim']} AI cores launched; "
+          f"tiling data {t['tiling_bytes']} bytes")
+    print(f"dQ         {variant}")
+    cores = p["cores"]
+    mean = sum(c["macs"] for c in cores) / plat["aic_cores"]
+    print(f"\nwork per AI core (units of the flattened batch x heads_kv x key block space, "
+          f"each with the query blocks that see it; max/mean = {p['imbalance']:.4f})")
+    print(f"  {'core':>4} {'units':>23} {'steps':>9} {'work/mean':>10}")
+    for i, c in enumerate(cores):
+        print(f"  {i:>4} {c['units'][0]:>11}-{c['units'][1]:<11} {c['steps']:>9} "
+              f"{c['macs'] / mean if mean else 0:>10.3f}")
+    _memory_lines(p)
+    mib = 2 ** 20
+    print(f"\nworkspace  {p['user_workspace_bytes'] / mib:.2f} MiB (+ the API's system "
+          f"workspace): D {ws['delta'] / mib:.2f}, dQ fp32 {ws['dq'] / mib:.2f}, dK/dV fp32 "
+          f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}")
+    pred = p["prediction"]
+    print("\nPREDICTION (backward schedule model of docs/planner.md; not a measurement, nothing "
+          "here ran on an NPU)")
+    print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
+          f"+ main loop {pred['main_seconds'] * 1e3:.3f} + post-pass "
+          f"{pred['post_seconds'] * 1e3:.3f} ms)")
+    print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of "
+          f"cube peak ({pred['cube_peak_tflops']:.1f} TFLOP/s), counting 2.5x the forward's "
+          f"{pred['useful_flops'] / 2.5e12:.2f} TFLOP")
+    print(f"  bound      {pred['bound']}")
+    main = pred["main_seconds"]
+    for engine, busy in pred["engine_busy_seconds"].items():
+        print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, main) if main else ''}")
+
+
+def run(args) -> int:
+    batch, heads, seqlen, head_dim = _parse_shape(args.shape)
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+    if args.deterministic and not args.backward:
+        print("flash-cann plan: --deterministic applies to --backward only")
+        return 2
+    options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
+                   layout=args.layout, causal=args.causal, has_mask=args.mask,
+                   aic_cores=args.cores)
+    try:
+        if args.backward:
+            p = planner.grad_plan(args.soc, batch, heads, seqlen, head_dim,
+                                  deterministic=args.deterministic, **options)
+        else:
+            p = planner.plan(args.soc, batch, heads, seqlen, head_dim, **options)
+    except ValueError as refusal:  # PlanRefused, or an unknown SoC
+        print(refusal)
+        return 1
+    if args.json:
+        print(json.dumps(p, indent=1))
+        return 0
+    _problem_lines(p, args, batch, heads, seqlen, head_dim, dtype)
+    if args.backward:
+        _backward_report(p, args.deterministic)
+    else:
+        _forward_report(p)
     return 0

@@ -1,8 +1,10 @@
 """The Ascend tiling planner (op_host/planner, C++), reached through its C ABI.
 
-``plan(...)`` returns the plan as a dict: blocks, per-core work, buffer use per memory
-level against capacity, the tiling key, and a roofline PREDICTION of time and cube
+``plan(...)`` returns the forward's plan as a dict: blocks, per-core work, buffer use per
+memory level against capacity, the tiling key, and a schedule-model PREDICTION of time and cube
 utilisation (a model, not a measurement; nothing here has run on an NPU).
+``grad_plan(...)`` returns the backward's: blocks, dQ variant, per-core units, buffers,
+workspace regions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_plan_json.restype = ctypes.c_int64
     lib.flash_cann_plan_json.argtypes = (
         [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 4 + [ctypes.c_double]
+        + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_grad_plan_json.restype = ctypes.c_int64
+    lib.flash_cann_grad_plan_json.argtypes = (
+        [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 5 + [ctypes.c_double]
         + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_platforms_json.restype = ctypes.c_int64
     lib.flash_cann_platforms_json.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
@@ -62,24 +68,46 @@ def soc_name(text: str) -> str:
                      f"{', '.join(n.lower() for n in names)} (any case)")
 
 
-def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
-         heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
-         layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
-         scale: float | None = None, aic_cores: int = 0) -> dict:
-    """Plan a forward call on SoC ``soc`` (see :func:`soc_name`); raises PlanRefused with
-    the planner's reason."""
-    soc = soc_name(soc)
+def _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype, layout, scale):
     if dtype not in DTYPES:
         raise ValueError(f"flash_cann: dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
     if layout not in LAYOUTS:
         raise ValueError(f"flash_cann: layout must be one of {', '.join(LAYOUTS)} "
                          f"(got {layout!r})")
-    heads_kv = heads_q if heads_kv is None else heads_kv
-    seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
-    scale = 1.0 / head_dim ** 0.5 if scale is None else scale
-    result = _json_call(lambda buf, cap: _library().flash_cann_plan_json(
-        soc.encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
-        LAYOUTS[layout], int(causal), int(has_mask), float(scale), aic_cores, buf, cap))
+    return (heads_q if heads_kv is None else heads_kv,
+            seqlen_q if seqlen_k is None else seqlen_k,
+            1.0 / head_dim ** 0.5 if scale is None else scale)
+
+
+def _checked(result: dict) -> dict:
     if "error" in result:
         raise PlanRefused(f"flash_cann: the planner refused: {result['error']}")
     return result
+
+
+def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
+         heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
+         layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
+         scale: float | None = None, aic_cores: int = 0) -> dict:
+    """Plan a forward call on SoC ``soc`` (any case, see :func:`soc_name`); raises
+    PlanRefused with the planner's reason."""
+    heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
+                                         layout, scale)
+    return _checked(_json_call(lambda buf, cap: _library().flash_cann_plan_json(
+        soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+        LAYOUTS[layout], int(causal), int(has_mask), float(scale), aic_cores, buf, cap)))
+
+
+def grad_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
+              heads_kv: int | None = None, seqlen_k: int | None = None,
+              dtype: str = "float16", layout: str = "BNSD", causal: bool = False,
+              has_mask: bool = False, deterministic: bool = False, scale: float | None = None,
+              aic_cores: int = 0) -> dict:
+    """Plan a backward call (``deterministic``: dQ reduced in a fixed order instead of
+    fp32 atomic adds); raises PlanRefused with the planner's reason."""
+    heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
+                                         layout, scale)
+    return _checked(_json_call(lambda buf, cap: _library().flash_cann_grad_plan_json(
+        soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+        LAYOUTS[layout], int(causal), int(has_mask), int(deterministic), float(scale),
+        aic_cores, buf, cap)))

@@ -8,6 +8,7 @@ written once. Loading follows op-plugin's generator: ``safe_load``, then validat
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ class Attr:
     default: Any = None
     has_default: bool = False
     choices: tuple = ()
+    # Only carried through autograd to the backward op; the CANN op does not have it.
+    autograd_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,11 @@ class OpSpec:
     def attr(self, name: str) -> Attr:
         return next(a for a in self.attrs if a.name == name)
 
+    @property
+    def cann_attrs(self) -> tuple[Attr, ...]:
+        """The attributes of the CANN op (OpDef, aclnn API, GE node), in order."""
+        return tuple(a for a in self.attrs if not a.autograd_only)
+
 
 @dataclass(frozen=True)
 class BackendSpec:
@@ -89,6 +97,16 @@ class BackendSpec:
     summary: str
     install_hint: str = ""
     backward: bool = True
+    # Further device types it serves, after their own backends -> its module there.
+    also_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return (self.device_type, *self.also_on)
+
+    def module(self, device_type: str) -> str:
+        """The module of ``flash_cann.backends`` that runs it on ``device_type``."""
+        return self.also_on.get(device_type, self.name)
 
 
 @dataclass(frozen=True)
@@ -104,7 +122,9 @@ class Spec:
         return f"{self.namespace}::{op}"
 
     def backends_for_device(self, device_type: str) -> list[BackendSpec]:
-        return [b for b in self.backends.values() if b.device_type == device_type]
+        """Its own backends first (spec order), then those that also serve it."""
+        own = [b for b in self.backends.values() if b.device_type == device_type]
+        return own + [b for b in self.backends.values() if device_type in b.also_on]
 
 
 def _schema_literal(type_: str, value: Any) -> str:
@@ -139,7 +159,7 @@ _PY_TYPES = {"float": (int, float), "bool": (bool,), "int": (int,), "str": (str,
 
 
 def _attr(node: Any, where: str) -> Attr:
-    node = _keys(node, where, {"name", "type"}, {"default", "choices"})
+    node = _keys(node, where, {"name", "type"}, {"default", "choices", "autograd_only"})
     type_ = node["type"]
     if type_ not in ATTR_TYPES:
         raise SpecError(f"{where}: type must be one of {ATTR_TYPES}, got {type_!r}")
@@ -150,7 +170,11 @@ def _attr(node: Any, where: str) -> Attr:
     choices = tuple(node.get("choices", ()))
     if has_default and choices and default not in choices:
         raise SpecError(f"{where}: default {default!r} is not among choices {choices}")
-    return Attr(node["name"], type_, default, has_default, choices)
+    autograd_only = bool(node.get("autograd_only", False))
+    if autograd_only and not has_default:
+        raise SpecError(f"{where}: an autograd_only attribute needs a default (the CANN op "
+                        f"does not take it)")
+    return Attr(node["name"], type_, default, has_default, choices, autograd_only)
 
 
 def _check_shapes(op: OpSpec, where: str) -> None:
@@ -207,11 +231,17 @@ def parse(doc: Any) -> Spec:
     backends = {}
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
-                     {"install_hint", "backward"})
+                     {"install_hint", "backward", "also_on"})
+        also_on = node.get("also_on", {})
+        if not isinstance(also_on, dict) or node["device_type"] in also_on or not all(
+                isinstance(m, str) and m.isidentifier() for m in also_on.values()):
+            raise SpecError(f"backends.{name}.also_on: expected {{other device type: module "
+                            f"name}}, got {also_on!r}")
         backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
                                      " ".join(node["summary"].split()),
                                      " ".join(node.get("install_hint", "").split()),
-                                     bool(node.get("backward", True)))
+                                     bool(node.get("backward", True)),
+                                     dict(also_on))
     layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
                for name, node in doc["layouts"].items()}
     limits = _keys(doc["limits"], "limits", {"head_dim"})
@@ -227,11 +257,26 @@ def parse(doc: Any) -> Spec:
             raise SpecError(f"op {op.name!r}: backward {op.backward!r} is not a declared op")
         if op.backward is not None:
             _check_backward_names(op, ops[op.backward])
+        _check_autograd_only(op, ops)
         layout = next((a for a in op.attrs if a.name == "layout"), None)
         if layout is not None and set(layout.choices) != set(layouts):
             raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be the "
                             f"declared layouts {tuple(layouts)}")
     return Spec(doc["namespace"], backends, layouts, head_dim["min"], head_dim["max"], ops)
+
+
+def _check_autograd_only(op: OpSpec, ops: Mapping[str, OpSpec]) -> None:
+    """An autograd_only attribute must reach a CANN attribute of the backward op."""
+    for attr in op.attrs:
+        if not attr.autograd_only:
+            continue
+        backward = ops.get(op.backward) if op.backward else None
+        target = next((a for a in backward.cann_attrs if a.name == attr.name),
+                      None) if backward else None
+        if target is None or target.type != attr.type:
+            raise SpecError(f"op {op.name!r}: autograd_only attribute {attr.name!r} must be a "
+                            f"{attr.type} attribute of its backward op "
+                            f"({op.backward or 'none declared'})")
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,7 +15,12 @@ be installed (its op proto) and its environment sourced.
 
 Nothing here imports torchair (it needs torch_npu and CANN): :func:`enable_torchair`
 does, on request, and :func:`register_if_loaded` registers only if torchair is already
-imported.
+imported. "Imported" is not "in ``sys.modules``": torch_npu puts a ``_LazyTorchair`` proxy
+there (``torch_npu/dynamo/__init__.py``; at ``import torch_npu`` in 2.1-2.8, at the first
+Dynamo set-up from 2.9) that raises ``AttributeError`` for anything but ``__spec__`` /
+``__path__`` until a real ``import torchair`` loads ``torch_npu.dynamo.torchair``. So a
+proxy's attributes are never read here: :func:`loaded_torchair` looks at module objects
+only.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import types
 from typing import Callable
 
 import torch
@@ -90,7 +96,7 @@ def converter_for(op: OpSpec, ge) -> Callable:
             op.cann_op_type,
             inputs={t.name: values[t.name] for t in op.inputs},
             outputs=[t.name for t in op.outputs],
-            attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.attrs},
+            attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.cann_attrs},
         )
 
     convert.__name__ = f"convert_{op.cann_op_type}"
@@ -108,21 +114,45 @@ def register(torchair) -> None:
     _registered_with = torchair
 
 
+# Where torch_npu ships torchair; its proxy sys.modules["torchair"] forwards to it.
+TORCH_NPU_TORCHAIR = "torch_npu.dynamo.torchair"
+
+
+def loaded_torchair():
+    """The torchair package if a real ``import torchair`` has run, else None.
+
+    ``sys.modules["torchair"]`` is either torchair itself (a standalone install) or
+    torch_npu's proxy, which is not a module and must not be touched before torchair is
+    imported; once it is, the package it forwards to is ``torch_npu.dynamo.torchair``."""
+    for name in ("torchair", TORCH_NPU_TORCHAIR):
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            return module
+    return None
+
+
 def enable_torchair() -> None:
     """Register the converters with torchair, importing it (it ships with torch_npu)."""
     try:
-        torchair = importlib.import_module("torchair")
+        # Through torch_npu's proxy too: `import` reads its __spec__, which imports torchair.
+        importlib.import_module("torchair")
     except Exception as err:  # torchair raises more than ImportError without CANN
         raise ImportError(
             f"flash_cann.enable_torchair() needs torchair, which ships with torch_npu and "
             f"needs CANN ({type(err).__name__}: {err}): {load().backends['npu'].install_hint}"
         ) from err
+    torchair = loaded_torchair()
+    if torchair is None:  # imported, yet neither name holds a module: not torch_npu's layout
+        raise ImportError(f"flash_cann.enable_torchair(): `import torchair` gave "
+                          f"{type(sys.modules.get('torchair')).__name__}, and "
+                          f"{TORCH_NPU_TORCHAIR} is not loaded; cannot find torchair's module")
     register(torchair)
 
 
 def register_if_loaded() -> bool:
-    """Register if torchair is already imported (never imports it); True if registered."""
-    torchair = sys.modules.get("torchair")
+    """Register if torchair is already imported (never imports it, never touches torch_npu's
+    proxy); True if registered."""
+    torchair = loaded_torchair()
     if torchair is None:
         return False
     register(torchair)

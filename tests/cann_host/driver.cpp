@@ -1,13 +1,17 @@
-// TEST-ONLY driver of op_host/flash_cann_attention.cpp compiled against the recording
-// stand-in (include/cann_host_stub.h). Commands print JSON for tests/test_op_host.py:
+// TEST-ONLY driver of op_host/flash_cann_attention{,_grad}.cpp compiled against the
+// recording stand-in (include/cann_host_stub.h). Commands print JSON for
+// tests/test_op_host.py:
 //   opdefs
 //   tiling <OpType> <layout> <fp16|bf16> <causal 0|1> <mask 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic]
+//   grad-tiling <layout> <fp16|bf16> <causal 0|1> <mask 0|1> <deterministic 0|1>
+//               <grad_lse 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic [input-to-misshape]]
 //   infer  <OpType> <layout> <fp16|bf16> q0 q1 q2 q3 k0 k1 k2 k3
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "flash_cann_grad_tiling.h"
 #include "flash_cann_tiling.h"
 #include "register/op_def_registry.h"
 
@@ -84,6 +88,18 @@ gert::Shape ShapeOf(char** dims)
     return shape;
 }
 
+void AddInput(gert::StubNode& node, const gert::Shape& shape, ge::DataType dtype)
+{
+    node.inputs.push_back(std::make_unique<gert::StorageShape>(gert::StorageShape{shape}));
+    node.inputDescs.push_back({dtype});
+}
+
+void AddAbsentInput(gert::StubNode& node)
+{
+    node.inputs.push_back(nullptr);
+    node.inputDescs.push_back({ge::DT_UNDEFINED});
+}
+
 // A forward node: query, key, value (shaped like key), optional mask (batch, seqlen_k).
 gert::StubNode Node(const char* type, const char* layout, const char* dtype, bool causal,
                     bool mask, float scale, char** q, char** k)
@@ -94,18 +110,15 @@ gert::StubNode Node(const char* type, const char* layout, const char* dtype, boo
     const gert::Shape qs = ShapeOf(q);
     const gert::Shape ks = ShapeOf(k);
     for (const gert::Shape& s : {qs, ks, ks}) {
-        node.inputs.push_back(std::make_unique<gert::StorageShape>(gert::StorageShape{s}));
-        node.inputDescs.push_back({dt});
+        AddInput(node, s, dt);
     }
     if (mask) {
         const bool bnsd = std::strcmp(layout, "BNSD") == 0;
         gert::Shape ms;
         ms.AppendDim(ks.GetDim(0)).AppendDim(ks.GetDim(bnsd ? 2 : 1));
-        node.inputs.push_back(std::make_unique<gert::StorageShape>(gert::StorageShape{ms}));
-        node.inputDescs.push_back({ge::DT_BOOL});
+        AddInput(node, ms, ge::DT_BOOL);
     } else {
-        node.inputs.push_back(nullptr);
-        node.inputDescs.push_back({ge::DT_UNDEFINED});
+        AddAbsentInput(node);
     }
     using V = gert::RuntimeAttrs::Value;
     node.attrs.values = {V{V::kFloat, scale, false, ""}, V{V::kBool, 0, causal, ""},
@@ -113,6 +126,87 @@ gert::StubNode Node(const char* type, const char* layout, const char* dtype, boo
     node.outputs.resize(2);
     node.outputTypes.resize(2, ge::DT_UNDEFINED);
     return node;
+}
+
+// A backward node: grad_out, query, key, value, out, softmax_lse, optional mask and
+// grad_softmax_lse, with the spec's shapes; `misshape` names an input whose last
+// dimension is made one larger (to test the shell's operand checks).
+gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool mask,
+                        bool deterministic, bool gradLse, float scale, char** q, char** k,
+                        const std::string& misshape)
+{
+    gert::StubNode node;
+    node.type = "FlashCannAttentionGrad";
+    const ge::DataType dt = std::strcmp(dtype, "bf16") == 0 ? ge::DT_BF16 : ge::DT_FLOAT16;
+    const bool bnsd = std::strcmp(layout, "BNSD") == 0;
+    const gert::Shape qs = ShapeOf(q);
+    const gert::Shape ks = ShapeOf(k);
+    gert::Shape rows;
+    rows.AppendDim(qs.GetDim(0)).AppendDim(qs.GetDim(bnsd ? 1 : 2)).AppendDim(qs.GetDim(bnsd ? 2 : 1));
+    gert::Shape keys;
+    keys.AppendDim(ks.GetDim(0)).AppendDim(ks.GetDim(bnsd ? 2 : 1));
+    auto shape = [&](const char* name, gert::Shape s) {
+        if (misshape == name) {
+            s.SetDim(s.GetDimNum() - 1, s.GetDim(s.GetDimNum() - 1) + 1);
+        }
+        return s;
+    };
+    AddInput(node, shape("grad_out", qs), dt);
+    AddInput(node, qs, dt);
+    AddInput(node, ks, dt);
+    AddInput(node, shape("value", ks), dt);
+    AddInput(node, shape("out", qs), dt);
+    AddInput(node, shape("softmax_lse", rows), ge::DT_FLOAT);
+    if (mask) {
+        AddInput(node, shape("key_padding_mask", keys), ge::DT_BOOL);
+    } else {
+        AddAbsentInput(node);
+    }
+    if (gradLse) {
+        AddInput(node, shape("grad_softmax_lse", rows), ge::DT_FLOAT);
+    } else {
+        AddAbsentInput(node);
+    }
+    using V = gert::RuntimeAttrs::Value;
+    node.attrs.values = {V{V::kFloat, scale, false, ""}, V{V::kBool, 0, causal, ""},
+                         V{V::kStr, 0, false, layout}, V{V::kBool, 0, deterministic, ""}};
+    node.outputs.resize(3);
+    node.outputTypes.resize(3, ge::DT_UNDEFINED);
+    return node;
+}
+
+int GradTiling(int argc, char** argv)
+{
+    if (argc < 17) {
+        std::fprintf(stderr, "usage: grad-tiling layout dtype causal mask deterministic grad_lse "
+                             "scale q0..q3 k0..k3 [aic [input-to-misshape]]\n");
+        return 2;
+    }
+    gert::StubNode node = GradNode(argv[2], argv[3], std::atoi(argv[4]) != 0,
+                                   std::atoi(argv[5]) != 0, std::atoi(argv[6]) != 0,
+                                   std::atoi(argv[7]) != 0, std::strtof(argv[8], nullptr),
+                                   argv + 9, argv + 13, argc > 18 ? argv[18] : "");
+    fe::PlatFormInfos platform;
+    if (argc > 17 && std::atoi(argv[17]) > 0) {
+        platform.aic = static_cast<uint32_t>(std::atoi(argv[17]));
+        platform.aiv = 2 * platform.aic;
+    }
+    const auto& op = ops::Registry().at(node.type);
+    gert::TilingContext context(node, platform, 2048);
+    if (op->aicore.tiling(&context) != ge::GRAPH_SUCCESS) {
+        std::printf("{\"status\":\"failed\"}\n");
+        return 0;
+    }
+    flash_cann::GradTilingData t;
+    std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
+    std::printf("{\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
+                "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
+                "\"dq_slots\":%u,\"scale\":%g,\"units\":%llu,\"last_unit\":%llu}\n",
+                static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
+                context.workspace_, context.GetRawTilingData()->GetDataSize(), t.blockQ, t.blockK,
+                t.usedCores, t.dqSlots, t.scale, static_cast<unsigned long long>(t.units),
+                static_cast<unsigned long long>(t.unitStart[t.usedCores]));
+    return 0;
 }
 
 int Tiling(int argc, char** argv)
@@ -154,7 +248,10 @@ int Infer(int argc, char** argv)
         std::fprintf(stderr, "usage: infer OpType layout dtype q0..q3 k0..k3\n");
         return 2;
     }
-    gert::StubNode node = Node(argv[2], argv[3], argv[4], false, false, 1.0f, argv + 5, argv + 9);
+    gert::StubNode node =
+        std::strcmp(argv[2], "FlashCannAttentionGrad") == 0
+            ? GradNode(argv[3], argv[4], false, false, false, false, 1.0f, argv + 5, argv + 9, "")
+            : Node(argv[2], argv[3], argv[4], false, false, 1.0f, argv + 5, argv + 9);
     const auto& op = ops::Registry().at(argv[2]);
     gert::InferShapeContext shapes(node);
     gert::InferDataTypeContext types(node);
@@ -183,9 +280,12 @@ int main(int argc, char** argv)
     if (command == "tiling") {
         return Tiling(argc, argv);
     }
+    if (command == "grad-tiling") {
+        return GradTiling(argc, argv);
+    }
     if (command == "infer") {
         return Infer(argc, argv);
     }
-    std::fprintf(stderr, "usage: %s opdefs | tiling ... | infer ...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s opdefs | tiling ... | grad-tiling ... | infer ...\n", argv[0]);
     return 2;
 }

@@ -2,10 +2,13 @@
 // expects a violation naming the rule and the file:line of the offending call. The
 // last tests run the real forward kernel: with a valid plan it passes; with a corrupted
 // tiling or a truncated input tensor the twin stops it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -35,11 +38,17 @@ std::string RunOn(twin::CoreType role, std::vector<float>& gm, const std::functi
     });
 }
 
-void Expect(const char* name, const std::string& violation, const std::string& fragment, int line)
+// `rule`: the id ("R07") the twin's check carries in its message, "" for the checks
+// that are not a Require/Fail (deadlocks, unbalanced queues). tests/test_twin.py fails
+// when a rule of twin/ has no test here.
+void Expect(const std::string& rule, const char* name, const std::string& violation,
+            const std::string& fragment, int line)
 {
     ++g_tests;
     const std::string site = "twin_rule_tests.cpp:" + std::to_string(line) + ":";
-    if (violation.find(fragment) == std::string::npos || violation.find(site) == std::string::npos) {
+    const std::string tag = rule.empty() ? "" : "[" + rule + "] ";
+    if (violation.find(fragment) == std::string::npos || violation.find(site) == std::string::npos ||
+        violation.find(tag) == std::string::npos) {
         ++g_failures;
         std::fprintf(stderr, "FAIL %s: expected '%s' at %s, got: %s\n", name, fragment.c_str(),
                      site.c_str(), violation.empty() ? "(no violation)" : violation.c_str());
@@ -64,7 +73,7 @@ void MisalignedCopy()
         line = AT;
         DataCopy(t[3], g, 8);
     });
-    Expect("misaligned copy", v, "is not 32-byte aligned", line);
+    Expect("R42", "misaligned copy", v, "is not 32-byte aligned", line);
 }
 
 void TruncatingCopy()
@@ -81,7 +90,7 @@ void TruncatingCopy()
         line = AT;
         DataCopy(t, g, 5);
     });
-    Expect("copy of a partial block", v, "DataCopy of 20 bytes is not a multiple of 32", line);
+    Expect("R02", "copy of a partial block", v, "DataCopy of 20 bytes is not a multiple of 32", line);
 }
 
 void OverCapacity()
@@ -95,7 +104,7 @@ void OverCapacity()
         line = AT;
         pipe.InitBuffer(b, 1, 96 * 1024);
     });
-    Expect("UB over capacity", v, "UB over capacity: 131072 bytes in use + 1 x 98304", line);
+    Expect("R50", "UB over capacity", v, "UB over capacity: 131072 bytes in use + 1 x 98304", line);
 }
 
 void L0OverCapacity()
@@ -108,7 +117,7 @@ void L0OverCapacity()
         line = AT;
         pipe.InitBuffer(a, 2, 40 * 1024);
     });
-    Expect("L0A over capacity", v, "L0A over capacity", line);
+    Expect("R50", "L0A over capacity", v, "L0A over capacity", line);
 }
 
 void UnbalancedQueue()
@@ -123,7 +132,7 @@ void UnbalancedQueue()
         LocalTensor<float> t = que.AllocTensor<float>();
         que.EnQue(t);
     });
-    Expect("unbalanced queue", v, "unbalanced: buffer 0 of this queue is still enqueued", line);
+    Expect("", "unbalanced queue", v, "unbalanced: buffer 0 of this queue is still enqueued", line);
 }
 
 void AllocWithoutFree()
@@ -138,7 +147,7 @@ void AllocWithoutFree()
         line = AT;
         que.AllocTensor<float>();
     });
-    Expect("alloc without free", v, "are in use (a FreeTensor is missing)", line);
+    Expect("R53", "alloc without free", v, "are in use (a FreeTensor is missing)", line);
 }
 
 void DequeueEmpty()
@@ -152,7 +161,7 @@ void DequeueEmpty()
         line = AT;
         que.DeQue<float>();
     });
-    Expect("DeQue without EnQue", v, "DeQue on an empty queue", line);
+    Expect("R56", "DeQue without EnQue", v, "DeQue on an empty queue", line);
 }
 
 void OutOfBoundsGm()
@@ -169,7 +178,7 @@ void OutOfBoundsGm()
         line = AT;
         DataCopy(t, g[60], 8);
     });
-    Expect("GM out of bounds", v, "outside every tensor handed to the kernel", line);
+    Expect("R33", "GM out of bounds", v, "outside every tensor handed to the kernel", line);
 }
 
 void OutOfBoundsLocal()
@@ -184,7 +193,7 @@ void OutOfBoundsLocal()
         line = AT;
         Adds(t, t, 1.0f, 128);
     });
-    Expect("UB tensor out of bounds", v, "exceed the UB tensor of 64 elements", line);
+    Expect("R15", "UB tensor out of bounds", v, "exceed the UB tensor of 64 elements", line);
 }
 
 void WaitWithoutSet()
@@ -195,7 +204,7 @@ void WaitWithoutSet()
         line = AT;
         WaitFlag<HardEvent::MTE2_V>(0);
     });
-    Expect("WaitFlag without SetFlag", v, "with no matching SetFlag", line);
+    Expect("R62", "WaitFlag without SetFlag", v, "with no matching SetFlag", line);
 }
 
 void SetTwice()
@@ -207,7 +216,7 @@ void SetTwice()
         line = AT;
         SetFlag<HardEvent::V_MTE3>(1);
     });
-    Expect("SetFlag twice", v, "already set and not yet waited on", line);
+    Expect("R60", "SetFlag twice", v, "already set and not yet waited on", line);
 }
 
 void ComparePartialRepeat()
@@ -222,7 +231,7 @@ void ComparePartialRepeat()
         line = AT;
         Compares(bits.Get<uint8_t>(), src.Get<float>(), 0.0f, CMPMODE::LT, 100);
     });
-    Expect("Compares partial repeat", v, "is not whole 256-byte repeats", line);
+    Expect("R25", "Compares partial repeat", v, "is not whole 256-byte repeats", line);
 }
 
 void VectorOnCube()
@@ -236,7 +245,7 @@ void VectorOnCube()
         line = AT;
         Muls(buf.Get<float>(), buf.Get<float>(), 2.0f, 64);
     });
-    Expect("vector op on the cube core", v, "runs on the vector (AIV) core only", line);
+    Expect("R40", "vector op on the cube core", v, "runs on the vector (AIV) core only", line);
 }
 
 void GemvMode()
@@ -257,7 +266,7 @@ void GemvMode()
         line = AT;
         Mmad(lc, la, lb, MmadParams(1, 16, 16, 0, false, true));
     });
-    Expect("Mmad with m == 1", v, "GEMV mode", line);
+    Expect("R09", "Mmad with m == 1", v, "GEMV mode", line);
 }
 
 void ScratchOverlap()
@@ -273,21 +282,133 @@ void ScratchOverlap()
         Select(big.Get<float>(64), bits.Get<uint8_t>(), big.Get<float>(64), 0.0f,
                SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);
     });
-    Expect("Select over the UB scratch", v, "uses the top 8 KB of UB as scratch", line);
+    Expect("R43", "Select over the UB scratch", v, "uses the top 8 KB of UB as scratch", line);
 }
 
 void CrossCoreDeadlock()
 {
     std::vector<float> gm(8);
     int line = 0;
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(300));
     const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
         line = AT;
         CrossCoreWaitFlag(5);
     });
-    twin::SetDeadlockTimeout(std::chrono::milliseconds(30000));
-    Expect("cross-core wait, no set", v, "no matching CrossCoreSetFlag arrived", line);
+    Expect("", "cross-core wait, no set", v, "deadlock: every core of the launch that has not "
+           "finished is waiting", line);
+}
+
+void CrossCoreReservedFlag()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        CrossCoreSetFlag<2, PIPE_FIX>(11);
+    });
+    Expect("R34", "cross-core flag id 11", v, "outside [0, 10] (11-14 belong to SyncAll)", line);
+}
+
+// Every AIC and AIV of a two-core launch; each core adds its index + 1 into gm[0] with
+// an atomic DataCopy or Fixpipe after a SyncAll, then reads the sum after another.
+void SyncAllAndAtomicAdd()
+{
+    std::vector<float> gm(16, 0.0f);
+    std::vector<float> seen(6, -1.0f);
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), gm.size());
+        const float mine = static_cast<float>(twin::Core().blockIdx + 1);
+        SyncAll<false>();
+        SetAtomicAdd<float>();
+        if (twin::Core().type == twin::CoreType::AIV) {
+            TQue<TPosition::VECOUT, 1> que;
+            pipe.InitBuffer(que, 1, 32);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            Duplicate(t, mine, 8);
+            que.EnQue(t);
+            t = que.DeQue<float>();
+            DataCopy(g, t, 8);
+            que.FreeTensor(t);
+        } else {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            for (uint32_t i = 0; i < 256; ++i) {
+                c.SetValue(i, 10 * mine);
+            }
+            PipeBarrier<PIPE_ALL>();  // the scalar stores before the FIX pipe reads L0C
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(8, 1, 16, 8, false));
+            que.FreeTensor(c);
+        }
+        SetAtomicNone();
+        SyncAll<false>();
+        const int64_t who = twin::Core().type == twin::CoreType::AIC ? 4 + twin::Core().blockIdx
+                                                                     : twin::Core().blockIdx;
+        seen[static_cast<size_t>(who)] = g.GetValue(0);
+    });
+    // AIVs add 1 + 2 + 3 + 4, AICs 10 * (1 + 2).
+    const bool ok = v.empty() && std::all_of(seen.begin(), seen.end(), [](float s) { return s == 40.0f; });
+    ++g_tests;
+    if (!ok) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL SyncAll + atomic add: %s, core 0 saw %g\n", v.c_str(), seen[0]);
+    } else {
+        std::printf("ok   %-28s every core read 40 after the SyncAll\n", "SyncAll + SetAtomicAdd");
+    }
+}
+
+void SyncAllMissed()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        if (twin::Core().blockIdx != 3 || twin::Core().type != twin::CoreType::AIV) {
+            line = AT;
+            SyncAll<false>();
+        }
+    });
+    Expect("", "SyncAll skipped by a core", v, "SyncAll<false> at", line);
+}
+
+void SyncAllAivOnlyOnCube()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll();
+    });
+    Expect("R38", "SyncAll<true> on the cube", v, "SyncAll<true> synchronises the vector cores only", line);
+}
+
+void AtomicTypeMismatch()
+{
+    std::vector<float> gm(64, 1.0f);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 64);
+        LocalTensor<half> t = que.AllocTensor<half>();
+        GlobalTensor<half> g;
+        g.SetGlobalBuffer(reinterpret_cast<half*>(gm.data()), 2 * gm.size());
+        SetAtomicAdd<float>();
+        line = AT;
+        DataCopy(g, t, 16);
+    });
+    Expect("R01", "atomic float, half data", v, "SetAtomicAdd<float> is in force, but the copy moves 2-byte", line);
 }
 
 void CrossCoreNeedsMix()
@@ -298,7 +419,473 @@ void CrossCoreNeedsMix()
         line = AT;
         CrossCoreSetFlag<2, PIPE_FIX>(1);
     });
-    Expect("cross-core flag, no MIX", v, "needs a MIX kernel", line);
+    Expect("R31", "cross-core flag, no MIX", v, "needs a MIX kernel", line);
+}
+
+// --- races: each tiny kernel misses one edge and must be stopped at the racing access;
+// its correctly synchronised twin (synced = true) must pass. ---
+
+// Runs `body(synced)` on every unit of `cores` AI cores (MIX declared).
+using RaceBody = std::function<void(bool synced, float* gm)>;
+
+std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body, bool synced)
+{
+    twin::LaunchConfig config;
+    config.blockDim = cores;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    return twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        body(synced, gm.data());
+    });
+}
+
+void ExpectRace(const char* name, uint32_t cores, const RaceBody& body, const int& line)
+{
+    std::vector<float> gm(4096, 1.0f);
+    const std::string racy = RunRace(cores, gm, body, false);
+    Expect("R39", name, racy, " race: ", line);
+    std::vector<float> gm2(4096, 1.0f);
+    const std::string clean = RunRace(cores, gm2, body, true);
+    ++g_tests;
+    if (!clean.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL %s, synchronised: %s\n", name, clean.c_str());
+    } else {
+        std::printf("ok   %-28s synchronised: no race\n", name);
+    }
+}
+
+bool OnAiv0() { return twin::Core().type == twin::CoreType::AIV && twin::Core().subBlockIdx == 0; }
+bool OnAic() { return twin::Core().type == twin::CoreType::AIC; }
+
+void RaceMissingVectorBarrier()
+{
+    int line = 0;
+    ExpectRace("race: no PipeBarrier<V>", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(), b = a[64], c = a[128];
+        Duplicate(a, 1.0f, 64);
+        if (synced) PipeBarrier<PIPE_V>();
+        line = AT;
+        Add(b, a, a, 64);  // reads what Duplicate writes
+        if (synced) PipeBarrier<PIPE_V>();
+        Mul(c, b, b, 64);
+    }, line);
+}
+
+void RaceMissingMte2ToV()
+{
+    int line = 0;
+    ExpectRace("race: no MTE2->V flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        DataCopy(t, g, 64);
+        if (synced) {
+            SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        }
+        line = AT;
+        Muls(t, t, 2.0f, 64);
+    }, line);
+}
+
+// The cube writes GM with Fixpipe; a vector core reads it: a cross-core flag must order it.
+void RaceMissingCrossCoreFlag()
+{
+    int line = 0;
+    ExpectRace("race: no cross-core flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        if (OnAic()) {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            que.EnQue(c);
+            c = que.DeQue<float>();
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(16, 16, 16, 16, false));
+            que.FreeTensor(c);
+            if (synced) CrossCoreSetFlag<2, PIPE_FIX>(1);
+        } else {
+            if (synced) CrossCoreWaitFlag(1);
+            TQue<TPosition::VECIN, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            if (OnAiv0()) line = AT;
+            DataCopy(t, g, 256);
+            que.FreeTensor(t);
+        }
+    }, line);
+}
+
+// L0C reused by the next Mmad while Fixpipe may still read it: FIX -> M is missing.
+void RaceMissingFixToM()
+{
+    int line = 0;
+    ExpectRace("race: no FIX->M reuse edge", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAic()) return;
+        TPipe pipe;
+        TBuf<TPosition::A2> a;
+        TBuf<TPosition::B2> b;
+        TBuf<TPosition::CO1> c;
+        pipe.InitBuffer(a, 512);
+        pipe.InitBuffer(b, 512);
+        pipe.InitBuffer(c, 1024);
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        for (int round = 0; round < 2; ++round) {
+            if (round == 1) line = AT;
+            Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, 16, 16, 0, false, true));
+            SetFlag<HardEvent::M_FIX>(EVENT_ID0);
+            WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 16, false));
+            if (synced) {
+                SetFlag<HardEvent::FIX_M>(EVENT_ID0);
+                WaitFlag<HardEvent::FIX_M>(EVENT_ID0);
+            }
+        }
+    }, line);
+}
+
+// Two AI cores: atomic adds into one GM range never race with each other, but a plain
+// store there does, unless SyncAll orders it.
+void RaceAtomicVersusPlain()
+{
+    int line = 0;
+    ExpectRace("race: atomic vs plain store", 2, [&](bool synced, [[maybe_unused]] float* gm) {
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        if (OnAic()) {
+            if (synced) SyncAll<false>();
+            return;
+        }
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        Duplicate(t, 1.0f, 64);
+        que.EnQue(t);
+        t = que.DeQue<float>();
+        SetAtomicAdd<float>();
+        DataCopy(g, t, 64);  // every vector core adds: no race among them
+        SetAtomicNone();
+        if (synced) SyncAll<false>();
+        if (twin::Core().blockIdx == 0) {
+            line = AT;
+            DataCopy(g, t, 64);  // a plain store over the sums
+        }
+        que.FreeTensor(t);
+    }, line);
+}
+
+// The queue's FreeTensor -> AllocTensor edge orders the next fill of a reused buffer
+// after the vector reads of the previous one; with that edge dropped at the FreeTensor
+// call (a mutation, as tests/test_twin_races.py does to the kernel) it is a race.
+void RaceQueueReuseWithoutFreeEdge()
+{
+    int line = 0;
+    ExpectRace("race: queue reuse, no Free edge", 1, [&](bool synced, float* gm) {
+        if (!OnAiv0()) return;
+        struct Restore {  // the race ends the body early
+            ~Restore() { twin::DropSyncSite(""); }
+        } restore;
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> que;
+        TBuf<TPosition::VECCALC> sum;
+        pipe.InitBuffer(que, 1, 256);
+        pipe.InitBuffer(sum, 256);
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 64);
+        for (int round = 0; round < 2; ++round) {
+            LocalTensor<float> t = que.AllocTensor<float>();
+            if (round == 1) line = AT;
+            DataCopy(t, g, 64);  // MTE2 refills the buffer the vector read in round 0
+            que.EnQue(t);
+            t = que.DeQue<float>();
+            Adds(sum.Get<float>(), t, 1.0f, 64);
+            if (!synced) twin::DropSyncSite("twin_rule_tests.cpp:" + std::to_string(__LINE__ + 1));
+            que.FreeTensor(t);
+        }
+    }, line);
+}
+
+// A scalar store into UB read by a vector instruction needs S -> V.
+void RaceScalarThenVector()
+{
+    int line = 0;
+    ExpectRace("race: no S->V flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        t.SetValue(0, 5.0f);
+        if (synced) {
+            SetFlag<HardEvent::S_V>(EVENT_ID1);
+            WaitFlag<HardEvent::S_V>(EVENT_ID1);
+        }
+        line = AT;
+        Adds(t[64], t, 1.0f, 64);
+    }, line);
+}
+
+// Accumulating Mmads into one L0C: a small one ((m/16)*(n/16) < 10) needs PipeBarrier<M>
+// (Mmad docs); a large one is ordered by the hardware (checked by the synced variant).
+void RaceSmallMmadAccumulation()
+{
+    int line = 0;
+    ExpectRace("race: small Mmad accumulation", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAic()) return;
+        TPipe pipe;
+        TBuf<TPosition::A2> a;
+        TBuf<TPosition::B2> b;
+        TBuf<TPosition::CO1> c;
+        pipe.InitBuffer(a, 16 * 1024);
+        pipe.InitBuffer(b, 16 * 1024);
+        pipe.InitBuffer(c, 64 * 1024);
+        const uint16_t n = synced ? 160 : 16;  // 10 fractals of 16 x 16, or one
+        Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, n, 16, 0, false, true));
+        line = AT;
+        Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, n, 16, 0, false, false));
+    }, line);
+}
+
+// --- one negative case per remaining rule of twin/ (the rule id in its message): each
+// body breaks the rule once, at a call in this file. ---
+struct RuleCase {
+    const char* rule;
+    twin::CoreType role;
+    std::function<void(float* gm)> body;
+};
+
+using twin::CoreType;
+
+const std::vector<RuleCase>& RuleCases()
+{
+    static const std::vector<RuleCase> cases = {
+        {"R03", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECOUT, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopy(g, q.AllocTensor<float>(), 5);  // 20 bytes UB -> GM
+         }},
+        {"R04", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A1, 1> q; pipe.InitBuffer(q, 1, 4096);
+             GlobalTensor<half> g; g.SetGlobalBuffer(reinterpret_cast<half*>(gm), 512);
+             DataCopy(q.AllocTensor<half>(), g, Nd2NzParams(0, 1, 16, 0, 16, 16, 1, 0));  // ndNum 0
+         }},
+        {"R05", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A1, 1> q; pipe.InitBuffer(q, 1, 4096);
+             GlobalTensor<half> g; g.SetGlobalBuffer(reinterpret_cast<half*>(gm), 512);
+             DataCopy(q.AllocTensor<half>(), g, Nd2NzParams(1, 2, 32, 0, 16, 16, 1, 0));  // dValue > pitch
+         }},
+        {"R06", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopyPad(q.AllocTensor<float>(), g, DataCopyExtParams(1, 6, 0, 0, 0),
+                         DataCopyPadExtParams<float>(false, 0, 0, 0));  // 6 bytes of float
+         }},
+        {"R07", CoreType::AIV, [](float* gm) {
+             TPipe pipe; TQue<TPosition::VECOUT, 1> q; pipe.InitBuffer(q, 1, 256);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopyPad(g, q.AllocTensor<float>(), DataCopyExtParams(1, 6, 0, 0, 0));
+         }},
+        {"R08", CoreType::AIC, [](float*) {
+             TPipe pipe; TQue<TPosition::A1, 1> l1; TQue<TPosition::A2, 1> a;
+             pipe.InitBuffer(l1, 1, 1024); pipe.InitBuffer(a, 1, 1024);
+             LoadData(a.AllocTensor<float>(), l1.AllocTensor<float>(), LoadData2DParams(0, 1, 0, 0, 0, true, 0));
+         }},
+        {"R10", CoreType::AIC, [](float*) {
+             TPipe pipe; TBuf<TPosition::A2> a; TBuf<TPosition::B2> b; TBuf<TPosition::CO1> c;
+             pipe.InitBuffer(a, 512); pipe.InitBuffer(b, 512); pipe.InitBuffer(c, 1024);
+             Mmad(c.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(4096, 16, 16, 0, false, true));
+         }},
+        {"R11", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             FixpipeParamsV220 p(16, 16, 16, 16, false);
+             p.quantPre = QuantMode_t::F322F16;
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), p);
+         }},
+        {"R12", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 8, 16, false));
+         }},
+        {"R13", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
+             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 8, false));
+         }},
+        {"R14", CoreType::AIV, [](float*) { LocalTensor<float> unbound; unbound.GetValue(0); }},
+        {"R16", CoreType::AIV, [](float*) { TBuf<TPosition::VECCALC> b; b.Get<float>(); }},
+        {"R17", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.GetWithOffset<float>(8, 4);
+         }},
+        {"R18", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.Get<float>(128);
+         }},
+        {"R19", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             const LocalTensor<float> t = b.Get<float>();
+             Add(t, t, t, 0, 1, BinaryRepeatParams());  // mask 0
+         }},
+        {"R20", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             const LocalTensor<float> t = b.Get<float>();
+             Add(t, t, t, 64, 1, BinaryRepeatParams(0, 1, 1, 8, 8, 8));
+         }},
+        {"R21", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Adds(b.Get<float>(), b.Get<float>(), 1.0f, -1);
+         }},
+        {"R22", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.Get<float>(), b.GetWithOffset<half>(16, 128), RoundMode::CAST_RINT, 16);
+         }},
+        {"R23", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.GetWithOffset<half>(16, 128), b.Get<float>(), RoundMode::CAST_NONE, 16);
+         }},
+        {"R24", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Cast(b.Get<float>(), b.Get<half>(), RoundMode::CAST_NONE, 16);  // in place, widening
+         }},
+        {"R26", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b, bits; pipe.InitBuffer(b, 256); pipe.InitBuffer(bits, 32);
+             Select(b.Get<float>(), bits.Get<uint8_t>(), b.Get<float>(), 0.0f, SELMODE::VSEL_CMPMASK_SPR, 64);
+         }},
+        {"R27", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceSum(b.Get<float>(), b.Get<float>(), 64, 256, 1, 1, 8);
+         }},
+        {"R28", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceSum(b.Get<float>(), b.Get<float>(), 0, 1, 1, 1, 8);
+         }},
+        {"R29", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             WholeReduceMax(b.Get<float>(), b.Get<float>(), 64, 1, 1, 1, 8);  // value/index pairs
+         }},
+        {"R30", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 1024);
+             Brcb(b.Get<float>(), b.Get<float>(), 1, BrcbRepeatParams(1, 8));
+         }},
+        {"R35", CoreType::AIC, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_FIX>(2);
+         }},
+        {"R36", CoreType::AIV, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_MTE3>(2);
+         }},
+        {"R37", CoreType::AIV, [](float*) {
+             KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+             CrossCoreWaitFlag(11);
+         }},
+        {"R41", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TQue<TPosition::A2, 1> q; pipe.InitBuffer(q, 1, 512);
+             GlobalTensor<float> g; g.SetGlobalBuffer(gm, 64);
+             DataCopy(q.AllocTensor<float>(), g, 8);  // GM -> L0A is no DataCopy path
+         }},
+        {"R44", CoreType::AIV, [](float*) { TPipe pipe; TBuf<TPosition::GM> b; pipe.InitBuffer(b, 32); }},
+        {"R45", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32); pipe.InitBuffer(q, 1, 32);
+         }},
+        {"R46", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 0, 32); }},
+        {"R47", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 0); }},
+        {"R48", CoreType::AIV, [](float*) {
+             TPipe pipe;
+             std::unique_ptr<TBuf<TPosition::VECCALC>[]> bufs(new TBuf<TPosition::VECCALC>[65]);
+             for (int i = 0; i < 65; ++i) pipe.InitBuffer(bufs[i], 32);
+         }},
+        {"R49", CoreType::AIV, [](float*) { TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 9, 32); }},
+        {"R51", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q1, q2; pipe.InitBuffer(q1, 1, 32); pipe.InitBuffer(q2, 1, 32);
+             LocalTensor<float> other = q2.AllocTensor<float>();
+             q1.FreeTensor(other);
+         }},
+        {"R52", CoreType::AIV, [](float*) { TQue<TPosition::VECIN, 1> q; q.AllocTensor<float>(); }},
+        {"R54", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.FreeTensor(t);
+             q.EnQue(t);
+         }},
+        {"R55", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 2, 32);
+             q.EnQue(q.AllocTensor<float>());
+             q.EnQue(q.AllocTensor<float>());  // depth 1
+         }},
+        {"R57", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.FreeTensor(t);
+             q.FreeTensor(t);
+         }},
+        {"R58", CoreType::AIV, [](float*) {
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.EnQue(t);
+             q.FreeTensor(t);
+         }},
+        {"R59", CoreType::AIV, [](float*) { SetFlag<HardEvent::MTE2_V>(8); }},
+        {"R61", CoreType::AIV, [](float*) { WaitFlag<HardEvent::MTE2_V>(8); }},
+        {"R63", CoreType::AIV, [](float*) { PipeBarrier<PIPE_S>(); }},
+        {"R42", CoreType::AIV, [](float*) {  // a vector operand off the 32-byte grid
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 512);
+             Adds(b.Get<float>()[1], b.Get<float>()[1], 1.0f, 8);
+         }},
+    };
+    return cases;
+}
+
+// A wait on a core that is alive but slow is no deadlock: only the backstop timeout
+// ends it (the cube sleeps past it, then sets the flag).
+void BackstopTimeout()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(100));
+    twin::LaunchConfig config;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        if (twin::Core().type == twin::CoreType::AIC) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));
+            CrossCoreSetFlag<2, PIPE_FIX>(1);
+        } else if (twin::Core().subBlockIdx == 0) {
+            line = AT;
+            CrossCoreWaitFlag(1);
+        }
+    });
+    twin::SetDeadlockTimeout(std::chrono::milliseconds(120000));
+    Expect("R32", "backstop timeout", v, "still waiting after 100 ms", line);
+}
+
+void RuleCasesFire()
+{
+    for (const RuleCase& c : RuleCases()) {
+        std::vector<float> gm(1024, 1.0f);
+        const std::string v = RunOn(c.role, gm, [&] { c.body(gm.data()); });
+        ++g_tests;
+        const std::string tag = std::string("[") + c.rule + "] ";
+        if (v.find(tag) == std::string::npos || v.find("twin_rule_tests.cpp:") == std::string::npos) {
+            ++g_failures;
+            std::fprintf(stderr, "FAIL rule %s: got %s\n", c.rule, v.empty() ? "(no violation)" : v.c_str());
+        } else {
+            std::printf("ok   rule %-23s %s\n", c.rule, v.c_str());
+        }
+    }
 }
 
 // The real kernel on a small problem: valid, then with a corrupted plan and a
@@ -401,7 +988,11 @@ int main()
     for (auto test : {MisalignedCopy, TruncatingCopy, OverCapacity, L0OverCapacity, UnbalancedQueue,
                       AllocWithoutFree, DequeueEmpty, OutOfBoundsGm, OutOfBoundsLocal,
                       WaitWithoutSet, SetTwice, ComparePartialRepeat, VectorOnCube, GemvMode,
-                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, KernelValid,
+                      ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
+                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
+                      RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
+                      RaceMissingFixToM, RaceAtomicVersusPlain, RaceScalarThenVector,
+                      RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

@@ -1,37 +1,28 @@
 // The forward kernel on the twin, for Python (ctypes): plan with the real planner, lay
 // out GM as the CANN shell would (user workspace after the 16 MiB system workspace,
-// tiling data in GM), launch every AI core, report the first rule violation.
+// tiling data in GM), launch every AI core, report the first rule violation and the
+// bytes the kernel allocated per memory level.
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernel_operator.h"
 #include "planner.h"
+#include "report.h"
 #include "twin/launch.h"
+#include "twin/race.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                      GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
-
-namespace {
-
-int Report(const std::string& message, char* error, uint64_t capacity)
-{
-    if (capacity > 0) {
-        std::strncpy(error, message.c_str(), capacity - 1);
-        error[capacity - 1] = '\0';
-    }
-    return 1;
-}
-
-}  // namespace
 
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
                                        int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                        int64_t headDim, int32_t dtype, int32_t layout,
                                        int32_t causal, double scale, int32_t aicCores,
-                                       char* error, uint64_t errorCapacity)
+                                       uint64_t* allocatedBytes, char* error,
+                                       uint64_t errorCapacity)
 {
     using namespace flash_cann;
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
@@ -41,7 +32,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                               causal != 0, keyPaddingMask != nullptr, scale};
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
-        return Report("the planner refused: " + result.error, error, errorCapacity);
+        return twin::Report("the planner refused: " + result.error, error, errorCapacity);
     }
     const Plan& plan = result.plan;
     const size_t e = ElementBytes(request.dtype);
@@ -53,22 +44,47 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
-    config.gm = {{query, qBytes, "query"}, {key, kvBytes, "key"}, {value, kvBytes, "value"},
-                 {out, qBytes, "out"},
+    // The race detector checks what the kernel writes: the outputs and the workspace.
+    config.gm = {{query, qBytes, "query", false}, {key, kvBytes, "key", false},
+                 {value, kvBytes, "value", false}, {out, qBytes, "out"},
                  {softmaxLse, size_t(batch) * headsQ * seqlenQ * sizeof(float), "softmax_lse"},
                  {workspace.data(), workspace.size(), "workspace"},
-                 {tiling.data(), tiling.size(), "tiling"}};
+                 {tiling.data(), tiling.size(), "tiling", false}};
     if (keyPaddingMask != nullptr) {
-        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
+        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask", false});
     }
+    twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention(static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(key),
                              static_cast<GM_ADDR>(value), static_cast<GM_ADDR>(keyPaddingMask),
                              static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
                              workspace.data(), tiling.data());
-    });
+    }, &report);
+    twin::CopyAllocated(report, allocatedBytes);
     if (!violation.empty()) {
-        return Report(violation, error, errorCapacity);
+        return twin::Report(violation, error, errorCapacity);
     }
     return 0;
+}
+
+// Mutation testing of the kernel's synchronisation (tests/test_twin_races.py): drop the
+// happens-before edge of one sync call site ("file:line"; "" restores all) for the
+// following launches, and list the sync sites the last launch executed.
+extern "C" void flash_cann_twin_drop_sync(const char* fileAndLine)
+{
+    twin::DropSyncSite(fileAndLine != nullptr ? fileAndLine : "");
+}
+
+// "kind file:line" lines; returns the length, or minus the capacity needed.
+extern "C" int64_t flash_cann_twin_sync_sites(char* buffer, uint64_t capacity)
+{
+    std::string text;
+    for (const std::string& site : twin::ExecutedSyncSites()) {
+        text += site + "\n";
+    }
+    if (text.size() + 1 > capacity) {
+        return -static_cast<int64_t>(text.size() + 1);
+    }
+    std::memcpy(buffer, text.c_str(), text.size() + 1);
+    return static_cast<int64_t>(text.size());
 }

@@ -1,52 +1,10 @@
-// The twin's runtime: core identity, local memories, the GM registry, cross-core flags,
-// launching, and the queue/pipe bookkeeping.
+// The twin's runtime: local memories and the queue/pipe bookkeeping (launching, core
+// identity and cross-core synchronisation are in launch.cpp).
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <thread>
 
 #include "kernel_operator.h"
-#include "twin/launch.h"
 
 namespace twin {
-namespace {
-
-thread_local CoreState g_core;
-
-// Launch-wide state (launches are serialised).
-std::mutex g_launchMutex;
-const LaunchConfig* g_launch = nullptr;
-std::atomic<bool> g_abort{false};
-
-// Cross-core flags of one AI core: AIC -> each AIV, and each AIV -> AIC.
-struct FlagGroup {
-    std::mutex mutex;
-    std::condition_variable changed;
-    int toAiv[2][16] = {};
-    int toAic[2][16] = {};
-};
-std::vector<std::unique_ptr<FlagGroup>> g_groups;
-
-constexpr int kMaxPendingFlag = 15;
-std::chrono::milliseconds g_deadlockTimeout{30000};
-
-FlagGroup& Group()
-{
-    const int64_t core = g_core.type == CoreType::AIV ? g_core.blockIdx / 2 : g_core.blockIdx;
-    return *g_groups.at(static_cast<size_t>(core));
-}
-
-void RequireMix(const Site& site, const char* what)
-{
-    Require(g_core.mixDeclared, site, what, " needs a MIX kernel: declare "
-            "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)");
-}
-
-}  // namespace
 
 const char* MemoryName(Memory memory)
 {
@@ -87,150 +45,6 @@ uint8_t* LocalMemories::Base(Memory memory)
     return nullptr;
 }
 
-CoreState& Core()
-{
-    return g_core;
-}
-
-uint64_t TilingKey()
-{
-    return g_launch->tilingKey;
-}
-
-void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what)
-{
-    const auto* b = static_cast<const uint8_t*>(begin);
-    for (const GmRegion& region : g_launch->gm) {
-        const auto* r = static_cast<const uint8_t*>(region.begin);
-        if (b >= r && b + bytes <= r + region.bytes) {
-            return;
-        }
-    }
-    Fail(site, what, ": GM access of ", bytes, " bytes at ", begin,
-         " lies outside every tensor handed to the kernel");
-}
-
-void CrossCoreSet(uint16_t flag, const Site& site)
-{
-    RequireMix(site, "CrossCoreSetFlag");
-    Require(flag < 16, site, "CrossCoreSetFlag: flag id ", flag, " outside [0, 16)");
-    FlagGroup& group = Group();
-    std::lock_guard<std::mutex> lock(group.mutex);
-    if (g_core.type == CoreType::AIC) {
-        for (auto& aiv : group.toAiv) {
-            Require(aiv[flag] < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
-                    "): more than 15 sets not yet waited on");
-            ++aiv[flag];
-        }
-    } else {
-        int& pending = group.toAic[g_core.subBlockIdx][flag];
-        Require(pending < kMaxPendingFlag, site, "CrossCoreSetFlag(", flag,
-                "): more than 15 sets not yet waited on");
-        ++pending;
-    }
-    group.changed.notify_all();
-}
-
-void CrossCoreWait(uint16_t flag, const Site& site)
-{
-    RequireMix(site, "CrossCoreWaitFlag");
-    Require(flag < 16, site, "CrossCoreWaitFlag: flag id ", flag, " outside [0, 16)");
-    FlagGroup& group = Group();
-    std::unique_lock<std::mutex> lock(group.mutex);
-    auto ready = [&] {
-        if (g_core.type == CoreType::AIC) {  // mode 2: both vector cores must have set it
-            return group.toAic[0][flag] > 0 && group.toAic[1][flag] > 0;
-        }
-        return group.toAiv[g_core.subBlockIdx][flag] > 0;
-    };
-    const auto deadline = std::chrono::steady_clock::now() + g_deadlockTimeout;
-    while (!ready()) {
-        if (g_abort) {
-            throw Violation("aborted: another core failed");
-        }
-        if (group.changed.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
-                                                                  std::chrono::milliseconds(50))) ==
-                std::cv_status::timeout &&
-            std::chrono::steady_clock::now() >= deadline) {
-            Fail(site, "CrossCoreWaitFlag(", flag, "): no matching CrossCoreSetFlag arrived "
-                 "(the cores would deadlock)");
-        }
-    }
-    if (g_core.type == CoreType::AIC) {
-        --group.toAic[0][flag];
-        --group.toAic[1][flag];
-    } else {
-        --group.toAiv[g_core.subBlockIdx][flag];
-    }
-}
-
-void SetDeadlockTimeout(std::chrono::milliseconds timeout)
-{
-    g_deadlockTimeout = timeout;
-}
-
-std::string Launch(const LaunchConfig& config, const std::function<void()>& kernel)
-{
-    std::lock_guard<std::mutex> launchLock(g_launchMutex);
-    g_launch = &config;
-    g_abort = false;
-    std::mutex errorMutex;
-    std::string firstError;
-    auto record = [&](const std::string& message) {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (firstError.empty()) {
-            firstError = message;
-        }
-        g_abort = true;
-    };
-    for (uint32_t core = 0; core < config.blockDim && firstError.empty(); ++core) {
-        g_groups.clear();
-        g_groups.resize(config.blockDim);
-        g_groups[core] = std::make_unique<FlagGroup>();
-        std::vector<std::thread> threads;
-        for (int role = 0; role < 3; ++role) {  // AIC, AIV0, AIV1
-            threads.emplace_back([&, core, role] {
-                LocalMemories memories;
-                CoreState& state = g_core;
-                state = CoreState{};
-                state.memories = &memories;
-                state.blockNum = config.blockDim;
-                if (role == 0) {
-                    state.type = CoreType::AIC;
-                    state.blockIdx = core;
-                    memories.l1.assign(MemoryBytes(Memory::L1), 0xFF);
-                    memories.l0a.assign(MemoryBytes(Memory::L0A), 0xFF);
-                    memories.l0b.assign(MemoryBytes(Memory::L0B), 0xFF);
-                    memories.l0c.assign(MemoryBytes(Memory::L0C), 0xFF);
-                } else {
-                    state.type = CoreType::AIV;
-                    state.subBlockIdx = role - 1;
-                    state.blockIdx = 2 * int64_t{core} + state.subBlockIdx;
-                    memories.ub.assign(MemoryBytes(Memory::UB), 0xFF);
-                }
-                try {
-                    kernel();
-                    if (!state.pending.empty()) {
-                        record(state.pending);
-                    }
-                } catch (const Violation& v) {
-                    if (!g_abort || std::string(v.what()).rfind("aborted", 0) != 0) {
-                        record(v.what());
-                    }
-                } catch (const std::exception& e) {
-                    record(std::string("unexpected exception: ") + e.what());
-                }
-            });
-        }
-        for (std::thread& t : threads) {
-            t.join();
-        }
-    }
-    g_groups.clear();
-    g_launch = nullptr;
-    return firstError;
-}
-
 }  // namespace twin
 
 namespace AscendC {
@@ -256,7 +70,7 @@ namespace twin_detail {
 
 void RequireCore(twin::CoreType type, const twin::Site& site, const char* what)
 {
-    twin::Require(twin::Core().type == type, site, what, " runs on the ",
+    twin::Require(twin::Core().type == type, site, "[R40] ", what, " runs on the ",
                   type == twin::CoreType::AIC ? "cube (AIC)" : "vector (AIV)",
                   " core only; guard it with ",
                   type == twin::CoreType::AIC ? "ASCEND_IS_AIC" : "ASCEND_IS_AIV");
@@ -272,12 +86,12 @@ void RequireMemory(twin::Memory actual, std::initializer_list<twin::Memory> allo
     for (twin::Memory m : allowed) {
         names += std::string(names.empty() ? "" : "/") + twin::MemoryName(m);
     }
-    twin::Fail(site, what, ": a ", twin::MemoryName(actual), " tensor where ", names, " is required");
+    twin::Fail(site, "[R41] ", what, ": a ", twin::MemoryName(actual), " tensor where ", names, " is required");
 }
 
 void RequireAligned(uint32_t byteOffset, uint32_t alignment, const twin::Site& site, const char* what)
 {
-    twin::Require(byteOffset % alignment == 0, site, what, ": address ", byteOffset,
+    twin::Require(byteOffset % alignment == 0, site, "[R42] ", what, ": address ", byteOffset,
                   " is not ", alignment, "-byte aligned");
 }
 
@@ -286,7 +100,7 @@ void RequireUbScratchFree(const twin::Site& site, const char* what)
     const twin::Pipe* pipe = twin::Core().pipe;
     const uint32_t used = pipe ? pipe->Used(twin::Memory::UB) : 0;
     const uint32_t limit = twin::MemoryBytes(twin::Memory::UB) - twin::kUbApiScratch;
-    twin::Require(used <= limit, site, what, " uses the top 8 KB of UB as scratch, but the "
+    twin::Require(used <= limit, site, "[R43] ", what, " uses the top 8 KB of UB as scratch, but the "
                   "pipe's buffers occupy ", used, " bytes (at most ", limit, " leave it free)");
 }
 
@@ -314,25 +128,25 @@ void Pipe::Register(QueueBase& queue, AscendC::TPosition position, uint32_t coun
                     int32_t depth, bool isQueue, const Site& site)
 {
     const Memory memory = AscendC::PhysicalMemory(position);
-    Require(memory != Memory::GM, site, "InitBuffer: a buffer cannot live in GM");
-    Require(queue.buffers.empty(), site, "InitBuffer called twice for the same queue");
-    Require(count >= 1 && count <= 64, site, "InitBuffer: ", count, " buffers (1..64 allowed)");
-    Require(bytes >= 1, site, "InitBuffer: a buffer of 0 bytes");
+    Require(memory != Memory::GM, site, "[R44] ", "InitBuffer: a buffer cannot live in GM");
+    Require(queue.buffers.empty(), site, "[R45] ", "InitBuffer called twice for the same queue");
+    Require(count >= 1 && count <= 64, site, "[R46] ", "InitBuffer: ", count, " buffers (1..64 allowed)");
+    Require(bytes >= 1, site, "[R47] ", "InitBuffer: a buffer of 0 bytes");
     buffers_ += count;
-    Require(buffers_ <= 64, site, "InitBuffer: a TPipe manages at most 64 buffers (now ", buffers_,
+    Require(buffers_ <= 64, site, "[R48] ", "InitBuffer: a TPipe manages at most 64 buffers (now ", buffers_,
             ")");
     if (isQueue) {
         uint32_t atPosition = count;
         for (const QueueBase* q : queues_) {
             atPosition += q->isQueue && q->position == position ? q->buffers.size() : 0;
         }
-        Require(atPosition <= 8, site, "InitBuffer: more than 8 queue buffers at one position (",
+        Require(atPosition <= 8, site, "[R49] ", "InitBuffer: more than 8 queue buffers at one position (",
                 atPosition, "): there are 8 hardware event ids");
     }
     const uint32_t rounded = (bytes + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint32_t& used = used_[static_cast<int>(memory)];
     const uint64_t need = uint64_t{used} + uint64_t{count} * rounded;
-    Require(need <= MemoryBytes(memory), site, "InitBuffer: ", MemoryName(memory),
+    Require(need <= MemoryBytes(memory), site, "[R50] ", "InitBuffer: ", MemoryName(memory),
             " over capacity: ", used, " bytes in use + ", count, " x ", rounded, " bytes = ", need,
             " > ", MemoryBytes(memory));
     queue.position = position;
@@ -342,9 +156,11 @@ void Pipe::Register(QueueBase& queue, AscendC::TPosition position, uint32_t coun
     queue.initSite = site;
     queue.owner = this;
     for (uint32_t i = 0; i < count; ++i) {
-        queue.buffers.push_back({used + i * rounded});
+        queue.buffers.push_back({used + i * rounded, QueueBase::State::Free, {}, {}});
     }
     used = static_cast<uint32_t>(need);
+    uint64_t& peak = Core().peakBytes[static_cast<int>(memory)];
+    peak = std::max<uint64_t>(peak, used);
     queues_.push_back(&queue);
 }
 
@@ -353,7 +169,45 @@ uint32_t Pipe::Used(Memory memory) const
     return used_[static_cast<int>(memory)];
 }
 
+std::string Pipe::Owner(Memory memory, uint32_t offset) const
+{
+    for (const QueueBase* q : queues_) {
+        if (AscendC::PhysicalMemory(q->position) != memory) {
+            continue;
+        }
+        for (const QueueBase::Buffer& b : q->buffers) {
+            if (offset >= b.offset && offset < b.offset + q->bytes) {
+                return " (the buffer initialised at " + std::string(q->initSite.file) + ":" +
+                       std::to_string(q->initSite.line) + ")";
+            }
+        }
+    }
+    return "";
+}
+
 namespace {
+
+// The pipes of a queue position's hand-off events (asc-devkit impl/basic_api/
+// kernel_event.h, GetQueEvt on 2201): EnQue -> DeQue from the producer to the consumer,
+// FreeTensor -> AllocTensor back. VECCALC/TBuf has none.
+struct HandOff {
+    int producer, consumer;
+};
+
+HandOff HandOffPipes(AscendC::TPosition position)
+{
+    using AscendC::TPosition;
+    switch (position) {
+        case TPosition::A1:
+        case TPosition::B1: return {kPipeMte2, kPipeMte1};  // GM -> L1: MTE2_MTE1
+        case TPosition::A2:
+        case TPosition::B2: return {kPipeMte1, kPipeM};     // L1 -> L0A/L0B: MTE1_M
+        case TPosition::CO1: return {kPipeM, kPipeFix};     // L0C -> GM: M_FIX
+        case TPosition::VECIN: return {kPipeMte2, kPipeV};  // GM -> UB: MTE2_V
+        case TPosition::VECOUT: return {kPipeV, kPipeMte3}; // UB -> GM: V_MTE3
+        default: return {-1, -1};
+    }
+}
 
 std::string Unbalanced(const QueueBase& q)
 {
@@ -411,51 +265,67 @@ QueueBase::Buffer& QueueBase::Find(uint32_t offset, const Site& site, const char
             return b;
         }
     }
-    Fail(site, what, ": the tensor is not one of this queue's buffers");
+    Fail(site, "[R51] ", what, ": the tensor is not one of this queue's buffers");
 }
 
 size_t QueueBase::Allocate(const Site& site)
 {
-    Require(!buffers.empty(), site, "AllocTensor before TPipe::InitBuffer");
+    Require(!buffers.empty(), site, "[R52] ", "AllocTensor before TPipe::InitBuffer");
     for (size_t tried = 0; tried < buffers.size(); ++tried) {
         const size_t i = (next + tried) % buffers.size();
         if (buffers[i].state == State::Free) {
             buffers[i].state = State::Allocated;
             next = (i + 1) % buffers.size();
+            const HandOff pipes = HandOffPipes(position);
+            if (pipes.producer >= 0 && SyncEdge("AllocTensor", site, &initSite)) {
+                Acquire(pipes.producer, buffers[i].freed);
+            }
             return i;
         }
     }
-    Fail(site, "AllocTensor: all ", buffers.size(), " buffers of the queue initialised at ",
+    Fail(site, "[R53] ", "AllocTensor: all ", buffers.size(), " buffers of the queue initialised at ",
          initSite.file, ":", initSite.line, " are in use (a FreeTensor is missing)");
 }
 
 void QueueBase::Enqueue(uint32_t offset, const Site& site)
 {
     Buffer& b = Find(offset, site, "EnQue");
-    Require(b.state == State::Allocated || b.state == State::Dequeued, site,
+    Require(b.state == State::Allocated || b.state == State::Dequeued, site, "[R54] ",
             "EnQue of a tensor that is not allocated");
-    Require(static_cast<int32_t>(fifo.size()) < depth, site, "EnQue: the queue's depth ", depth,
+    Require(static_cast<int32_t>(fifo.size()) < depth, site, "[R55] ", "EnQue: the queue's depth ", depth,
             " is exceeded (DeQue first)");
     b.state = State::Enqueued;
     fifo.push_back(static_cast<size_t>(&b - buffers.data()));
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0) {
+        b.handedOver = SyncEdge("EnQue", site, &initSite) ? Completed(pipes.producer) : Clock{};
+    }
 }
 
 size_t QueueBase::Dequeue(const Site& site)
 {
-    Require(!fifo.empty(), site, "DeQue on an empty queue: no EnQue precedes it");
+    Require(!fifo.empty(), site, "[R56] ", "DeQue on an empty queue: no EnQue precedes it");
     const size_t i = fifo.front();
     fifo.erase(fifo.begin());
     buffers[i].state = State::Dequeued;
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0 && SyncEdge("DeQue", site, &initSite)) {
+        Acquire(pipes.consumer, buffers[i].handedOver);
+    }
     return i;
 }
 
 void QueueBase::Release(uint32_t offset, const Site& site)
 {
     Buffer& b = Find(offset, site, "FreeTensor");
-    Require(b.state != State::Free, site, "FreeTensor of a tensor that is already free");
-    Require(b.state != State::Enqueued, site, "FreeTensor of a tensor still in the queue "
+    Require(b.state != State::Free, site, "[R57] ", "FreeTensor of a tensor that is already free");
+    Require(b.state != State::Enqueued, site, "[R58] ", "FreeTensor of a tensor still in the queue "
             "(EnQue without DeQue)");
     b.state = State::Free;
+    const HandOff pipes = HandOffPipes(position);
+    if (pipes.producer >= 0) {
+        b.freed = SyncEdge("FreeTensor", site, &initSite) ? Completed(pipes.consumer) : Clock{};
+    }
 }
 
 }  // namespace twin

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 
 import torch
 
@@ -45,13 +44,13 @@ def _install_hint() -> str:
 
 
 def _import_torch_npu():
-    if "torch_npu" in sys.modules:
-        return sys.modules["torch_npu"]
-    if importlib.util.find_spec("torch_npu") is None:
-        raise _Missing(f"torch_npu is not installed: {_install_hint()}")
+    # import_module, not a look into sys.modules: it returns an imported torch_npu as is,
+    # and turns a None entry (imports of torch_npu blocked) into ModuleNotFoundError.
     try:
         return importlib.import_module("torch_npu")
     except Exception as err:  # without CANN, torch_npu raises more than ImportError
+        if isinstance(err, ModuleNotFoundError) and err.name == "torch_npu":
+            raise _Missing(f"torch_npu is not installed: {_install_hint()}") from None
         raise _Missing(f"torch_npu does not import ({type(err).__name__}: {err}): "
                        f"{_install_hint()}") from err
 
@@ -136,13 +135,13 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str):
+             *, scale: float, causal: bool, layout: str, deterministic: bool):
     if not load().backends["npu"].backward:
         raise NotImplementedError(
-            "flash_cann: the Ascend package has no backward kernel yet (FlashCannAttentionGrad "
-            "is declared, not implemented): the NPU backend runs the forward pass only")
+            "flash_cann: the spec says the Ascend package has no backward kernel "
+            "(backends.npu.backward: false): the NPU backend runs the forward pass only")
     launchers = _launcher_ops()
     grads = tuple(_empty(t.shape, t.dtype, t) for t in (query, key, value))
     launchers.bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                  grad_softmax_lse, scale, causal, layout, *grads)
+                  grad_softmax_lse, scale, causal, layout, deterministic, *grads)
     return grads

@@ -33,6 +33,7 @@ import triton
 
 from .. import layout as layouts
 from . import triton_kernels as kernels
+from .triton_buffers import empty
 
 # Tune only calls with at least this many scores (batch * heads * seqlen_q * seqlen_k,
 # ~0.1 ms on an H100): below it a search costs more than it can save, and the
@@ -209,26 +210,6 @@ def pinned_configs(**configs: triton.Config) -> Iterator[None]:
 # Buffers, devices, tensor descriptors
 # ---------------------------------------------------------------------------------------
 
-_poison: float | None = None
-
-
-@contextlib.contextmanager
-def poisoned_outputs(value: float = float("nan")) -> Iterator[None]:
-    """Fill every buffer the kernels must write (outputs and scratch) with ``value``
-    before launching, so that a test sees any element a kernel left unwritten."""
-    global _poison
-    previous, _poison = _poison, value
-    try:
-        yield
-    finally:
-        _poison = previous
-
-
-def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    t = torch.empty(shape, dtype=dtype, device=device)
-    return t if _poison is None else t.fill_(_poison)
-
-
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     """Global memory for the tensor descriptors the kernels build on the device."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -297,35 +278,36 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
-    out = _empty(query.shape, query.dtype, query.device)
-    lse = _empty((batch, heads_q, seqlen_q), torch.float32, query.device)
+    out = empty(query.shape, query.dtype, query.device)
+    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
     o = layouts.to_bnsd(out, layout)
     use_tma = _use_tma(q, k, v, o)
     with _launching_on(query.device, use_tma):
         FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
                    q, k, v, o, lse, key_padding_mask,
-                   q.stride(), k.stride(), v.stride(), o.stride(),
+                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                    *_mask_strides(key_padding_mask),
-                   heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
+                   batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
                    _bucket(seqlen_q), _bucket(seqlen_k),
                    scores=batch * heads_q * seqlen_q * seqlen_k,
                    HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), CAUSAL=causal,
                    HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
-                   USE_TMA=use_tma)
+                   USE_TMA=use_tma, PERSISTENT=False)
     return out, lse
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str):
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False):
+    del deterministic  # this backward is always deterministic (no atomic adds)
     q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
     block_d = _block_d(head_dim)
     device = query.device
-    delta = _empty((batch, heads_q, seqlen_q), torch.float32, device)
-    grad_query = _empty(query.shape, query.dtype, device)
-    grad_key = _empty(key.shape, key.dtype, device)
-    grad_value = _empty(value.shape, value.dtype, device)
+    delta = empty((batch, heads_q, seqlen_q), torch.float32, device)
+    grad_query = empty(query.shape, query.dtype, device)
+    grad_key = empty(key.shape, key.dtype, device)
+    grad_value = empty(value.shape, value.dtype, device)
     dq, dk, dv = (layouts.to_bnsd(t, layout) for t in (grad_query, grad_key, grad_value))
     use_tma = _use_tma(q, k, v, do, dq, dk, dv)
     # The (batch, heads, seqlen) fp32 vectors are read contiguous (a strided one, e.g. an
@@ -333,22 +315,24 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     lse = softmax_lse.contiguous()
     dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
     inputs = (q, k, v, do, lse, delta, key_padding_mask)
-    input_strides = (q.stride(), k.stride(), v.stride(), do.stride())
-    scalars = (*_mask_strides(key_padding_mask), heads_q, heads_q // heads_kv, seqlen_q,
+    input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
                seqlen_k, scale, scale * math.log2(math.e), _bucket(seqlen_q), _bucket(seqlen_k))
     shared = dict(scores=batch * heads_q * seqlen_q * seqlen_k, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, CAUSAL=causal, HAS_MASK=key_padding_mask is not None,
-                  USE_TMA=use_tma)
+                  USE_TMA=use_tma, PERSISTENT=False)
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE.
         rows = max(16, PREPROCESS_TILE // block_d)
         kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, batch)](
-            o, do, dlse, delta, o.stride(), do.stride(), heads_q, seqlen_q, HEAD_DIM=head_dim,
-            BLOCK_D=block_d, HAS_DLSE=dlse is not None, BLOCK_M=rows)
+            o, do, dlse, delta, *o.stride(), *do.stride(), batch, heads_q, seqlen_q,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
+            BLOCK_M=rows)
         # Stage: dK, dV per key block.
         DKDV.launch(lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch),
-                    *inputs, dk, dv, *input_strides, dk.stride(), dv.stride(), *scalars, **shared)
+                    *inputs, dk, dv, *input_strides, *dk.stride(), *dv.stride(), *scalars,
+                    **shared)
         # Stage: dQ per query block.
         DQ.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
-                  *inputs, dq, *input_strides, dq.stride(), *scalars, **shared)
+                  *inputs, dq, *input_strides, *dq.stride(), *scalars, **shared)
     return grad_query, grad_key, grad_value

@@ -1,9 +1,12 @@
-"""Triton kernels of the CUDA backend: FlashAttention-2 forward and backward.
+"""Triton kernels of the Triton backend: FlashAttention-2 forward and backward, for
+NVIDIA GPUs (upstream Triton) and Ascend NPUs (triton-ascend).
 
-Device code only; ``backends/triton.py`` tunes and launches it. Conventions:
+Device code only; ``backends/triton.py`` (CUDA) and ``backends/triton_npu.py`` (NPU)
+pick the tiles and launch it. The source stays within what both compilers take
+(triton-ascend 3.2 has no tuple arguments, so strides travel as scalars). Conventions:
 
 * q, k, v, out and their gradients travel with their (batch, head, seqlen, head_dim)
-  strides as a tuple, so BNSD, BSND and strided views need no copies. The fp32
+  strides as four scalars, so BNSD, BSND and strided views need no copies. The fp32
   (batch, heads_q, seqlen_q) vectors (lse, D, dLSE) are contiguous. A tile is
   BLOCK_ROWS x BLOCK_D with BLOCK_D = head_dim rounded up to a power of two >= 16;
   padding columns load as 0 and are never stored.
@@ -12,6 +15,10 @@ Device code only; ``backends/triton.py`` tunes and launches it. Conventions:
   zero-fill tails on load and clip them on store, else a base pointer with masked
   loads. The host picks USE_TMA only where the strides allow it.
 * BLOCK_M counts query rows and BLOCK_N key rows, in every kernel.
+* A program computes one output tile (a query or key block of one head), indexed by
+  its grid position (CUDA: one program per tile) or, with PERSISTENT, by a loop over
+  the tiles ``program_id, program_id + num_programs, ...`` (Ascend: one program per AI
+  core). The tile's work is the same ``_*_tile`` function either way.
 * Scores live in log2 units: qk_scale = scale * log2(e), so exp(scale * s - lse)
   = exp2(qk_scale * s - lse * log2(e)) and the hot loops use exp2.
 * Causal is bottom-right aligned: query i sees key j iff j <= i + diagonal,
@@ -41,25 +48,25 @@ def _assert_tiles(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.con
                   BLOCK_N: tl.constexpr):
     """Tile constraints every MMA kernel relies on."""
     tl.static_assert(BLOCK_D >= HEAD_DIM, "BLOCK_D pads head_dim, never cuts it")
-    tl.static_assert(BLOCK_D >= MIN_DOT_DIM and BLOCK_M >= MIN_DOT_DIM
+    tl.static_assert((BLOCK_D >= MIN_DOT_DIM and BLOCK_M >= MIN_DOT_DIM)
                      and BLOCK_N >= MIN_DOT_DIM, "tl.dot needs every tile edge >= 16")
 
 
 @triton.jit
-def _heads_view(T, strides, b, h0, heads, seqlen, HEAD_DIM: tl.constexpr,
+def _heads_view(T, stride_b, stride_h, stride_s, b, h0, heads, seqlen, HEAD_DIM: tl.constexpr,
                 BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
     """Heads h0 .. h0 + heads - 1 of batch b, each a (seqlen, head_dim) matrix."""
-    base = T + b.to(tl.int64) * strides[0] + h0.to(tl.int64) * strides[1]
+    base = T + b.to(tl.int64) * stride_b + h0.to(tl.int64) * stride_h
     if USE_TMA:
         return tl.make_tensor_descriptor(base, shape=[heads, seqlen, HEAD_DIM],
-                                         strides=[strides[1], strides[2], 1],
+                                         strides=[stride_h, stride_s, 1],
                                          block_shape=[1, BLOCK_ROWS, BLOCK_D])
     else:
         return base
 
 
 @triton.jit
-def _tile_offsets(view, strides, head, row0, seqlen, HEAD_DIM: tl.constexpr,
+def _tile_offsets(view, stride_h, stride_s, stride_d, head, row0, seqlen, HEAD_DIM: tl.constexpr,
                   BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Pointers and in-bounds mask of a tile (pointer path). Offsets in int64: rows x
     row stride passes 2^31 elements at 128k rows of 64 heads x 256 (BSND)."""
@@ -68,33 +75,34 @@ def _tile_offsets(view, strides, head, row0, seqlen, HEAD_DIM: tl.constexpr,
     mask = rows[:, None] < seqlen
     if HEAD_DIM < BLOCK_D:
         mask = mask & (cols[None, :] < HEAD_DIM)
-    ptrs = (view + tl.cast(head, tl.int64) * strides[1]
-            + rows.to(tl.int64)[:, None] * strides[2] + cols[None, :] * strides[3])
+    ptrs = (view + tl.cast(head, tl.int64) * stride_h
+            + rows.to(tl.int64)[:, None] * stride_s + cols[None, :] * stride_d)
     return ptrs, mask
 
 
 @triton.jit
-def _load_rows(view, strides, head, row0, seqlen, HEAD_DIM: tl.constexpr,
+def _load_rows(view, stride_h, stride_s, stride_d, head, row0, seqlen, HEAD_DIM: tl.constexpr,
                BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
     """Rows [row0, row0 + BLOCK_ROWS) of a view's head; out-of-range elements read 0."""
     if USE_TMA:
         return view.load([head, row0, 0]).reshape(BLOCK_ROWS, BLOCK_D)
     else:
-        ptrs, mask = _tile_offsets(view, strides, head, row0, seqlen, HEAD_DIM, BLOCK_ROWS,
-                                   BLOCK_D)
+        ptrs, mask = _tile_offsets(view, stride_h, stride_s, stride_d, head, row0, seqlen,
+                                   HEAD_DIM, BLOCK_ROWS, BLOCK_D)
         return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
-def _store_rows(view, strides, head, row0, tile, seqlen, HEAD_DIM: tl.constexpr,
+def _store_rows(view, stride_h, stride_s, stride_d, head, row0, tile, seqlen,
+                HEAD_DIM: tl.constexpr,
                 BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
     """Store the in-range part of a tile at rows [row0, row0 + BLOCK_ROWS), in the
     tensor's dtype."""
     if USE_TMA:
         view.store([head, row0, 0], tile.to(view.dtype).reshape(1, BLOCK_ROWS, BLOCK_D))
     else:
-        ptrs, mask = _tile_offsets(view, strides, head, row0, seqlen, HEAD_DIM, BLOCK_ROWS,
-                                   BLOCK_D)
+        ptrs, mask = _tile_offsets(view, stride_h, stride_s, stride_d, head, row0, seqlen,
+                                   HEAD_DIM, BLOCK_ROWS, BLOCK_D)
         tl.store(ptrs, tile.to(view.dtype.element_ty), mask=mask)
 
 
@@ -178,24 +186,23 @@ def _probs_and_score_grads(a, b, c, d, lse2, delta, visible, qk_scale,
 
 
 @triton.jit
-def _query_block_program(K, V, k_strides, v_strides, group, seqlen_k, HEAD_DIM: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         CAUSAL: tl.constexpr, USE_TMA: tl.constexpr):
-    """For a program of a query-stationary grid (query blocks, heads_q, batch): its batch,
-    query head, first query row, and the views of the key/value head it reads. Causal
-    query blocks get cheaper towards the top, so the grid runs them last-first (longest
-    first, fewer idle SMs at the end)."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    h_kv = h // group  # GQA/MQA: query heads share a key/value head by index
-    k_view = _heads_view(K, k_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                         USE_TMA)
-    v_view = _heads_view(V, v_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                         USE_TMA)
-    return b, h, pid_m * BLOCK_M, k_view, v_view
+def _tiles_of_program(tiles, PERSISTENT: tl.constexpr):
+    """(first, end, step) of the loop over this program's tiles: every num_programs-th
+    tile from its program id (PERSISTENT), else one (the loop folds away)."""
+    if PERSISTENT:
+        return tl.program_id(0), tiles, tl.num_programs(0)
+    else:
+        return 0, 1, 1
+
+
+@triton.jit
+def _tile_index(tile, blocks, heads, PERSISTENT: tl.constexpr):
+    """(block, head, batch) of a tile: numbered block-fastest over (blocks, heads, batch)
+    (PERSISTENT), else the program's grid position."""
+    if PERSISTENT:
+        return tile % blocks, tile // blocks % heads, tile // (blocks * heads)
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,18 +210,19 @@ def _query_block_program(K, V, k_strides, v_strides, group, seqlen_k, HEAD_DIM: 
 # ---------------------------------------------------------------------------------------
 
 @triton.jit
-def _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, k_strides, v_strides, keep_row,
-                    keep_stride_s, offs_m, start, end, seqlen_k, diagonal, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                    NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr):
+def _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_ks, stride_kd, stride_vs,
+                    stride_vd, keep_row, keep_stride_s, offs_m, start, end, seqlen_k, diagonal,
+                    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                    HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr):
     """Online softmax over the key blocks [start, end). MASKED: blocks on the causal
     diagonal or the key tail; without it only padding (HAS_MASK) is masked."""
     CHECK: tl.constexpr = MASKED or HAS_MASK
     for n0 in range(start, end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
         # Stage: raw scores Q Kᵀ.
-        k = _load_rows(k_view, k_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        k = _load_rows(k_view, 0, stride_ks, stride_kd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N,
+                       BLOCK_D, USE_TMA)
         s = tl.dot(q, tl.trans(k))
         # Stage: the new running max of the scaled scores (log2 units), and P.
         if CHECK:
@@ -241,31 +249,37 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, k_strides, v_strides, keep
         alpha = tl.math.exp2(m_i - m_sub)
         # Stage: rescale the running sum and output, then accumulate P V.
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_view, v_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        v = _load_rows(v_view, 0, stride_vs, stride_vd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N,
+                       BLOCK_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "heads_q", "group", "seqlen_q",
-                               "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
-def attn_fwd(Q, K, V, Out, Lse, Keep,
-             q_strides, k_strides, v_strides, o_strides, keep_stride_b, keep_stride_s,
-             heads_q, group, seqlen_q, seqlen_k, qk_scale,
-             seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-             HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (query blocks, heads_q, batch): out and lse of one query block of one head.
-    NEGATIVE_SCALE: qk_scale < 0 (the sign decides which end of a score row is its max)."""
-    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
-    # Stage: the tile this program owns.
-    b, h, m0, k_view, v_view = _query_block_program(K, V, k_strides, v_strides, group, seqlen_k,
-                                                    HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D,
-                                                    CAUSAL, USE_TMA)
+@triton.jit
+def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
+              stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+              stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
+              stride_os, stride_od, keep_stride_b, keep_stride_s,
+              heads_q, group, seqlen_q, seqlen_k, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out and lse of query block ``block`` of head h, batch b. Causal query blocks get
+    cheaper towards the top, so they run last-first (longest first, fewer idle cores at
+    the end)."""
+    if CAUSAL:
+        block = blocks - 1 - block
+    m0 = block * BLOCK_M
+    h_kv = h // group  # GQA/MQA: query heads share a key/value head by index
     diagonal = seqlen_k - seqlen_q
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    q_view = _heads_view(Q, q_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    q_view = _heads_view(Q, stride_qb, stride_qh, stride_qs, b, h, 1, seqlen_q, HEAD_DIM,
+                         BLOCK_M, BLOCK_D, USE_TMA)
+    k_view = _heads_view(K, stride_kb, stride_kh, stride_ks, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
+    v_view = _heads_view(V, stride_vb, stride_vh, stride_vs, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
     keep_row = Keep  # batch b's row of the key padding mask (None without one)
     if HAS_MASK:
         keep_row += b.to(tl.int64) * keep_stride_b
@@ -274,27 +288,56 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    q = _load_rows(q_view, q_strides, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    q = _load_rows(q_view, 0, stride_qs, stride_qd, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
+                   USE_TMA)
 
     # Stage: key blocks every row sees whole, then the diagonal / tail blocks.
     full_end, end = _key_block_range(m0, seqlen_k, diagonal, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, k_strides, v_strides,
-                                    keep_row, keep_stride_s, offs_m, 0, full_end, seqlen_k,
-                                    diagonal, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, False,
-                                    CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA)
-    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, k_strides, v_strides,
-                                    keep_row, keep_stride_s, offs_m, full_end, end, seqlen_k,
-                                    diagonal, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, True,
-                                    CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA)
+    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_ks, stride_kd,
+                                    stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, 0,
+                                    full_end, seqlen_k, diagonal, qk_scale, HEAD_DIM, BLOCK_N,
+                                    BLOCK_D, False, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA)
+    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_ks, stride_kd,
+                                    stride_vs, stride_vd, keep_row, keep_stride_s, offs_m,
+                                    full_end, end, seqlen_k, diagonal, qk_scale, HEAD_DIM,
+                                    BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, NEGATIVE_SCALE,
+                                    USE_TMA)
 
     # Epilogue: normalise once; rows that saw no key (l = 0) give out 0, lse -inf.
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    o_view = _heads_view(Out, o_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-    _store_rows(o_view, o_strides, 0, m0, acc / l_safe[:, None], seqlen_q, HEAD_DIM, BLOCK_M,
-                BLOCK_D, USE_TMA)
+    o_view = _heads_view(Out, stride_ob, stride_oh, stride_os, b, h, 1, seqlen_q, HEAD_DIM,
+                         BLOCK_M, BLOCK_D, USE_TMA)
+    _store_rows(o_view, 0, stride_os, stride_od, 0, m0, acc / l_safe[:, None], seqlen_q,
+                HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     tl.store(_row_vector(Lse, b, h, heads_q, seqlen_q) + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "batch", "heads_q", "group",
+                               "seqlen_q", "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
+def attn_fwd(Q, K, V, Out, Lse, Keep,
+             stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+             stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
+             stride_os, stride_od, keep_stride_b, keep_stride_s,
+             batch, heads_q, group, seqlen_q, seqlen_k, qk_scale,
+             seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+             HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
+             PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tiles (query blocks, heads_q, batch): out and lse of one query block of one head.
+    NEGATIVE_SCALE: qk_scale < 0 (the sign decides which end of a score row is its max)."""
+    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+    blocks = tl.cdiv(seqlen_q, BLOCK_M)
+    first, end, step = _tiles_of_program(blocks * heads_q * batch, PERSISTENT)
+    for tile in range(first, end, step):
+        block, h, b = _tile_index(tile, blocks, heads_q, PERSISTENT)
+        _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
+                  stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                  stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
+                  stride_os, stride_od, keep_stride_b, keep_stride_s, heads_q, group, seqlen_q,
+                  seqlen_k, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, NEGATIVE_SCALE,
+                  USE_TMA, BLOCK_M, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,31 +345,40 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
 # (two kernels, each owning its output: deterministic, no atomics).
 # ---------------------------------------------------------------------------------------
 
-@triton.jit(do_not_specialize=["heads_q", "seqlen_q"])
-def attn_bwd_preprocess(Out, DOut, DLse, Delta, o_strides, do_strides, heads_q, seqlen_q,
+@triton.jit(do_not_specialize=["batch", "heads_q", "seqlen_q"])
+def attn_bwd_preprocess(Out, DOut, DLse, Delta, stride_ob, stride_oh, stride_os, stride_od,
+                        stride_dob, stride_doh, stride_dos, stride_dod, batch, heads_q, seqlen_q,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Grid (query blocks, heads_q, batch): D = rowsum(dO ∘ O) - dLSE, fp32."""
-    m0 = tl.program_id(0) * BLOCK_M
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    rows = m0 + tl.arange(0, BLOCK_M)
-    # A streaming reduction with no MMA to feed: plain pointer loads (USE_TMA False).
-    o_view = _heads_view(Out, o_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
-    do_view = _heads_view(DOut, do_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                          False)
-    o = _load_rows(o_view, o_strides, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
-    do = _load_rows(do_view, do_strides, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, False)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if HAS_DLSE:
-        delta -= tl.load(_row_vector(DLse, b, h, heads_q, seqlen_q) + rows, mask=rows < seqlen_q,
-                         other=0.0)
-    tl.store(_row_vector(Delta, b, h, heads_q, seqlen_q) + rows, delta, mask=rows < seqlen_q)
+                        HAS_DLSE: tl.constexpr, PERSISTENT: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
+    """Tiles (query blocks, heads_q, batch): D = rowsum(dO ∘ O) - dLSE, fp32."""
+    blocks = tl.cdiv(seqlen_q, BLOCK_M)
+    first, end, step = _tiles_of_program(blocks * heads_q * batch, PERSISTENT)
+    for tile in range(first, end, step):
+        block, h, b = _tile_index(tile, blocks, heads_q, PERSISTENT)
+        m0 = block * BLOCK_M
+        rows = m0 + tl.arange(0, BLOCK_M)
+        # A streaming reduction with no MMA to feed: plain pointer loads (USE_TMA False).
+        o_view = _heads_view(Out, stride_ob, stride_oh, stride_os, b, h, 1, seqlen_q, HEAD_DIM,
+                             BLOCK_M, BLOCK_D, False)
+        do_view = _heads_view(DOut, stride_dob, stride_doh, stride_dos, b, h, 1, seqlen_q,
+                              HEAD_DIM, BLOCK_M, BLOCK_D, False)
+        o = _load_rows(o_view, 0, stride_os, stride_od, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M,
+                       BLOCK_D, False)
+        do = _load_rows(do_view, 0, stride_dos, stride_dod, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M,
+                        BLOCK_D, False)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        if HAS_DLSE:
+            delta -= tl.load(_row_vector(DLse, b, h, heads_q, seqlen_q) + rows,
+                             mask=rows < seqlen_q, other=0.0)
+        tl.store(_row_vector(Delta, b, h, heads_q, seqlen_q) + rows, delta,
+                 mask=rows < seqlen_q)
 
 
 @triton.jit
-def _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, q_strides, do_strides, Lse, Delta, b, h0,
-                       group, offs_n, start, end, heads_q, seqlen_q, diagonal, qk_scale,
+def _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd,
+                       stride_doh, stride_dos, stride_dod, Lse, Delta, b, h0, group, offs_n,
+                       start, end, heads_q, seqlen_q, diagonal, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_D: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
     """Accumulate dK, dV of one key block over the query blocks [start, end) of every
@@ -338,9 +390,10 @@ def _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, q_strides, do_strides, Lse
         g = i // blocks
         m0 = tl.multiple_of(start + (i - g * blocks) * BLOCK_M, BLOCK_M)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_view, q_strides, g, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-        do = _load_rows(do_view, do_strides, g, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                        USE_TMA)
+        q = _load_rows(q_view, stride_qh, stride_qs, stride_qd, g, m0, seqlen_q, HEAD_DIM,
+                       BLOCK_M, BLOCK_D, USE_TMA)
+        do = _load_rows(do_view, stride_doh, stride_dos, stride_dod, g, m0, seqlen_q, HEAD_DIM,
+                        BLOCK_M, BLOCK_D, USE_TMA)
         lse2 = _load_lse2(_row_vector(Lse, b, h0 + g, heads_q, seqlen_q), offs_m, seqlen_q)
         delta = tl.load(_row_vector(Delta, b, h0 + g, heads_q, seqlen_q) + offs_m,
                         mask=offs_m < seqlen_q, other=0.0)
@@ -358,51 +411,49 @@ def _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, q_strides, do_strides, Lse
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "heads_q", "group", "seqlen_q",
-                               "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
-def attn_bwd_dkdv(Q, K, V, DOut, Lse, Delta, Keep, DK, DV,
-                  q_strides, k_strides, v_strides, do_strides, dk_strides, dv_strides,
-                  keep_stride_b, keep_stride_s,
-                  heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
-                  seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                  HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (key blocks, heads_kv, batch): dK and dV of one key block of one kv head,
-    summed over the query heads of its group (GQA) in this program, so no two programs
-    write the same element."""
-    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
-    n0 = tl.program_id(0) * BLOCK_N
-    h_kv = tl.program_id(1)
-    b = tl.program_id(2)
+@triton.jit
+def _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
+               stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+               stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob, stride_doh,
+               stride_dos, stride_dod, stride_dkb, stride_dkh, stride_dks, stride_dkd,
+               stride_dvb, stride_dvh, stride_dvs, stride_dvd, keep_stride_b, keep_stride_s,
+               heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK and dV of key block ``block`` of kv head h_kv, batch b, summed over the query
+    heads of its group (GQA) here, so no two tiles write the same element."""
+    n0 = block * BLOCK_N
     h0 = h_kv * group  # the group's first query head
     diagonal = seqlen_k - seqlen_q
     offs_n = n0 + tl.arange(0, BLOCK_N)
     # Stage: K and V of the block are loaded once; fp32 accumulators.
-    k_view = _heads_view(K, k_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                         USE_TMA)
-    v_view = _heads_view(V, v_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                         USE_TMA)
-    k = _load_rows(k_view, k_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
-    v = _load_rows(v_view, v_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    k_view = _heads_view(K, stride_kb, stride_kh, stride_ks, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
+    v_view = _heads_view(V, stride_vb, stride_vh, stride_vs, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
+    k = _load_rows(k_view, 0, stride_ks, stride_kd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
+                   USE_TMA)
+    v = _load_rows(v_view, 0, stride_vs, stride_vd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
+                   USE_TMA)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    q_view = _heads_view(Q, q_strides, b, h0, group, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                         USE_TMA)
-    do_view = _heads_view(DOut, do_strides, b, h0, group, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                          USE_TMA)
+    q_view = _heads_view(Q, stride_qb, stride_qh, stride_qs, b, h0, group, seqlen_q, HEAD_DIM,
+                         BLOCK_M, BLOCK_D, USE_TMA)
+    do_view = _heads_view(DOut, stride_dob, stride_doh, stride_dos, b, h0, group, seqlen_q,
+                          HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
 
     # Stage: query blocks crossing the diagonal (masked), then those that see the whole
     # key block.
     start, full_start = _query_block_range(n0, seqlen_q, diagonal, BLOCK_M, BLOCK_N, CAUSAL)
-    dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, q_strides, do_strides, Lse,
-                                Delta, b, h0, group, offs_n, start, full_start, heads_q,
-                                seqlen_q, diagonal, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True,
-                                USE_TMA)
-    dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, q_strides, do_strides, Lse,
-                                Delta, b, h0, group, offs_n, full_start, seqlen_q, heads_q,
-                                seqlen_q, diagonal, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_D, False,
-                                USE_TMA)
+    dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd,
+                                stride_doh, stride_dos, stride_dod, Lse, Delta, b, h0, group,
+                                offs_n, start, full_start, heads_q, seqlen_q, diagonal,
+                                qk_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True, USE_TMA)
+    dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd,
+                                stride_doh, stride_dos, stride_dod, Lse, Delta, b, h0, group,
+                                offs_n, full_start, seqlen_q, heads_q, seqlen_q, diagonal,
+                                qk_scale, HEAD_DIM, BLOCK_M, BLOCK_D, False, USE_TMA)
 
     # Epilogue: padded keys get exactly zero gradients; dK = scale * dSᵀ Q.
     if HAS_MASK:
@@ -410,28 +461,59 @@ def attn_bwd_dkdv(Q, K, V, DOut, Lse, Delta, Keep, DK, DV,
         keep = tl.load(keep_row + offs_n * keep_stride_s, mask=offs_n < seqlen_k, other=0) != 0
         dk = tl.where(keep[:, None], dk, 0.0)
         dv = tl.where(keep[:, None], dv, 0.0)
-    dk_view = _heads_view(DK, dk_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                          USE_TMA)
-    dv_view = _heads_view(DV, dv_strides, b, h_kv, 1, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                          USE_TMA)
-    _store_rows(dk_view, dk_strides, 0, n0, dk * scale, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D,
-                USE_TMA)
-    _store_rows(dv_view, dv_strides, 0, n0, dv, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    dk_view = _heads_view(DK, stride_dkb, stride_dkh, stride_dks, b, h_kv, 1, seqlen_k,
+                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    dv_view = _heads_view(DV, stride_dvb, stride_dvh, stride_dvs, b, h_kv, 1, seqlen_k,
+                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    _store_rows(dk_view, 0, stride_dks, stride_dkd, 0, n0, dk * scale, seqlen_k, HEAD_DIM,
+                BLOCK_N, BLOCK_D, USE_TMA)
+    _store_rows(dv_view, 0, stride_dvs, stride_dvd, 0, n0, dv, seqlen_k, HEAD_DIM, BLOCK_N,
+                BLOCK_D, USE_TMA)
+
+
+@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "batch", "heads_q", "group",
+                               "seqlen_q", "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
+def attn_bwd_dkdv(Q, K, V, DOut, Lse, Delta, Keep, DK, DV,
+                  stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                  stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob, stride_doh,
+                  stride_dos, stride_dod, stride_dkb, stride_dkh, stride_dks, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvs, stride_dvd, keep_stride_b, keep_stride_s,
+                  batch, heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
+                  seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                  HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tiles (key blocks, heads_kv, batch): dK and dV of one key block of one kv head."""
+    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+    blocks = tl.cdiv(seqlen_k, BLOCK_N)
+    heads_kv = heads_q // group
+    first, end, step = _tiles_of_program(blocks * heads_kv * batch, PERSISTENT)
+    for tile in range(first, end, step):
+        block, h_kv, b = _tile_index(tile, blocks, heads_kv, PERSISTENT)
+        _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
+                   stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                   stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob,
+                   stride_doh, stride_dos, stride_dod, stride_dkb, stride_dkh, stride_dks,
+                   stride_dkd, stride_dvb, stride_dvh, stride_dvs, stride_dvd, keep_stride_b,
+                   keep_stride_s, heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
+                   HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, USE_TMA, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, k_strides, v_strides, keep_row,
-                   keep_stride_s, offs_m, start, end, seqlen_k, diagonal, qk_scale,
-                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                   USE_TMA: tl.constexpr):
+def _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, stride_ks, stride_kd, stride_vs,
+                   stride_vd, keep_row, keep_stride_s, offs_m, start, end, seqlen_k, diagonal,
+                   qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr):
     """Accumulate dQ of one query block over the key blocks [start, end). MASKED: the
     causal diagonal and the key tail; without it only padding (HAS_MASK) is masked."""
     CHECK: tl.constexpr = MASKED or HAS_MASK
     for n0 in range(start, end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
-        k = _load_rows(k_view, k_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
-        v = _load_rows(v_view, v_strides, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        k = _load_rows(k_view, 0, stride_ks, stride_kd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N,
+                       BLOCK_D, USE_TMA)
+        v = _load_rows(v_view, 0, stride_vs, stride_vd, 0, n0, seqlen_k, HEAD_DIM, BLOCK_N,
+                       BLOCK_D, USE_TMA)
         if CHECK:
             offs_n = n0 + tl.arange(0, BLOCK_N)
             visible = _visible(offs_m[:, None], offs_n[None, :], keep_row, keep_stride_s,
@@ -445,29 +527,35 @@ def _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, k_strides, v_strides,
     return dq
 
 
-@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "heads_q", "group", "seqlen_q",
-                               "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
-def attn_bwd_dq(Q, K, V, DOut, Lse, Delta, Keep, DQ,
-                q_strides, k_strides, v_strides, do_strides, dq_strides,
-                keep_stride_b, keep_stride_s,
-                heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
-                seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (query blocks, heads_q, batch): dQ of one query block of one head."""
-    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
-    b, h, m0, k_view, v_view = _query_block_program(K, V, k_strides, v_strides, group, seqlen_k,
-                                                    HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D,
-                                                    CAUSAL, USE_TMA)
+@triton.jit
+def _dq_tile(Q, K, V, DOut, Lse, Delta, Keep, DQ, block, h, b, blocks,
+             stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+             stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob, stride_doh,
+             stride_dos, stride_dod, stride_dqb, stride_dqh, stride_dqs, stride_dqd,
+             keep_stride_b, keep_stride_s, heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+             HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of query block ``block`` of head h, batch b (causal: last-first, as forward)."""
+    if CAUSAL:
+        block = blocks - 1 - block
+    m0 = block * BLOCK_M
+    h_kv = h // group
     diagonal = seqlen_k - seqlen_q
     offs_m = m0 + tl.arange(0, BLOCK_M)
     # Stage: Q, dO, lse and D of the block are loaded once.
-    q_view = _heads_view(Q, q_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-    do_view = _heads_view(DOut, do_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                          USE_TMA)
-    q = _load_rows(q_view, q_strides, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-    do = _load_rows(do_view, do_strides, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    q_view = _heads_view(Q, stride_qb, stride_qh, stride_qs, b, h, 1, seqlen_q, HEAD_DIM,
+                         BLOCK_M, BLOCK_D, USE_TMA)
+    do_view = _heads_view(DOut, stride_dob, stride_doh, stride_dos, b, h, 1, seqlen_q, HEAD_DIM,
+                          BLOCK_M, BLOCK_D, USE_TMA)
+    k_view = _heads_view(K, stride_kb, stride_kh, stride_ks, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
+    v_view = _heads_view(V, stride_vb, stride_vh, stride_vs, b, h_kv, 1, seqlen_k, HEAD_DIM,
+                         BLOCK_N, BLOCK_D, USE_TMA)
+    q = _load_rows(q_view, 0, stride_qs, stride_qd, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
+                   USE_TMA)
+    do = _load_rows(do_view, 0, stride_dos, stride_dod, 0, m0, seqlen_q, HEAD_DIM, BLOCK_M,
+                    BLOCK_D, USE_TMA)
     lse2 = _load_lse2(_row_vector(Lse, b, h, heads_q, seqlen_q), offs_m, seqlen_q)
     delta = tl.load(_row_vector(Delta, b, h, heads_q, seqlen_q) + offs_m, mask=offs_m < seqlen_q,
                     other=0.0)
@@ -478,15 +566,43 @@ def attn_bwd_dq(Q, K, V, DOut, Lse, Delta, Keep, DQ,
 
     # Stage: key blocks every row sees whole, then the diagonal / tail blocks.
     full_end, end = _key_block_range(m0, seqlen_k, diagonal, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, k_strides, v_strides, keep_row,
-                        keep_stride_s, offs_m, 0, full_end, seqlen_k, diagonal, qk_scale,
-                        HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, USE_TMA)
-    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, k_strides, v_strides, keep_row,
-                        keep_stride_s, offs_m, full_end, end, seqlen_k, diagonal, qk_scale,
-                        HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, USE_TMA)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, stride_ks, stride_kd, stride_vs,
+                        stride_vd, keep_row, keep_stride_s, offs_m, 0, full_end, seqlen_k,
+                        diagonal, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK,
+                        USE_TMA)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_view, v_view, stride_ks, stride_kd, stride_vs,
+                        stride_vd, keep_row, keep_stride_s, offs_m, full_end, end, seqlen_k,
+                        diagonal, qk_scale, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK,
+                        USE_TMA)
 
     # Epilogue: dQ = scale * dS K.
-    dq_view = _heads_view(DQ, dq_strides, b, h, 1, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                          USE_TMA)
-    _store_rows(dq_view, dq_strides, 0, m0, dq * scale, seqlen_q, HEAD_DIM, BLOCK_M, BLOCK_D,
-                USE_TMA)
+    dq_view = _heads_view(DQ, stride_dqb, stride_dqh, stride_dqs, b, h, 1, seqlen_q, HEAD_DIM,
+                          BLOCK_M, BLOCK_D, USE_TMA)
+    _store_rows(dq_view, 0, stride_dqs, stride_dqd, 0, m0, dq * scale, seqlen_q, HEAD_DIM,
+                BLOCK_M, BLOCK_D, USE_TMA)
+
+
+@triton.jit(do_not_specialize=["keep_stride_b", "keep_stride_s", "batch", "heads_q", "group",
+                               "seqlen_q", "seqlen_k", "seqlen_q_bucket", "seqlen_k_bucket"])
+def attn_bwd_dq(Q, K, V, DOut, Lse, Delta, Keep, DQ,
+                stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob, stride_doh,
+                stride_dos, stride_dod, stride_dqb, stride_dqh, stride_dqs, stride_dqd,
+                keep_stride_b, keep_stride_s,
+                batch, heads_q, group, seqlen_q, seqlen_k, scale, qk_scale,
+                seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                HAS_MASK: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tiles (query blocks, heads_q, batch): dQ of one query block of one head."""
+    _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+    blocks = tl.cdiv(seqlen_q, BLOCK_M)
+    first, end, step = _tiles_of_program(blocks * heads_q * batch, PERSISTENT)
+    for tile in range(first, end, step):
+        block, h, b = _tile_index(tile, blocks, heads_q, PERSISTENT)
+        _dq_tile(Q, K, V, DOut, Lse, Delta, Keep, DQ, block, h, b, blocks,
+                 stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                 stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_dob, stride_doh,
+                 stride_dos, stride_dod, stride_dqb, stride_dqh, stride_dqs, stride_dqd,
+                 keep_stride_b, keep_stride_s, heads_q, group, seqlen_q, seqlen_k, scale,
+                 qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, USE_TMA, BLOCK_M, BLOCK_N)

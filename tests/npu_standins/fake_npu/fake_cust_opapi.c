@@ -1,6 +1,6 @@
 /* TEST-ONLY fake of the flash-cann op package's libcust_opapi.so, plus the CANN functions
  * the extension resolves through it (aclCreateTensor, aclDestroyTensor,
- * aclGetRecentErrMsg). Computes nothing: records each call as one JSON line in
+ * aclGetRecentErrMsg, aclrtUseStreamResInCurrentThread). Computes nothing: records each call as one JSON line in
  * $FAKE_ACLNN_LOG, and returns the status given by $FAKE_ACLNN_FAIL="<symbol>=<status>".
  *
  * The aclnn prototypes below are written by hand from CANN's generation rules (inputs,
@@ -41,6 +41,12 @@ static int Status(const char *symbol) {
   return 0;
 }
 
+int aclrtUseStreamResInCurrentThread(aclrtStream stream) {
+  fprintf(Log(), "{\"call\": \"aclrtUseStreamResInCurrentThread\", \"stream\": %llu}\n",
+          (unsigned long long)(uintptr_t)stream);
+  return Status("aclrtUseStreamResInCurrentThread");
+}
+
 static int last_status = 0;
 
 const char *aclGetRecentErrMsg(void) {
@@ -48,6 +54,7 @@ const char *aclGetRecentErrMsg(void) {
   last_status = 0; /* read-and-clear, like CANN */
   return "fake CANN: the op rejected its arguments";
 }
+
 
 static void Ints(FILE *f, const int64_t *v, uint64_t n) {
   fputc('[', f);
@@ -151,9 +158,9 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
     const aclTensor *gradOut, const aclTensor *query, const aclTensor *key,
     const aclTensor *value, const aclTensor *out, const aclTensor *softmaxLse,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional,
-    double scale, bool causal, char *layoutOptional, const aclTensor *gradQueryOut,
-    const aclTensor *gradKeyOut, const aclTensor *gradValueOut, uint64_t *workspaceSize,
-    aclOpExecutor **executor) {
+    double scale, bool causal, char *layoutOptional, bool deterministic,
+    const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, const aclTensor *gradValueOut,
+    uint64_t *workspaceSize, aclOpExecutor **executor) {
   FILE *f = Log();
   fputs("{\"call\": \"aclnnFlashCannAttentionGradGetWorkspaceSize\"", f);
   Tensor(f, "grad_out", gradOut);
@@ -165,6 +172,7 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
   Tensor(f, "grad_softmax_lse", gradSoftmaxLseOptional);
   Attrs(f, scale, causal, layoutOptional);
+  fprintf(f, ", \"deterministic\": %s", deterministic ? "true" : "false");
   Tensor(f, "grad_query", gradQueryOut);
   Tensor(f, "grad_key", gradKeyOut);
   Tensor(f, "grad_value", gradValueOut);

@@ -1,8 +1,12 @@
-// TEST-ONLY: a fake "npu" device, so CI can build and run framework/csrc without an NPU.
-// PrivateUse1 tensors live in host memory, and the torch_npu functions the extension
-// calls (declared by ../include) do the least that keeps their contract:
-// OpCommand::RunOpApi runs the handler at once, as torch_npu does with
-// ASCEND_LAUNCH_BLOCKING=1; every tensor is in the plain ND format. Not torch_npu.
+// TEST-ONLY: a fake libtorch_npu.so, so CI can run framework/csrc without an NPU. Built
+// against the real torch_npu headers (the torch-npu wheel's include/), it defines the
+// torch_npu functions the extension calls -- the extension is linked against the real
+// libtorch_npu.so and runs against this one (same soname) -- doing the least that keeps
+// their contract: "npu" (PrivateUse1) tensors live in host memory, every tensor is in the
+// plain ND format, OpCommand::RunOpApiV2 runs the handler at once (as torch_npu does with
+// ASCEND_LAUNCH_BLOCKING=1), and the stream-resource checks answer $FAKE_NPU_CORE_CONTROL
+// ("1": the thread must take the stream's resources). Other aten ops run on the CPU
+// (torch's cpu_fallback), so a loss can be computed. Not torch_npu.
 #include <cstdlib>
 #include <cstring>
 
@@ -12,6 +16,7 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
+#include <ATen/native/CPUFallback.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -93,12 +98,33 @@ at::Tensor CopyFrom(const at::Tensor &self, const at::Tensor &dst, bool) {
   return dst;
 }
 
+// What cpu_fallback writes results back with (same sizes here: in-place and out= ops).
+at::Tensor CopyFromAndResize(const at::Tensor &self, const at::Tensor &dst) {
+  TORCH_CHECK(self.sizes() == dst.sizes(), "fake torch_npu: cannot resize ", dst.sizes(),
+              " to ", self.sizes());
+  return CopyFrom(self, dst, false);
+}
+
+void CpuFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  at::native::cpu_fallback(op, stack);
+}
+
+bool CoreControl() {
+  const char *value = std::getenv("FAKE_NPU_CORE_CONTROL");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&CpuFallback>());
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", &Empty);
   m.impl("empty_strided", &EmptyStrided);
   m.impl("_copy_from", &CopyFrom);
+  m.impl("_copy_from_and_resize", &CopyFromAndResize);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("view", &at::native::view);
 }
@@ -110,8 +136,12 @@ aclrtStream NPUStream::stream(const bool) const {
 }
 
 NPUStream getCurrentNPUStream(c10::DeviceIndex) {
-  return NPUStream(c10::Stream(c10::Stream::DEFAULT, kDevice));
+  return NPUStream(NPUStream::UNCHECKED, c10::Stream(c10::Stream::DEFAULT, kDevice));
 }
+
+bool check_enqueue_need_use(aclrtStream) { return CoreControl(); }
+
+bool check_dequeue_need_use(aclrtStream) { return CoreControl(); }
 
 }  // namespace c10_npu
 
@@ -122,7 +152,7 @@ int64_t get_npu_format(const at::Tensor &) { return ACL_FORMAT_ND; }
 
 at::Tensor npu_format_cast(const at::Tensor &self, int64_t) { return self; }
 
-void OpCommand::RunOpApi(const std::string &op_name, PROC_FUNC func, bool) {
+void OpCommand::RunOpApiV2(const std::string &op_name, const PROC_FUNC &func, bool) {
   TORCH_CHECK(func() == 0, "fake torch_npu: ", op_name, " returned non-zero");
 }
 

@@ -3,6 +3,7 @@ JSON object, what each call gave the (fake) aclnn library next to what Python pa
 Run by tests/test_npu_extension.py in a fresh process (it renames PrivateUse1 to "npu"),
 with PYTHONPATH holding the fake torch_npu and the built extension, and:
   FAKE_TORCH_NPU_LIB, FAKE_ACLNN_LOG   see torch_npu/__init__.py and fake_cust_opapi.c
+  (FAKE_NPU_CORE_CONTROL is set here for one call: see fake_torch_npu.cpp)
   ASCEND_CUSTOM_OPP_PATH               "<not an op library>:<fake op package>"
   BAD_LIBRARIES                        two files that are not the op package's library
 """
@@ -94,23 +95,62 @@ out = flash_cann.attention(q, k, v, layout="BSH", num_heads=4)
 record("fwd_bsh_mqa", {"out_shape": list(out.shape)},
        query=q.unflatten(-1, (4, 8)), key=k.unflatten(-1, (1, 8)), value=v.unflatten(-1, (1, 8)))
 
-# Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors. The package has
-# no Ascend backward kernel yet (the spec's npu.backward is false), so it is refused...
+# Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors reaches the Grad
+# kernel's aclnn API. First loss.backward() through flash_attn_func (BSND, GQA,
+# deterministic=True carried from the forward call to the Grad op).
+q = on_npu(1, 4, 4, 8).requires_grad_()
+k, v = on_npu(1, 6, 2, 8).requires_grad_(), on_npu(1, 6, 2, 8).requires_grad_()
+log_lines()
+out = flash_cann.flash_attn_func(q, k, v, causal=True, softmax_scale=0.5, deterministic=True)
+out.sum().backward()
+record("bwd_loss_backward",
+       {"attrs": {"scale": 0.5, "causal": True, "layout": "BSND", "deterministic": True}},
+       query=q, key=k, value=v, out=out, key_padding_mask=None, grad_softmax_lse=None,
+       grad_query=q.grad, grad_key=k.grad, grad_value=v.grad)
+
+# Then both outputs' gradients (BNSD, masked, grad_softmax_lse fed), deterministic off.
 q, k, v = (on_npu(1, 2, 4, 8).requires_grad_(), on_npu(1, 2, 6, 8).requires_grad_(),
            on_npu(1, 2, 6, 8).requires_grad_())
-out, lse = flash_cann.attention(q, k, v, causal=True, scale=0.5, return_lse=True)
+mask = torch.tensor([[True] * 5 + [False]]).to("npu")
+out, lse = flash_cann.attention(q, k, v, causal=True, scale=0.5, key_padding_mask=mask,
+                                return_lse=True)
 grad_out, grad_lse = on_npu(*out.shape), on_npu(*lse.shape, dtype=torch.float32)
-results["bwd_refused"] = {"error": error_of(
-    lambda: torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse), retain_graph=True))}
-# ...and, as it will run once the kernel exists, the launcher path with the flag on.
-spec = flash_cann.spec.load()
-spec.backends["npu"] = dataclasses.replace(spec.backends["npu"], backward=True)
 log_lines()
-dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
-record("bwd_autograd", {"attrs": {"scale": 0.5, "causal": True, "layout": "BNSD"}},
+dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse), retain_graph=True)
+record("bwd_autograd",
+       {"attrs": {"scale": 0.5, "causal": True, "layout": "BNSD", "deterministic": False}},
        grad_out=grad_out, query=q, key=k, value=v, out=out, softmax_lse=lse,
-       key_padding_mask=None, grad_softmax_lse=grad_lse, grad_query=dq, grad_key=dk,
+       key_padding_mask=mask, grad_softmax_lse=grad_lse, grad_query=dq, grad_key=dk,
        grad_value=dv)
+
+# A failing Grad call is explained as the forward's are, at either stage.
+for name, fail in [("bwd_stage1_561002", "aclnnFlashCannAttentionGradGetWorkspaceSize=561002"),
+                   ("bwd_stage2_561003", "aclnnFlashCannAttentionGrad=561003")]:
+    os.environ["FAKE_ACLNN_FAIL"] = fail
+    results[name] = {"error": error_of(lambda: torch.autograd.grad(
+        (out, lse), (q, k, v), (grad_out, grad_lse), retain_graph=True)), "log": log_lines()}
+os.environ.pop("FAKE_ACLNN_FAIL")
+
+# A spec whose npu backend has no backward kernel refuses before reaching aclnn.
+spec = flash_cann.spec.load()
+spec.backends["npu"] = dataclasses.replace(spec.backends["npu"], backward=False)
+results["bwd_refused"] = {"error": error_of(
+    lambda: torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))),
+    "log": log_lines()}
+spec.backends["npu"] = dataclasses.replace(spec.backends["npu"], backward=True)
+
+# torch_npu's core control on: each aclnn stage runs after its thread took the stream's
+# resources (op-plugin's EXEC_NPU_CMD pattern).
+os.environ["FAKE_NPU_CORE_CONTROL"] = "1"
+q, k, v = on_npu(1, 2, 4, 8), on_npu(1, 2, 4, 8), on_npu(1, 2, 4, 8)
+log_lines()
+torch.ops.flash_cann.fwd(q, k, v, None, 0.25)
+results["core_control"] = {"log": log_lines()}
+os.environ["FAKE_ACLNN_FAIL"] = "aclrtUseStreamResInCurrentThread=107002"
+results["core_control_failing"] = {
+    "error": error_of(lambda: torch.ops.flash_cann.fwd(q, k, v, None, 0.25)), "log": log_lines()}
+os.environ.pop("FAKE_ACLNN_FAIL")
+os.environ.pop("FAKE_NPU_CORE_CONTROL")
 
 # Every non-zero status is an exception that says what it means.
 q, k, v = on_npu(2, 4, 8, 16), on_npu(2, 2, 12, 16), on_npu(2, 2, 12, 16)

@@ -64,6 +64,7 @@ enum class CoreType : int32_t { MIX = 0, AIC = 1, AIV = 2 };
 struct LocalMemories {
     std::vector<uint8_t> ub, l1, l0a, l0b, l0c;
     uint8_t* Base(Memory memory);
+    std::vector<uint8_t>& Bytes(Memory memory);
 };
 
 class Pipe;
@@ -77,10 +78,16 @@ struct CoreState {
     LocalMemories* memories = nullptr;
     Pipe* pipe = nullptr;
     bool mixDeclared = false;  // KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2) ran
-    // Intra-core events: outstanding SetFlag count per (HardEvent, event id).
+    // Intra-core events: outstanding SetFlag count per (HardEvent, event id), and the
+    // work each outstanding SetFlag releases (race detector).
     int events[64][8] = {};
+    std::vector<uint32_t> eventWork[64][8];
     // A violation found when the kernel's TPipe was torn down.
     std::string pending;
+    // The most bytes the kernel's TPipe(s) held at once per memory (every InitBuffer).
+    uint64_t peakBytes[6] = {};
+    // SetAtomicAdd<float>() is in force: copies to GM add instead of storing.
+    bool atomicAddFloat = false;
 };
 
 CoreState& Core();
@@ -90,8 +97,18 @@ uint64_t TilingKey();
 void CheckGm(const void* begin, size_t bytes, const Site& site, const char* what);
 
 // Cross-core flags (mode 2: an AIC and the two AIVs of its AI core).
-void CrossCoreSet(uint16_t flag, const Site& site);
+void CrossCoreSet(uint16_t flag, int pipe, const Site& site);
 void CrossCoreWait(uint16_t flag, const Site& site);
+// Intra-core events (SetFlag/WaitFlag) and PipeBarrier, with their race-detector edges.
+void SetEvent(int event, int srcPipe, int32_t id, const Site& site);
+void WaitEvent(int event, int dstPipe, int32_t id, const Site& site);
+void PipeBarrierAt(int pipe, const Site& site);
+// The hardware SyncAll: a barrier over every AIC and AIV of the launch (aivOnly: over
+// the AIVs only).
+void SyncAllCores(bool aivOnly, const Site& site);
+
+// GM stores under SetAtomicAdd<float>: *to += value, atomically w.r.t. other cores.
+void AtomicAddFloat(float* to, float value);
 
 }  // namespace twin
 

@@ -6,6 +6,11 @@
 // API: DataCopyParams in 32-byte blocks, DataCopyExtParams in bytes on the GM side and
 // blocks on the UB side, LoadData in 512-byte fractals, Nd2NzParams in elements and
 // C0 (32-byte) units, Fixpipe ND strides in elements.
+//
+// The pipe of each call (PipeBarrier docs, "instruction pipes": MTE2 moves GM -> L1/UB,
+// MTE3 UB -> GM, MTE1 L1 -> L0A/L0B, M is the cube, FIX moves L0C -> GM) is the first
+// argument of its twin::Instruction, which tells the race detector what it reads and
+// writes.
 #ifndef FLASH_CANN_TWIN_CUBE_H
 #define FLASH_CANN_TWIN_CUBE_H
 
@@ -142,7 +147,43 @@ void RequireMemory(twin::Memory actual, std::initializer_list<twin::Memory> allo
 void RequireAligned(uint32_t byteOffset, uint32_t alignment, const twin::Site& site,
                     const char* what);
 
+// Stores `count` elements to GM: plainly, or, while SetAtomicAdd<float>() is in force on
+// this core, added to what GM holds (asc-devkit docs, SetAtomicAdd: "subsequent
+// transfers whose destination is GM" from UB, L0C or L1; the atomic type must be the
+// data's type).
+template <typename T>
+void StoreGm(T* to, const T* from, uint64_t count, const twin::Site& site, const char* what)
+{
+    if (!twin::Core().atomicAddFloat) {
+        std::memcpy(to, from, count * sizeof(T));
+        return;
+    }
+    if constexpr (std::is_same<T, float>::value) {
+        for (uint64_t i = 0; i < count; ++i) {
+            twin::AtomicAddFloat(to + i, from[i]);
+        }
+    } else {
+        twin::Fail(site, "[R01] ", what, ": SetAtomicAdd<float> is in force, but the copy moves ",
+                   sizeof(T), "-byte elements: the hardware would add them as float");
+    }
+}
+
 }  // namespace twin_detail
+
+// Atomic add for the following copies to GM of this core (UB -> GM DataCopy/DataCopyPad,
+// L0C -> GM Fixpipe), until SetAtomicNone. 910B also adds half, bfloat16_t and int8/16/32
+// (asc-devkit docs, SetAtomicAdd); the twin implements float, what the kernels use.
+template <typename T>
+void SetAtomicAdd()
+{
+    static_assert(std::is_same<T, float>::value, "the twin implements SetAtomicAdd<float> only");
+    twin::Core().atomicAddFloat = true;
+}
+
+inline void SetAtomicNone()
+{
+    twin::Core().atomicAddFloat = false;
+}
 
 // GM -> UB, count form: count * sizeof(T) must be whole 32-byte blocks (the hardware
 // silently drops a partial tail block).
@@ -150,7 +191,7 @@ template <typename T>
 void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t count, TWIN_SITE)
 {
     const uint64_t bytes = uint64_t{count} * sizeof(T);
-    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "DataCopy of ", bytes,
+    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "[R02] ", "DataCopy of ", bytes,
                   " bytes is not a multiple of 32: the hardware would drop the last ",
                   bytes % twin::kBlockBytes, " bytes");
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::UB, twin::Memory::L1}, TWIN_HERE,
@@ -158,6 +199,9 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopy destination");
     dst.CheckElements(0, count, TWIN_HERE, "DataCopy destination");
     twin::CheckGm(src.Data(), bytes, TWIN_HERE, "DataCopy source");
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
+    op.Read(twin::Memory::GM, src.Data(), bytes);
+    op.Write(dst.Memory(), dst.Bytes(), bytes);
     std::memcpy(dst.Data(), src.Data(), bytes);
 }
 
@@ -166,14 +210,17 @@ template <typename T>
 void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count, TWIN_SITE)
 {
     const uint64_t bytes = uint64_t{count} * sizeof(T);
-    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "DataCopy of ", bytes,
+    twin::Require(bytes % twin::kBlockBytes == 0, TWIN_HERE, "[R03] ", "DataCopy of ", bytes,
                   " bytes is not a multiple of 32: the hardware would drop the last ",
                   bytes % twin::kBlockBytes, " bytes");
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopy UB->GM source");
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopy source");
     src.CheckElements(0, count, TWIN_HERE, "DataCopy source");
     twin::CheckGm(dst.Data(), bytes, TWIN_HERE, "DataCopy destination");
-    std::memcpy(dst.Data(), src.Data(), bytes);
+    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE);
+    op.Read(twin::Memory::UB, src.Bytes(), bytes);
+    op.Write(twin::Memory::GM, dst.Data(), bytes);
+    twin_detail::StoreGm(dst.Data(), src.Data(), count, TWIN_HERE, "DataCopy UB->GM");
 }
 
 // GM -> L1, ND to Nz: element (r, c) of ND matrix i lands at
@@ -186,17 +233,27 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::L1}, TWIN_HERE, "ND2NZ destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "ND2NZ destination");
     twin::Require(p.ndNum >= 1 && p.dstNzC0Stride >= 1 && p.dstNzNStride >= 1 && p.nValue <= 16384,
-                  TWIN_HERE, "Nd2NzParams out of range (ndNum ", p.ndNum, ", nValue ", p.nValue,
+                  TWIN_HERE, "[R04] ", "Nd2NzParams out of range (ndNum ", p.ndNum, ", nValue ", p.nValue,
                   ", dstNzC0Stride ", p.dstNzC0Stride, ", dstNzNStride ", p.dstNzNStride, ")");
-    twin::Require(p.dValue <= p.srcDValue || p.nValue <= 1, TWIN_HERE, "Nd2NzParams: dValue ",
+    twin::Require(p.dValue <= p.srcDValue || p.nValue <= 1, TWIN_HERE, "[R05] ", "Nd2NzParams: dValue ",
                   p.dValue, " exceeds the source row pitch srcDValue ", p.srcDValue);
     constexpr uint32_t c0 = twin::kBlockBytes / sizeof(T);
     const uint32_t blocks = (p.dValue + c0 - 1) / c0;
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
     for (uint32_t m = 0; m < p.ndNum; ++m) {
         const T* matrix = src.Data() + uint64_t{m} * p.srcNdMatrixStride;
         if (p.nValue > 0) {
             twin::CheckGm(matrix, ((uint64_t{p.nValue} - 1) * p.srcDValue + p.dValue) * sizeof(T),
                           TWIN_HERE, "ND2NZ source");
+            op.Rows(twin::Memory::GM, matrix, p.nValue, p.dValue * sizeof(T), p.srcDValue * sizeof(T),
+                    false);
+            for (uint32_t b = 0; b < blocks; ++b) {
+                const uint64_t at = uint64_t{m} * p.dstNzMatrixStride + uint64_t{b} * p.dstNzC0Stride * c0;
+                dst.CheckElements(at + (uint64_t{p.nValue} - 1) * p.dstNzNStride * c0, c0, TWIN_HERE,
+                                  "ND2NZ destination");
+                op.Rows(dst.Memory(), dst.Data() + at, p.nValue, twin::kBlockBytes,
+                        uint64_t{p.dstNzNStride} * twin::kBlockBytes, true);
+            }
         }
         for (uint32_t r = 0; r < p.nValue; ++r) {
             for (uint32_t b = 0; b < blocks; ++b) {
@@ -220,15 +277,18 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
 {
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopyPad destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopyPad destination");
-    twin::Require(p.blockLen % sizeof(T) == 0 && p.blockLen <= 2097151, TWIN_HERE,
+    twin::Require(p.blockLen % sizeof(T) == 0 && p.blockLen <= 2097151, TWIN_HERE, "[R06] ",
                   "DataCopyPad: blockLen ", p.blockLen, " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     const uint8_t* from = reinterpret_cast<const uint8_t*>(src.Data());
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
     for (uint32_t b = 0; b < p.blockCount; ++b) {
         const uint8_t* s = from + uint64_t{b} * (p.blockLen + p.srcStride);
         const uint64_t d = uint64_t{b} * (ubBlock + uint64_t{p.dstStride} * twin::kBlockBytes);
         twin::CheckGm(s, p.blockLen, TWIN_HERE, "DataCopyPad source");
         dst.CheckElements(d / sizeof(T), ubBlock / sizeof(T), TWIN_HERE, "DataCopyPad destination");
+        op.Read(twin::Memory::GM, s, p.blockLen);
+        op.Write(twin::Memory::UB, dst.Bytes() + d, ubBlock);
         std::memcpy(dst.Bytes() + d, s, p.blockLen);
         if (pad.isPad) {
             const uint32_t tail = (ubBlock - p.blockLen) / sizeof(T);
@@ -246,16 +306,20 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
 {
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::UB}, TWIN_HERE, "DataCopyPad source");
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopyPad source");
-    twin::Require(p.blockLen % sizeof(T) == 0, TWIN_HERE, "DataCopyPad: blockLen ", p.blockLen,
+    twin::Require(p.blockLen % sizeof(T) == 0, TWIN_HERE, "[R07] ", "DataCopyPad: blockLen ", p.blockLen,
                   " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     uint8_t* to = reinterpret_cast<uint8_t*>(dst.Data());
+    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE);
     for (uint32_t b = 0; b < p.blockCount; ++b) {
         const uint64_t s = uint64_t{b} * (ubBlock + uint64_t{p.srcStride} * twin::kBlockBytes);
         uint8_t* d = to + uint64_t{b} * (p.blockLen + p.dstStride);
         src.CheckElements(s / sizeof(T), p.blockLen / sizeof(T), TWIN_HERE, "DataCopyPad source");
         twin::CheckGm(d, p.blockLen, TWIN_HERE, "DataCopyPad destination");
-        std::memcpy(d, src.Bytes() + s, p.blockLen);
+        op.Read(twin::Memory::UB, src.Bytes() + s, p.blockLen);
+        op.Write(twin::Memory::GM, d, p.blockLen);
+        twin_detail::StoreGm(reinterpret_cast<T*>(d), reinterpret_cast<const T*>(src.Bytes() + s),
+                             p.blockLen / sizeof(T), TWIN_HERE, "DataCopyPad UB->GM");
     }
 }
 
@@ -268,9 +332,11 @@ void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p,
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::L1}, TWIN_HERE, "InitConstValue destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "InitConstValue destination");
     constexpr uint32_t perBlock = twin::kBlockBytes / sizeof(T);
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);  // an L1 fill runs on MTE2
     for (uint32_t r = 0; r < p.repeatTimes; ++r) {
         const uint64_t first = uint64_t{r} * (p.blockNum + p.dstGap) * perBlock;
         dst.CheckElements(first, uint64_t{p.blockNum} * perBlock, TWIN_HERE, "InitConstValue");
+        op.Write(dst.Memory(), dst.Data() + first, uint64_t{p.blockNum} * twin::kBlockBytes);
         std::fill_n(dst.Data() + first, uint64_t{p.blockNum} * perBlock, p.initValue);
     }
 }
@@ -287,14 +353,17 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
                                "LoadData destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "LoadData destination");
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "LoadData source");
-    twin::Require(!p.ifTranspose || sizeof(T) == 2, TWIN_HERE,
+    twin::Require(!p.ifTranspose || sizeof(T) == 2, TWIN_HERE, "[R08] ",
                   "LoadData ifTranspose is only for 16-bit types");
     constexpr uint32_t perFractal = twin::kFractalBytes / sizeof(T);
+    const twin::Instruction op(twin::kPipeMte1, TWIN_HERE);
     for (uint32_t i = 0; i < p.repeatTimes; ++i) {
         const uint64_t from = (uint64_t{p.startIndex} + uint64_t{i} * p.srcStride) * perFractal;
         const uint64_t to = uint64_t{i} * (p.dstGap + 1) * perFractal;
         src.CheckElements(from, perFractal, TWIN_HERE, "LoadData source");
         dst.CheckElements(to, perFractal, TWIN_HERE, "LoadData destination");
+        op.Read(src.Memory(), src.Data() + from, twin::kFractalBytes);
+        op.Write(dst.Memory(), dst.Data() + to, twin::kFractalBytes);
         for (uint32_t r = 0; r < 16; ++r) {
             for (uint32_t c = 0; c < perFractal / 16; ++c) {
                 const uint32_t d = p.ifTranspose ? c * 16 + r : r * (perFractal / 16) + c;
@@ -318,13 +387,23 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& a, const LocalTensor<
     twin_detail::RequireAligned(a.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "Mmad left matrix");
     twin_detail::RequireAligned(b.ByteOffset(), twin::kFractalBytes, TWIN_HERE, "Mmad right matrix");
     twin_detail::RequireAligned(dst.ByteOffset(), 1024, TWIN_HERE, "Mmad result");
-    twin::Require(p.m != 1, TWIN_HERE, "Mmad with m == 1 runs in GEMV mode on 910B: pad m to 16");
-    twin::Require(p.m <= 4095 && p.n <= 4095 && p.k <= 4095, TWIN_HERE, "Mmad m/n/k above 4095");
+    twin::Require(p.m != 1, TWIN_HERE, "[R09] ", "Mmad with m == 1 runs in GEMV mode on 910B: pad m to 16");
+    twin::Require(p.m <= 4095 && p.n <= 4095 && p.k <= 4095, TWIN_HERE, "[R10] ", "Mmad m/n/k above 4095");
     const uint32_t m1 = (p.m + 15) / 16, n1 = (p.n + 15) / 16, k1 = (p.k + 15) / 16;
     a.CheckElements(0, uint64_t{m1} * k1 * 256, TWIN_HERE, "Mmad left matrix");
     b.CheckElements(0, uint64_t{k1} * n1 * 256, TWIN_HERE, "Mmad right matrix");
     dst.CheckElements(0, uint64_t{n1} * m1 * 256, TWIN_HERE, "Mmad result");
     const bool init = p.cmatrixInitVal && !p.isBias;
+    if (!init && m1 * n1 >= 10) {
+        twin::InterlockM();  // Mmad docs: the hardware orders such accumulations itself
+    }
+    const twin::Instruction op(twin::kPipeM, TWIN_HERE);
+    op.Read(twin::Memory::L0A, a.Bytes(), uint64_t{m1} * k1 * twin::kFractalBytes);
+    op.Read(twin::Memory::L0B, b.Bytes(), uint64_t{k1} * n1 * twin::kFractalBytes);
+    if (!init) {
+        op.Read(twin::Memory::L0C, dst.Bytes(), uint64_t{n1} * m1 * 256 * sizeof(float));
+    }
+    op.Write(twin::Memory::L0C, dst.Bytes(), uint64_t{n1} * m1 * 256 * sizeof(float));
     const uint32_t rows = m1 * 16, cols = n1 * 16, depth = k1 * 16;
     // Unpack Zz (A) and Zn (B) into dense row-major matrices, multiply, pack into Nz.
     std::vector<float> left(size_t{rows} * depth), right(size_t{depth} * cols), product(size_t{rows} * cols, 0.0f);
@@ -368,12 +447,12 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
     twin_detail::RequireCore(twin::CoreType::AIC, TWIN_HERE, "Fixpipe");
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::L0C}, TWIN_HERE, "Fixpipe source");
     twin_detail::RequireAligned(src.ByteOffset(), 64, TWIN_HERE, "Fixpipe source");
-    twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE,
+    twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE, "[R11] ",
                   "Fixpipe float -> float needs quantPre NoQuant");
-    twin::Require(p.srcStride >= p.mSize && p.srcStride % 16 == 0, TWIN_HERE,
+    twin::Require(p.srcStride >= p.mSize && p.srcStride % 16 == 0, TWIN_HERE, "[R12] ",
                   "Fixpipe srcStride ", p.srcStride, " must be a multiple of 16 and >= mSize ",
                   p.mSize);
-    twin::Require(p.dstStride >= p.nSize, TWIN_HERE, "Fixpipe dstStride ", p.dstStride,
+    twin::Require(p.dstStride >= p.nSize, TWIN_HERE, "[R13] ", "Fixpipe dstStride ", p.dstStride,
                   " is smaller than nSize ", p.nSize);
     const uint32_t n1 = (p.nSize + 15) / 16;
     src.CheckElements(0, uint64_t{n1} * p.srcStride * 16, TWIN_HERE, "Fixpipe source");
@@ -381,11 +460,19 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
         twin::CheckGm(dst.Data(), ((uint64_t{p.mSize} - 1) * p.dstStride + p.nSize) * sizeof(T),
                       TWIN_HERE, "Fixpipe destination");
     }
+    const twin::Instruction op(twin::kPipeFix, TWIN_HERE);
+    op.Rows(twin::Memory::L0C, src.Bytes(), n1, uint64_t{p.mSize} * 16 * sizeof(float),
+            uint64_t{p.srcStride} * 16 * sizeof(float), false);
+    op.Rows(twin::Memory::GM, dst.Data(), p.mSize, uint64_t{p.nSize} * sizeof(T),
+            uint64_t{p.dstStride} * sizeof(T), true);
+    std::vector<float> row(p.nSize);
     for (uint32_t m = 0; m < p.mSize; ++m) {
         for (uint32_t n = 0; n < p.nSize; ++n) {
-            float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
-            dst.Data()[uint64_t{m} * p.dstStride + n] = p.reluEn && v < 0 ? 0.0f : v;
+            const float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
+            row[n] = p.reluEn && v < 0 ? 0.0f : v;
         }
+        twin_detail::StoreGm(dst.Data() + uint64_t{m} * p.dstStride, row.data(), p.nSize, TWIN_HERE,
+                             "Fixpipe");
     }
 }
 

@@ -16,6 +16,9 @@ struct GmRegion {
     const void* begin;
     size_t bytes;
     std::string name;
+    // The race detector checks accesses to it (outputs, workspace); read-only inputs
+    // need no check.
+    bool checkRaces = true;
 };
 
 struct LaunchConfig {
@@ -24,12 +27,23 @@ struct LaunchConfig {
     std::vector<GmRegion> gm;
 };
 
-// Runs `kernel` on every core of the launch; returns "" or the first violation of a
-// hardware rule ("file:line: rule ..."). Local memories start poisoned (all bytes 0xFF,
-// NaN as floats), so reading what was never written shows up in the results.
-std::string Launch(const LaunchConfig& config, const std::function<void()>& kernel);
+// What a launch measured.
+struct LaunchReport {
+    // The most bytes one core of the type held at once in the memory, over all cores of
+    // the launch (the sum of its InitBuffer calls, each rounded to 32 bytes).
+    uint64_t PeakBytes(CoreType type, Memory memory) const;
+    uint64_t peakBytes[2][6] = {};  // [AIC, AIV][Memory]
+};
 
-// How long CrossCoreWaitFlag waits before it reports a deadlock (default 30 s).
+// Runs `kernel` on every core of the launch, all AI cores at once; returns "" or the
+// first violation of a hardware rule ("file:line: rule ..."), a deadlock included. Local
+// memories start poisoned (all bytes 0xFF, NaN as floats), so reading what was never
+// written shows up in the results.
+std::string Launch(const LaunchConfig& config, const std::function<void()>& kernel,
+                   LaunchReport* report = nullptr);
+
+// A backstop only: how long a wait may last before the twin gives up on it (default
+// 120 s). Deadlocks are detected exactly, as soon as every core waits in vain.
 void SetDeadlockTimeout(std::chrono::milliseconds timeout);
 
 }  // namespace twin

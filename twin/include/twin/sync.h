@@ -1,8 +1,8 @@
-// Synchronisation in the twin. Each core's instruction stream runs in program order on one
-// thread, so pipes never race here (the twin cannot find missing intra-core barriers);
-// what it checks is the bookkeeping: every WaitFlag needs an outstanding SetFlag of the
-// same event and id, an event is not set twice before it is waited on, and cross-core
-// flags really synchronise the cube and vector threads of an AI core.
+// Synchronisation in the twin: the bookkeeping (every WaitFlag needs an outstanding
+// SetFlag of the same event and id, an event is not set twice before it is waited on,
+// cross-core flags really synchronise the cube and vector threads of an AI core, SyncAll
+// those of every AI core of the launch) and the happens-before edges each call gives the
+// race detector (twin/race.h).
 #ifndef FLASH_CANN_TWIN_SYNC_H
 #define FLASH_CANN_TWIN_SYNC_H
 
@@ -21,31 +21,48 @@ enum class HardEvent : uint8_t {
     MTE1_FIX, FIX_MTE1, FIX_FIX, MAX
 };
 
+namespace twin_detail {
+
+// The source and destination pipes of a HardEvent (asc-devkit impl/basic_api/
+// kernel_event.h, SetFlagImpl: e.g. MTE2_V sets from PIPE_MTE2 for PIPE_V).
+constexpr pipe_t kEventPipes[][2] = {
+    {PIPE_MTE2, PIPE_MTE1}, {PIPE_MTE1, PIPE_MTE2}, {PIPE_MTE1, PIPE_M}, {PIPE_M, PIPE_MTE1},
+    {PIPE_MTE2, PIPE_V}, {PIPE_V, PIPE_MTE2}, {PIPE_MTE3, PIPE_V}, {PIPE_V, PIPE_MTE3},
+    {PIPE_M, PIPE_V}, {PIPE_V, PIPE_M}, {PIPE_V, PIPE_V}, {PIPE_MTE3, PIPE_MTE1},
+    {PIPE_MTE1, PIPE_MTE3}, {PIPE_MTE1, PIPE_V}, {PIPE_MTE2, PIPE_M}, {PIPE_M, PIPE_MTE2},
+    {PIPE_V, PIPE_MTE1}, {PIPE_M, PIPE_FIX}, {PIPE_FIX, PIPE_M}, {PIPE_MTE3, PIPE_MTE2},
+    {PIPE_MTE2, PIPE_MTE3}, {PIPE_S, PIPE_V}, {PIPE_V, PIPE_S}, {PIPE_S, PIPE_MTE2},
+    {PIPE_MTE2, PIPE_S}, {PIPE_S, PIPE_MTE3}, {PIPE_MTE3, PIPE_S}, {PIPE_MTE2, PIPE_FIX},
+    {PIPE_FIX, PIPE_MTE2}, {PIPE_FIX, PIPE_S}, {PIPE_M, PIPE_S}, {PIPE_FIX, PIPE_MTE3},
+    {PIPE_MTE1, PIPE_FIX}, {PIPE_FIX, PIPE_MTE1}, {PIPE_FIX, PIPE_FIX}};
+static_assert(sizeof(kEventPipes) / sizeof(kEventPipes[0]) == static_cast<size_t>(HardEvent::MAX),
+              "one pipe pair per HardEvent");
+
+}  // namespace twin_detail
+
+// SetFlag: the source pipe's work so far, once finished, releases the event; WaitFlag:
+// the destination pipe's later instructions wait for it.
 template <HardEvent event>
 void SetFlag(int32_t eventID, TWIN_SITE)
 {
-    twin::Require(eventID >= 0 && eventID < 8, TWIN_HERE, "SetFlag: event id ", eventID,
-                  " outside [0, 8)");
-    int& pending = twin::Core().events[static_cast<int>(event)][eventID];
-    twin::Require(pending == 0, TWIN_HERE, "SetFlag on event ", static_cast<int>(event), " id ",
-                  eventID, " which is already set and not yet waited on");
-    pending = 1;
+    constexpr auto pipes = twin_detail::kEventPipes[static_cast<int>(event)];
+    twin::SetEvent(static_cast<int>(event), pipes[0], eventID, TWIN_HERE);
 }
 
 template <HardEvent event>
 void WaitFlag(int32_t eventID, TWIN_SITE)
 {
-    twin::Require(eventID >= 0 && eventID < 8, TWIN_HERE, "WaitFlag: event id ", eventID,
-                  " outside [0, 8)");
-    int& pending = twin::Core().events[static_cast<int>(event)][eventID];
-    twin::Require(pending == 1, TWIN_HERE, "WaitFlag on event ", static_cast<int>(event), " id ",
-                  eventID, " with no matching SetFlag: the pipe would wait forever");
-    pending = 0;
+    constexpr auto pipes = twin_detail::kEventPipes[static_cast<int>(event)];
+    twin::WaitEvent(static_cast<int>(event), pipes[1], eventID, TWIN_HERE);
 }
 
+// Orders `pipe`'s later instructions after its earlier ones (PIPE_ALL: every pipe of the
+// core after all of them). PIPE_S is a hardware error (PipeBarrier docs: the scalar pipe
+// is ordered by hardware).
 template <pipe_t pipe>
-void PipeBarrier()
+void PipeBarrier(TWIN_SITE)
 {
+    twin::PipeBarrierAt(pipe, TWIN_HERE);
 }
 
 template <uint8_t modeId, pipe_t pipe>
@@ -53,13 +70,22 @@ void CrossCoreSetFlag(uint16_t flagId, TWIN_SITE)
 {
     static_assert(modeId == 2, "the twin implements mode 2 (an AIC and the AIVs of its AI core)");
     static_assert(pipe != PIPE_S && pipe != PIPE_ALL, "CrossCoreSetFlag takes a data pipe");
-    twin::CrossCoreSet(flagId, TWIN_HERE);
+    twin::CrossCoreSet(flagId, pipe, TWIN_HERE);
 }
 
 template <uint8_t modeId = 0, pipe_t pipe = PIPE_S>
 void CrossCoreWaitFlag(uint16_t flagId, TWIN_SITE)
 {
     twin::CrossCoreWait(flagId, TWIN_HERE);
+}
+
+// The hardware all-core barrier (asc-devkit docs, SyncAll, "hard sync"): isAIVOnly = true
+// synchronises the vector cores only; a MIX kernel synchronises every AIC and AIV of the
+// launch with SyncAll<false>().
+template <bool isAIVOnly = true>
+void SyncAll(TWIN_SITE)
+{
+    twin::SyncAllCores(isAIVOnly, TWIN_HERE);
 }
 
 }  // namespace AscendC

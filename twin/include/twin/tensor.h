@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core.h"
+#include "race.h"
 
 namespace AscendC {
 
@@ -26,9 +27,11 @@ class LocalTensor {
 public:
     LocalTensor() = default;
 
+    // Scalar accesses run on PIPE_S.
     T GetValue(uint32_t index, TWIN_SITE) const
     {
         CheckElements(index, 1, TWIN_HERE, "GetValue");
+        twin::Instruction(twin::kPipeS, TWIN_HERE).Read(Memory(), Data() + index, sizeof(T));
         T value;
         std::memcpy(&value, Bytes() + uint64_t{index} * sizeof(T), sizeof(T));
         return value;
@@ -37,6 +40,7 @@ public:
     void SetValue(uint32_t index, const S value, TWIN_SITE) const
     {
         CheckElements(index, 1, TWIN_HERE, "SetValue");
+        twin::Instruction(twin::kPipeS, TWIN_HERE).Write(Memory(), Data() + index, sizeof(T));
         const T converted = static_cast<T>(value);
         std::memcpy(Bytes() + uint64_t{index} * sizeof(T), &converted, sizeof(T));
     }
@@ -75,8 +79,8 @@ public:
     // `count` elements from element `first` must lie inside this tensor.
     void CheckElements(uint64_t first, uint64_t count, const twin::Site& site, const char* what) const
     {
-        twin::Require(base_ != nullptr, site, what, ": the LocalTensor is not bound to a buffer");
-        twin::Require((first + count) * sizeof(T) <= byteLength_, site, what, ": elements [",
+        twin::Require(base_ != nullptr, site, "[R14] ", what, ": the LocalTensor is not bound to a buffer");
+        twin::Require((first + count) * sizeof(T) <= byteLength_, site, "[R15] ", what, ": elements [",
                       first, ", ", first + count, ") exceed the ", twin::MemoryName(Memory()),
                       " tensor of ", byteLength_ / sizeof(T), " elements");
     }
@@ -100,11 +104,13 @@ public:
     T GetValue(uint64_t offset, TWIN_SITE) const
     {
         twin::CheckGm(data_ + offset, sizeof(T), TWIN_HERE, "GlobalTensor::GetValue");
+        twin::Instruction(twin::kPipeS, TWIN_HERE).Read(twin::Memory::GM, data_ + offset, sizeof(T));
         return data_[offset];
     }
     void SetValue(uint64_t offset, T value, TWIN_SITE)
     {
         twin::CheckGm(data_ + offset, sizeof(T), TWIN_HERE, "GlobalTensor::SetValue");
+        twin::Instruction(twin::kPipeS, TWIN_HERE).Write(twin::Memory::GM, data_ + offset, sizeof(T));
         data_[offset] = value;
     }
     GlobalTensor operator[](uint64_t offset) const
@@ -139,6 +145,8 @@ public:
     struct Buffer {
         uint32_t offset;
         State state = State::Free;
+        Clock handedOver;  // the producer's work at EnQue, for the consumer's DeQue
+        Clock freed;       // the consumer's work at FreeTensor, for the next AllocTensor
     };
 
     AscendC::TPosition position = AscendC::TPosition::MAX;
@@ -167,6 +175,8 @@ public:
     void CheckBalanced();
     void Retire(QueueBase& queue);
     uint32_t Used(Memory memory) const;
+    // " (the buffer initialised at file:line)" for the buffer holding `offset`, or "".
+    std::string Owner(Memory memory, uint32_t offset) const;
     std::string pending;
 
 private:
@@ -233,10 +243,10 @@ public:
     template <typename T>
     LocalTensor<T> GetWithOffset(uint32_t size, uint32_t bufOffset, TWIN_SITE) const
     {
-        twin::Require(!buffers.empty(), TWIN_HERE, "TBuf::Get before TPipe::InitBuffer");
-        twin::Require(bufOffset % twin::kBlockBytes == 0, TWIN_HERE,
+        twin::Require(!buffers.empty(), TWIN_HERE, "[R16] ", "TBuf::Get before TPipe::InitBuffer");
+        twin::Require(bufOffset % twin::kBlockBytes == 0, TWIN_HERE, "[R17] ",
                       "TBuf::GetWithOffset: offset ", bufOffset, " is not 32-byte aligned");
-        twin::Require(bufOffset + uint64_t{size} * sizeof(T) <= bytes, TWIN_HERE,
+        twin::Require(bufOffset + uint64_t{size} * sizeof(T) <= bytes, TWIN_HERE, "[R18] ",
                       "TBuf::Get: ", size, " elements at byte ", bufOffset,
                       " exceed the buffer of ", bytes, " bytes");
         LocalTensor<T> tensor;

@@ -2,7 +2,9 @@
 // their count ("level 2") and mask/repeat ("level 0") forms, with the rules of 910B:
 // operands in UB, 32-byte aligned starts, at most 255 repeats of 256 bytes, masks of at
 // most one repeat's elements, Compares counts of whole 256-byte repeats, and the UB
-// scratch that Compares and Select use above 184 KB.
+// scratch that Compares and Select use above 184 KB. Every operation is one instruction on
+// PIPE_V (PipeBarrier docs: "vector compute"), whose UB reads and writes the race
+// detector checks (twin/race.h).
 #ifndef FLASH_CANN_TWIN_VECTOR_H
 #define FLASH_CANN_TWIN_VECTOR_H
 
@@ -78,9 +80,9 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
             const char* what, F op)
 {
     RequireCore(twin::CoreType::AIV, site, what);
-    twin::Require(mask >= 1 && mask <= PerRepeat<T>(), site, what, ": mask ", mask,
+    twin::Require(mask >= 1 && mask <= PerRepeat<T>(), site, "[R19] ", what, ": mask ", mask,
                   " must be in [1, ", PerRepeat<T>(), "] for a ", sizeof(T), "-byte type");
-    twin::Require(p.dstBlkStride != 0, site, what, ": the destination block stride must not be 0");
+    twin::Require(p.dstBlkStride != 0, site, "[R20] ", what, ": the destination block stride must not be 0");
     const LocalTensor<T>* operands[3] = {&dst, src0, src1};
     const uint32_t blk[3] = {p.dstBlkStride, p.src0BlkStride, p.src1BlkStride};
     const uint32_t rep[3] = {p.dstRepStride, p.src0RepStride, p.src1RepStride};
@@ -92,16 +94,35 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
         RequireAligned(operands[o]->ByteOffset(), twin::kBlockBytes, site, what);
     }
     const uint32_t lastBlock = (static_cast<uint32_t>(mask) - 1) / PerBlock<T>();
+    const twin::Instruction instruction(twin::kPipeV, site);
+    for (int write = 0; write < 2; ++write) {  // what each repeat's blocks read, then write
+        for (uint32_t r = 0; r < repeatTime; ++r) {
+            for (int o = write ? 0 : 1; o < (write ? 1 : 3); ++o) {
+                if (operands[o] == nullptr) {
+                    continue;
+                }
+                const uint64_t first = uint64_t{r} * rep[o] * PerBlock<T>();
+                // the repeat's first and last element bound it
+                operands[o]->CheckElements(first, 1, site, what);
+                operands[o]->CheckElements(first + uint64_t{lastBlock} * blk[o] * PerBlock<T>() +
+                                               (mask - 1) % PerBlock<T>(), 1, site, what);
+                if (blk[o] <= 1) {  // contiguous blocks, or one block read over and over
+                    instruction.Rows(twin::Memory::UB, operands[o]->Data() + first, 1,
+                                     (blk[o] == 1 ? lastBlock + 1 : 1) * twin::kBlockBytes, 0, write);
+                    continue;
+                }
+                for (uint32_t b = 0; b <= lastBlock; ++b) {
+                    instruction.Rows(twin::Memory::UB,
+                                     operands[o]->Data() + first + uint64_t{b} * blk[o] * PerBlock<T>(), 1,
+                                     twin::kBlockBytes, 0, write);
+                }
+            }
+        }
+    }
     for (uint32_t r = 0; r < repeatTime; ++r) {
         uint64_t base[3];
         for (int o = 0; o < 3; ++o) {
             base[o] = uint64_t{r} * rep[o] * PerBlock<T>();
-            if (operands[o] != nullptr) {  // the repeat's first and last element bound it
-                operands[o]->CheckElements(base[o], 1, site, what);
-                operands[o]->CheckElements(base[o] + uint64_t{lastBlock} * blk[o] * PerBlock<T>() +
-                                               (mask - 1) % PerBlock<T>(),
-                                           1, site, what);
-            }
         }
         for (uint32_t e = 0; e < mask; ++e) {
             const uint64_t b = e / PerBlock<T>(), i = e % PerBlock<T>();
@@ -116,10 +137,17 @@ template <typename T, typename F>
 void Elementwise(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTensor<T>* src1,
                  int32_t count, const twin::Site& site, const char* what, F op)
 {
-    twin::Require(count >= 0, site, what, ": negative count ", count);
+    twin::Require(count >= 0, site, "[R21] ", what, ": negative count ", count);
     RequireVector(dst, count, site, what);
     if (src0) RequireVector(*src0, count, site, what);
     if (src1) RequireVector(*src1, count, site, what);
+    const twin::Instruction instruction(twin::kPipeV, site);
+    for (const LocalTensor<T>* src : {src0, src1}) {
+        if (src != nullptr) {
+            instruction.Read(twin::Memory::UB, src->Bytes(), uint64_t(count) * sizeof(T));
+        }
+    }
+    instruction.Write(twin::Memory::UB, dst.Bytes(), uint64_t(count) * sizeof(T));
     for (int32_t i = 0; i < count; ++i) {
         dst.Data()[i] = op(src0 ? src0->Data()[i] : T(), src1 ? src1->Data()[i] : T());
     }
@@ -205,6 +233,7 @@ template <typename T>
 void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, uint32_t count, TWIN_SITE)
 {
     twin_detail::RequireVector(dst, count, TWIN_HERE, "CreateVecIndex");
+    twin::Instruction(twin::kPipeV, TWIN_HERE).Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
     for (uint32_t i = 0; i < count; ++i) {
         dst.Data()[i] = static_cast<T>(static_cast<float>(firstValue) + static_cast<float>(i));
     }
@@ -222,17 +251,20 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     constexpr bool byteToHalf = std::is_same<T, half>::value && std::is_same<U, uint8_t>::value;
     static_assert(widen || narrow || byteToHalf, "twin Cast: half/bf16 <-> float, uint8 -> half");
     if constexpr (widen || byteToHalf) {
-        twin::Require(roundMode == RoundMode::CAST_NONE, TWIN_HERE,
+        twin::Require(roundMode == RoundMode::CAST_NONE, TWIN_HERE, "[R22] ",
                       "Cast to a wider type takes CAST_NONE on 910B");
     } else {
-        twin::Require(roundMode == RoundMode::CAST_RINT, TWIN_HERE,
+        twin::Require(roundMode == RoundMode::CAST_RINT, TWIN_HERE, "[R23] ",
                       "twin Cast float -> half/bfloat16 implements CAST_RINT");
     }
     twin_detail::RequireVector(dst, count, TWIN_HERE, "Cast destination");
     twin_detail::RequireVector(src, count, TWIN_HERE, "Cast source");
     twin::Require(sizeof(T) == sizeof(U) || dst.Bytes() + uint64_t{count} * sizeof(T) <= src.Bytes() ||
                       src.Bytes() + uint64_t{count} * sizeof(U) <= dst.Bytes(),
-                  TWIN_HERE, "Cast between different widths must not overlap");
+                  TWIN_HERE, "[R24] ", "Cast between different widths must not overlap");
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    op.Read(twin::Memory::UB, src.Bytes(), uint64_t{count} * sizeof(U));
+    op.Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
     for (uint32_t i = 0; i < count; ++i) {
         dst.Data()[i] = static_cast<T>(static_cast<float>(src.Data()[i]));
     }
@@ -244,12 +276,15 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
               CMPMODE cmpMode, uint32_t count, TWIN_SITE)
 {
     static_assert(std::is_same<U, uint8_t>::value, "twin Compares writes uint8 bit masks");
-    twin::Require(uint64_t{count} * sizeof(T) % twin::kRepeatBytes == 0, TWIN_HERE,
+    twin::Require(uint64_t{count} * sizeof(T) % twin::kRepeatBytes == 0, TWIN_HERE, "[R25] ",
                   "Compares of ", count, " elements is not whole 256-byte repeats: the hardware "
                   "would drop the partial repeat");
     twin_detail::RequireUbScratchFree(TWIN_HERE, "Compares");
     twin_detail::RequireVector(src0, count, TWIN_HERE, "Compares source");
     twin_detail::RequireVector(dst, (count + 7) / 8, TWIN_HERE, "Compares destination");
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    op.Read(twin::Memory::UB, src0.Bytes(), uint64_t{count} * sizeof(T));
+    op.Write(twin::Memory::UB, dst.Bytes(), (count + 7) / 8);
     const float s = static_cast<float>(src1Scalar);
     for (uint32_t i = 0; i < count; i += 8) {
         uint8_t bits = 0;
@@ -275,13 +310,17 @@ template <typename T, typename U>
 void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
             T src1, SELMODE selMode, uint32_t count, TWIN_SITE)
 {
-    twin::Require(selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE, TWIN_HERE,
+    twin::Require(selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE, TWIN_HERE, "[R26] ",
                   "Select with a scalar takes VSEL_TENSOR_SCALAR_MODE");
     twin_detail::RequireUbScratchFree(TWIN_HERE, "Select");
     twin_detail::RequireVector(dst, count, TWIN_HERE, "Select destination");
     twin_detail::RequireVector(src0, count, TWIN_HERE, "Select source");
     twin_detail::RequireVector(selMask, (count + 8 * sizeof(U) - 1) / (8 * sizeof(U)), TWIN_HERE,
                                "Select mask");
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    op.Read(twin::Memory::UB, selMask.Bytes(), (count + 7) / 8);
+    op.Read(twin::Memory::UB, src0.Bytes(), uint64_t{count} * sizeof(T));
+    op.Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
     const uint8_t* bits = reinterpret_cast<const uint8_t*>(selMask.Data());
     for (uint32_t i = 0; i < count; ++i) {
         dst.Data()[i] = (bits[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1;
@@ -298,16 +337,28 @@ void ReduceRepeats(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t
                    Reduce reduce)
 {
     RequireCore(twin::CoreType::AIV, site, what);
-    twin::Require(repeatTime >= 0 && repeatTime <= static_cast<int32_t>(twin::kMaxRepeat), site,
+    twin::Require(repeatTime >= 0 && repeatTime <= static_cast<int32_t>(twin::kMaxRepeat), site, "[R27] ",
                   what, ": repeatTime ", repeatTime, " outside [0, 255]");
-    twin::Require(mask >= 1 && mask <= static_cast<int32_t>(PerRepeat<T>()), site, what, ": mask ",
+    twin::Require(mask >= 1 && mask <= static_cast<int32_t>(PerRepeat<T>()), site, "[R28] ", what, ": mask ",
                   mask, " outside [1, ", PerRepeat<T>(), "]");
     RequireMemory(src.Memory(), {twin::Memory::UB}, site, what);
     RequireMemory(dst.Memory(), {twin::Memory::UB}, site, what);
     RequireAligned(src.ByteOffset(), twin::kBlockBytes, site, what);
     RequireAligned(dst.ByteOffset(), perBlock ? twin::kBlockBytes : sizeof(T), site, what);
+    const twin::Instruction op(twin::kPipeV, site);
+    const uint32_t lastBlock = (static_cast<uint32_t>(mask) - 1) / PerBlock<T>();
+    for (int32_t r = 0; r < repeatTime; ++r) {
+        for (uint32_t b = 0; b <= lastBlock; ++b) {
+            const uint64_t at = (uint64_t(r) * srcRepStride + uint64_t(b) * srcBlkStride) * PerBlock<T>();
+            src.CheckElements(at, 1, site, what);
+            op.Read(twin::Memory::UB, src.Data() + at, twin::kBlockBytes);
+        }
+    }
     for (int32_t r = 0; r < repeatTime; ++r) {
         const uint32_t outputs = perBlock ? 8 : 1;
+        dst.CheckElements(uint64_t(r) * dstStrideElements, perBlock ? lastBlock + 1 : 1, site, what);
+        op.Write(twin::Memory::UB, dst.Data() + uint64_t(r) * dstStrideElements,
+                 (perBlock ? lastBlock + 1 : 1) * sizeof(T));
         for (uint32_t o = 0; o < outputs; ++o) {
             float acc = 0;
             bool first = true;
@@ -345,7 +396,7 @@ void WholeReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const 
                     const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX,
                     TWIN_SITE)
 {
-    twin::Require(order == ReduceOrder::ORDER_ONLY_VALUE, TWIN_HERE,
+    twin::Require(order == ReduceOrder::ORDER_ONLY_VALUE, TWIN_HERE, "[R29] ",
                   "twin WholeReduceMax implements ORDER_ONLY_VALUE (the default writes value/index "
                   "pairs)");
     twin_detail::ReduceRepeats(dst, src, mask, repeatTime, dstRepStride, srcBlkStride, srcRepStride,
@@ -393,12 +444,15 @@ void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t re
     src.CheckElements(0, uint64_t{repeatTime} * 8, TWIN_HERE, "Brcb source");
     twin::Require(src.Bytes() + uint64_t{repeatTime} * 8 * sizeof(T) <= dst.Bytes() ||
                       dst.Bytes() + uint64_t{repeatTime} * 8 * twin::kBlockBytes <= src.Bytes(),
-                  TWIN_HERE, "Brcb must not work in place");
+                  TWIN_HERE, "[R30] ", "Brcb must not work in place");
     constexpr uint32_t perBlock = twin::kBlockBytes / sizeof(T);
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    op.Read(twin::Memory::UB, src.Bytes(), uint64_t{repeatTime} * 8 * sizeof(T));
     for (uint32_t i = 0; i < repeatTime; ++i) {
         for (uint32_t j = 0; j < 8; ++j) {
             const uint64_t at = (uint64_t{i} * p.dstRepStride + uint64_t{j} * p.dstBlkStride) * perBlock;
             dst.CheckElements(at, perBlock, TWIN_HERE, "Brcb destination");
+            op.Write(twin::Memory::UB, dst.Data() + at, twin::kBlockBytes);
             std::fill_n(dst.Data() + at, perBlock, src.Data()[i * 8 + j]);
         }
     }

@@ -1,6 +1,11 @@
-"""TEST-ONLY fake torch_npu: makes "npu" a device whose tensors live in host memory
-(libfake_torch_npu.so, path in $FAKE_TORCH_NPU_LIB), so CI can run flash-cann's NPU
-extension. It has only what flash_cann.backends.npu touches. Not torch_npu."""
+"""TEST-ONLY fake torch_npu. Not torch_npu. Two parts:
+
+* its lazy torchair (``dynamo``), always: the proxy in ``sys.modules["torchair"]``, at the
+  version's timing, ``$FAKE_TORCH_NPU_TORCHAIR`` = "import" (default) or "dynamo";
+* an "npu" device whose tensors live in host memory, when ``$FAKE_TORCH_NPU_LIB`` names
+  the fake libtorch_npu.so: what flash_cann.backends.npu touches, so CI can run
+  flash-cann's NPU extension.
+"""
 
 import ctypes
 import os
@@ -8,13 +13,18 @@ import types
 
 import torch
 
-ctypes.CDLL(os.environ["FAKE_TORCH_NPU_LIB"], mode=ctypes.RTLD_GLOBAL)
+from . import dynamo
 
-npu = types.ModuleType("torch_npu.npu")
-npu.is_available = lambda: True
-npu.device_count = lambda: 1
-npu.current_device = lambda: 0
+dynamo.install(os.environ.get("FAKE_TORCH_NPU_TORCHAIR", "import"))
 
-torch.utils.rename_privateuse1_backend("npu")
-torch._register_device_module("npu", npu)
-torch.utils.generate_methods_for_privateuse1_backend()
+if os.environ.get("FAKE_TORCH_NPU_LIB"):
+    ctypes.CDLL(os.environ["FAKE_TORCH_NPU_LIB"], mode=ctypes.RTLD_GLOBAL)
+
+    npu = types.ModuleType("torch_npu.npu")
+    npu.is_available = lambda: True
+    npu.device_count = lambda: 1
+    npu.current_device = lambda: 0
+
+    torch.utils.rename_privateuse1_backend("npu")
+    torch._register_device_module("npu", npu)
+    torch.utils.generate_methods_for_privateuse1_backend()

@@ -1,0 +1,197 @@
+// What the CANN shells of the forward (flash_cann_attention.cpp) and backward
+// (flash_cann_attention_grad.cpp) ops share: the error idiom, the problem read from the
+// tiling context, the platform read from platform_ascendc, writing a plan into the
+// context, and the OpDef building blocks. Only CANN's host API and the planner.
+#ifndef FLASH_CANN_HOST_COMMON_H
+#define FLASH_CANN_HOST_COMMON_H
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "register/op_def_registry.h"
+#include "tiling/platform/platform_ascendc.h"
+
+#include "flash_cann_contract.h"
+#include "planner.h"
+
+// The op_host error idiom: log the reason, return a failed status. (CANN's OP_LOGE lives
+// in the separate ops-base package; stderr works with every toolkit version.)
+#define FLASH_CANN_CHECK(context, cond, ...)                                   \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            std::fprintf(stderr, "[flash_cann][%s] ", (context)->GetNodeType()); \
+            std::fprintf(stderr, __VA_ARGS__);                                 \
+            std::fprintf(stderr, "\n");                                        \
+            return ge::GRAPH_FAILED;                                           \
+        }                                                                      \
+    } while (0)
+
+namespace flash_cann_host {
+
+// Attribute indices both ops share, in spec order (generated; the backward appends its
+// own).
+using flash_cann::contract::fwd::attr::kCausal;
+using flash_cann::contract::fwd::attr::kLayout;
+using flash_cann::contract::fwd::attr::kScale;
+static_assert(size_t{flash_cann::contract::bwd::attr::kScale} == size_t{kScale} &&
+                  size_t{flash_cann::contract::bwd::attr::kCausal} == size_t{kCausal} &&
+                  size_t{flash_cann::contract::bwd::attr::kLayout} == size_t{kLayout},
+              "both ops declare scale, causal, layout first");
+constexpr size_t kRank = 4;
+
+// A layout attribute's value: its index among the spec's layouts (= flash_cann::Layout,
+// which the planner checks against the generated header).
+inline bool ParseLayout(const char* text, flash_cann::Layout& layout)
+{
+    for (uint32_t i = 0; text != nullptr && i < flash_cann::contract::kLayoutCount; ++i) {
+        if (std::strcmp(text, flash_cann::contract::kLayoutNames[i]) == 0) {
+            layout = static_cast<flash_cann::Layout>(i);
+            return true;
+        }
+    }
+    return false;
+}
+
+// (batch, heads, seqlen, head_dim) positions of a layout.
+struct Axes {
+    size_t batch, heads, seqlen, headDim;
+};
+
+inline Axes AxesOf(flash_cann::Layout layout)
+{
+    return layout == flash_cann::Layout::BNSD ? Axes{0, 1, 2, 3} : Axes{0, 2, 1, 3};
+}
+
+// The attention problem of a node: attributes scale/causal/layout, sizes from the query
+// and key inputs (instance indices), dtype from the query. The key padding mask, whose
+// presence the caller knows, is left to it.
+inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryIndex,
+                                   size_t keyIndex, flash_cann::PlanRequest& request)
+{
+    const gert::RuntimeAttrs* attrs = context->GetAttrs();
+    FLASH_CANN_CHECK(context, attrs != nullptr, "no attributes");
+    const float* scale = attrs->GetFloat(kScale);
+    const bool* causal = attrs->GetBool(kCausal);
+    const char* layoutText = attrs->GetStr(kLayout);
+    FLASH_CANN_CHECK(context, scale != nullptr && causal != nullptr, "scale/causal missing");
+    FLASH_CANN_CHECK(context, ParseLayout(layoutText, request.layout),
+                     "layout must be BNSD or BSND (got %s)", layoutText ? layoutText : "null");
+    const gert::StorageShape* query = context->GetInputShape(queryIndex);
+    const gert::StorageShape* key = context->GetInputShape(keyIndex);
+    FLASH_CANN_CHECK(context, query != nullptr && key != nullptr, "query/key shape missing");
+    const gert::Shape& q = query->GetStorageShape();
+    const gert::Shape& k = key->GetStorageShape();
+    FLASH_CANN_CHECK(context, q.GetDimNum() == kRank && k.GetDimNum() == kRank,
+                     "query and key must be 4-D (got %zu-D and %zu-D)", q.GetDimNum(),
+                     k.GetDimNum());
+    const Axes axes = AxesOf(request.layout);
+    request.batch = q.GetDim(axes.batch);
+    request.headsQ = q.GetDim(axes.heads);
+    request.seqlenQ = q.GetDim(axes.seqlen);
+    request.headDim = q.GetDim(axes.headDim);
+    request.headsKv = k.GetDim(axes.heads);
+    request.seqlenK = k.GetDim(axes.seqlen);
+    FLASH_CANN_CHECK(context, k.GetDim(axes.batch) == request.batch &&
+                                  k.GetDim(axes.headDim) == request.headDim,
+                     "key must match query in batch and head_dim");
+    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(queryIndex);
+    FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
+    const ge::DataType dtype = queryDesc->GetDataType();
+    FLASH_CANN_CHECK(context, dtype == ge::DT_FLOAT16 || dtype == ge::DT_BF16,
+                     "query dtype must be float16 or bfloat16");
+    request.dtype = dtype == ge::DT_BF16 ? flash_cann::DType::BFloat16 : flash_cann::DType::Float16;
+    request.causal = *causal;
+    request.scale = *scale;
+    return ge::GRAPH_SUCCESS;
+}
+
+// The platform the kernel runs on, as the platform API reports it.
+inline ge::graphStatus ReadPlatform(gert::TilingContext* context, flash_cann::Platform& platform)
+{
+    const auto ascendc = platform_ascendc::PlatformAscendC(context->GetPlatformInfo());
+    platform.name = "runtime";
+    platform.aicCores = ascendc.GetCoreNumAic();
+    platform.aivCores = ascendc.GetCoreNumAiv();
+    ascendc.GetCoreMemSize(platform_ascendc::CoreMemType::UB, platform.ubBytes);
+    ascendc.GetCoreMemSize(platform_ascendc::CoreMemType::L1, platform.l1Bytes);
+    ascendc.GetCoreMemSize(platform_ascendc::CoreMemType::L0_A, platform.l0aBytes);
+    ascendc.GetCoreMemSize(platform_ascendc::CoreMemType::L0_B, platform.l0bBytes);
+    ascendc.GetCoreMemSize(platform_ascendc::CoreMemType::L0_C, platform.l0cBytes);
+    FLASH_CANN_CHECK(context, platform.aivCores == 2 * platform.aicCores,
+                     "the kernel pairs each AI core with 2 vector cores (platform reports %u "
+                     "AIC, %u AIV)", platform.aicCores, platform.aivCores);
+    return ge::GRAPH_SUCCESS;
+}
+
+// Saves a plan into the context: tiling data, block dim, tiling key, and the workspace,
+// whose user part the kernel finds after the system workspace (GetUserWorkspace).
+template <typename Tiling>
+ge::graphStatus WritePlan(gert::TilingContext* context, const Tiling& tiling, uint32_t blockDim,
+                          uint64_t tilingKey, uint64_t userWorkspaceBytes)
+{
+    gert::TilingData* raw = context->GetRawTilingData();
+    FLASH_CANN_CHECK(context, raw != nullptr && raw->GetCapacity() >= sizeof(tiling),
+                     "tiling buffer holds %zu bytes, the plan needs %zu",
+                     raw ? raw->GetCapacity() : size_t{0}, sizeof(tiling));
+    std::memcpy(raw->GetData(), &tiling, sizeof(tiling));
+    raw->SetDataSize(sizeof(tiling));
+    context->SetBlockDim(blockDim);
+    context->SetTilingKey(tilingKey);
+    size_t* workspace = context->GetWorkspaceSizes(1);
+    FLASH_CANN_CHECK(context, workspace != nullptr, "no workspace slot");
+    const auto ascendc = platform_ascendc::PlatformAscendC(context->GetPlatformInfo());
+    workspace[0] = userWorkspaceBytes + ascendc.GetLibApiWorkSpaceSize();
+    return ge::GRAPH_SUCCESS;
+}
+
+// OpDef building blocks. Both ops run on every 910B part and on 910_93 (A3). The dtype
+// lists pair entry by entry: the i-th entry of every tensor forms one supported
+// combination.
+inline const std::vector<ge::DataType> kInputTypes = {ge::DT_FLOAT16, ge::DT_BF16};
+inline const std::vector<ge::DataType> kFloatTypes = {ge::DT_FLOAT, ge::DT_FLOAT};
+inline const std::vector<ge::DataType> kBoolTypes = {ge::DT_BOOL, ge::DT_BOOL};
+inline const std::vector<ge::Format> kFormats = {ge::FORMAT_ND, ge::FORMAT_ND};
+
+inline void DeclareInput(ops::OpParamDef& param, ops::Option presence,
+                         const std::vector<ge::DataType>& types)
+{
+    // AutoContiguous: the generated aclnn makes strided inputs contiguous; the kernel
+    // reads the dense layout the `layout` attribute names.
+    param.ParamType(presence).DataType(types).Format(kFormats).AutoContiguous();
+}
+
+inline void DeclareOutput(ops::OpParamDef& param, const std::vector<ge::DataType>& types)
+{
+    param.ParamType(ops::REQUIRED).DataType(types).Format(kFormats);
+}
+
+// The attributes both ops share, in spec order.
+inline void SharedAttributes(ops::OpDef& op)
+{
+    op.Attr("scale").AttrType(ops::REQUIRED).Float();
+    op.Attr("causal").AttrType(ops::OPTIONAL).Bool(false);
+    op.Attr("layout").AttrType(ops::OPTIONAL).String("BNSD");
+}
+
+// The tiling function type spelled out: the alias for it moved between CANN versions
+// (gert::OpImplKernelRegistry in 8.x, gert::OpImplRegisterV2 in 9.x).
+using TilingFunction = ge::graphStatus (*)(gert::TilingContext*);
+
+inline void AICoreConfigs(ops::OpDef& op, TilingFunction tiling)
+{
+    ops::OpAICoreConfig config;
+    config.DynamicCompileStaticFlag(true)
+        .DynamicFormatFlag(false)
+        .DynamicRankSupportFlag(true)
+        .DynamicShapeSupportFlag(true)
+        .NeedCheckSupportFlag(false)
+        .PrecisionReduceFlag(false);
+    op.AICore().SetTiling(tiling);
+    op.AICore().AddConfig("ascend910b", config);
+    op.AICore().AddConfig("ascend910_93", config);
+}
+
+}  // namespace flash_cann_host
+
+#endif

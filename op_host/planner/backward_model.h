@@ -1,0 +1,81 @@
+// The schedule model of the FlashAttention backward kernel (op_kernel/
+// flash_cann_attention_grad.cpp, FA2 style): a PREDICTION, never a measurement. Same
+// engines, figures and timeline as the forward's model (schedule_model.h).
+//
+// Per step (one query block x one key block; K and V resident in L1 for a unit = one key
+// block of one kv head):
+//   cube    S = Q K^T and dP = dO V^T (Fixpipe both to the fp32 workspace)
+//   vector  P = exp(S scale - lse), dS = P (dP - D); P and dS to the workspace
+//   cube    dV += P^T dO, dK += dS^T Q (accumulated in L0C over the unit),
+//           dQ += dS K (Fixpipe atomic add into an fp32 accumulator)
+// per unit: dK and dV leave L0C once (fp32). Before: the pre-pass (D = rowsum(dO O) - dLSE,
+// zero the dQ accumulators); after: the post-pass (sum the dQ slots, scale, cast, write
+// dQ, dK, dV). The deterministic variant adds into `dqSlots` per-chunk accumulators that
+// the post-pass sums in a fixed order.
+#ifndef FLASH_CANN_PLANNER_BACKWARD_MODEL_H
+#define FLASH_CANN_PLANNER_BACKWARD_MODEL_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "platform.h"
+#include "timeline.h"
+
+namespace flash_cann {
+
+// The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad
+// and dqSlots from GradTilingData, deterministic from its tiling key; the kernel keeps
+// kGradStepsInFlight steps in flight (stepsAhead), one L0C product scratch
+// (GradBufferBytes::l0c), kGradExchangeSlots workspace slots, two K/V L1 buffers.
+struct BackwardDesign {
+    uint32_t blockQ = 128;
+    uint32_t blockK = 128;
+    uint32_t headDimPad = 128;
+    uint32_t elemBytes = 2;
+    uint32_t stepsAhead = 1;       // S/dP of step i + stepsAhead - 1 issue before the
+                                   // gradient matmuls of step i (1: a serial chain)
+    uint32_t exchangeSlots = 2;    // workspace slots of S, dP, P, dS per AI core
+    uint32_t kvL1Buffers = 2;      // K/V copies in L1: a unit's load waits for the unit
+                                   // this many before it to finish its products
+    uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
+    bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
+    uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
+};
+
+// The problem (sizes only).
+struct BackwardProblem {
+    int64_t batch = 0, headsQ = 0, headsKv = 0, seqlenQ = 0, seqlenK = 0, headDim = 0;
+    bool causal = false;
+};
+
+// One AI core's main-loop work: `units` key blocks, `steps` (query block, key block)
+// products in total (the grad plan's per-core units and UnitCost steps).
+struct BackwardCoreWork {
+    uint64_t units = 0;
+    uint64_t steps = 0;
+};
+
+struct BackwardPrediction {
+    double seconds = 0;          // launch + pre-pass + slowest core's main loop + post-pass
+    double preSeconds = 0;
+    double mainSeconds = 0;
+    double postSeconds = 0;
+    double usefulFlops = 0;      // 2.5 x the forward's 4 * D * visible pairs
+    double cubeUtilization = 0;  // usefulFlops / (seconds * cube peak)
+    std::string bound;           // what limits the main loop
+    std::vector<std::pair<std::string, double>> engineBusySeconds;  // slowest core
+};
+
+BackwardPrediction PredictBackward(const BackwardDesign& design, const BackwardProblem& problem,
+                                   const std::vector<BackwardCoreWork>& cores,
+                                   const Platform& platform);
+
+// The main-loop work of every core when the (batch, head_kv, key block) units are split
+// into `cores` contiguous equal-count ranges (for planning off the kernel's tiling).
+std::vector<BackwardCoreWork> EvenBackwardSplit(const BackwardDesign& design,
+                                                const BackwardProblem& problem, uint32_t cores);
+
+}  // namespace flash_cann
+
+#endif

@@ -1,0 +1,68 @@
+#include "engine_rates.h"
+
+namespace flash_cann {
+namespace {
+
+// One MindStudio bandwidth table (GB/s per core at `clockGhz`), kept in bytes per cycle
+// so that it can be applied at another SoC's clock.
+struct BandwidthTable {
+    double clockGhz;
+    double l2ToL1, l1ToL0a, l1ToL0b, fixpipe, l2ToUb, ubToL2;
+
+    double PerCycle(double gbPerSecond) const { return gbPerSecond / clockGhz; }
+};
+
+// msopmodeling arc_config/910B1/bandwidth_910B1.csv rows L2->L1, L1->L0A, L1->L0B,
+// L0C->L2, L2->UB, UB->L2.
+constexpr BandwidthTable k910B1{1.85, 221.0, 441.0, 220.5, 70.0, 137.0, 93.0};
+// msopmodeling arc_config/910B4/bandwidth_910B4.csv, same rows (the table's clock is
+// 1650 MHz).
+constexpr BandwidthTable k910B4{1.65, 134.98, 285.82, 142.97, 46.66, 87.39, 64.82};
+
+constexpr double kL2BytesPerCyclePerCore = 110;   // ini l2_rate (UT platform stub)
+constexpr double kLaunchCycles = 10905;           // pto-isa fa_cost_model.py
+constexpr double kCrossCoreFlagCycles = 1000.0 / 4;  // pto-isa: 1000 per tile, 4 hand-offs
+
+// msopmodeling vec_cycle_910B1.csv, fp32 rows: computing_cycles, head_cycles.
+void FillVectorTable(EngineRates& r)
+{
+    auto set = [&](VecOp op, double perRepeat, double head) {
+        r.vector[static_cast<uint32_t>(op)] = {perRepeat, head};
+    };
+    set(VecOp::kScalarArith, 1, 14);  // VMULS 1/14, VADDS 1/13, VMINS 1/14
+    set(VecOp::kBinary, 2, 14);       // VADD/VSUB/VMUL 2/13, VMAX 2/14
+    set(VecOp::kExp, 2, 13);          // VEXP FP32 2/13
+    set(VecOp::kLn, 2, 26);           // LOG FP32 2/26
+    set(VecOp::kDiv, 4, 13);          // VDIV FP32 4/13
+    set(VecOp::kBlockReduce, 1, 14);  // VCGMAX/VCGADD 1/14
+    set(VecOp::kWholeReduce, 7, 14);  // VCADD 7/14 (no VCMAX row: taken equal)
+    set(VecOp::kBroadcast, 1, 18);    // VBRCB 0/0, interval 18: one cycle per repeat assumed
+    set(VecOp::kCast, 1, 16);         // CONV_F322F16 1/16, CONV_F322BF16 1/14
+    set(VecOp::kDuplicate, 1, 11);    // VECTOR_DUP 1/11
+    set(VecOp::kCompare, 2, 14);      // VCMPV_* 2/14
+    set(VecOp::kSelect, 2, 13);       // VSEL FP32 2/13
+}
+
+}  // namespace
+
+EngineRates RatesFor(const Platform& p)
+{
+    const BandwidthTable& table = p.name == "Ascend910B4" ? k910B4 : k910B1;
+    const double clock = p.cubeClockGhz * 1e9;
+    EngineRates r;
+    r.clockHz = clock;
+    r.l2ToL1 = table.PerCycle(table.l2ToL1) * clock;
+    r.l1ToL0a = table.PerCycle(table.l1ToL0a) * clock;
+    r.l1ToL0b = table.PerCycle(table.l1ToL0b) * clock;
+    r.fixpipe = table.PerCycle(table.fixpipe) * clock;
+    r.l2ToUb = table.PerCycle(table.l2ToUb) * clock;
+    r.ubToL2 = table.PerCycle(table.ubToL2) * clock;
+    r.l2Aggregate = kL2BytesPerCyclePerCore * p.aicCores * clock;
+    r.hbm = p.hbmBytesPerSecond;
+    r.crossCoreFlag = kCrossCoreFlagCycles / clock;
+    r.launch = kLaunchCycles / clock;
+    FillVectorTable(r);
+    return r;
+}
+
+}  // namespace flash_cann

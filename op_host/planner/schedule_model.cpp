@@ -1,0 +1,550 @@
+#include "schedule_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace flash_cann {
+namespace {
+
+constexpr double kFloatsPerRepeat = 64;   // 256 bytes of fp32
+constexpr double kMacsPerCycle = 16 * 16 * 16;
+// Tiles of up to this many rounds are simulated whole; longer ones are extrapolated
+// linearly from two simulated lengths (the pipeline's steady state is periodic).
+constexpr uint32_t kExactRounds = 8;
+constexpr uint32_t kExtrapolationStep = 4;
+
+// Costs of one round and one tile of a design for a tile of `rows` query rows.
+struct RoundCosts {
+    // cube core
+    double loadQ, loadK, loadV, loadP, mte1Scores, mte1Output, mmad, fixScores, fixOutput;
+    // one vector core (the busier one), per slice of a round / per round / per tile
+    double inScores, softmax, outProbs, diagonalExtra, maskExtra;
+    double inOutput, updateOutput, epilogue, outFinal;
+    double l2BytesRound, l2BytesTile;  // the whole AI core's GM/L2 traffic
+};
+
+RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const EngineRates& r)
+{
+    const double rows16 = std::ceil(rows / 16.0) * 16;
+    const double k = d.keysPerRound;
+    const double dim = d.headDimPad;
+    const double e = d.elemBytes;
+    const double vecRows = std::ceil(rows / 2.0);
+    const double slices = d.vectorSlices;
+    const double sliceRows = std::ceil(vecRows / slices);
+    RoundCosts c{};
+    c.loadQ = rows * dim * e / r.l2ToL1;
+    c.loadK = c.loadV = k * dim * e / r.l2ToL1;
+    c.loadP = rows16 * k * e / r.l2ToL1;
+    c.mte1Scores = (d.queryInL0a ? 0 : rows16 * dim * e / r.l1ToL0a) + k * dim * e / r.l1ToL0b;
+    c.mte1Output = rows16 * k * e / r.l1ToL0a + k * dim * e / r.l1ToL0b;
+    c.mmad = rows16 * k * dim / kMacsPerCycle / r.clockHz;
+    c.fixScores = rows16 * k * d.scoreBytes / r.fixpipe;
+    c.fixOutput = rows16 * dim * d.outputBytes / r.fixpipe;
+    c.inScores = sliceRows * k * d.scoreBytes / r.l2ToUb;
+    c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r);
+    c.outProbs = sliceRows * k * e / r.ubToL2;
+    c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
+    c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
+    c.inOutput = vecRows * dim * d.outputBytes / r.l2ToUb;
+    c.updateOutput = VecSeconds(OutputUpdateProgram(vecRows, dim, d.vectorBarriers), r);
+    c.epilogue = VecSeconds(EpilogueProgram(vecRows, dim), r);
+    c.outFinal = vecRows * (dim * e + 4) / r.ubToL2;
+    c.l2BytesRound = 2 * k * dim * e + rows16 * k * e          // K, V, P into L1
+                     + rows16 * k * d.scoreBytes + rows16 * dim * d.outputBytes  // Fixpipe
+                     + rows * k * (d.scoreBytes + e) + rows * dim * d.outputBytes;  // vector
+    c.l2BytesTile = rows * dim * e * 2 + rows * 4;
+    return c;
+}
+
+struct SimResult {
+    double seconds = 0;
+    EngineSeconds busy{};
+};
+
+// The task graph of a sequence of tiles on one AI core (see KernelDesign for the knobs).
+class ScheduleBuilder {
+public:
+    ScheduleBuilder(const KernelDesign& d, const std::vector<TileWork>& tiles,
+                    const std::vector<RoundCosts>& costs, double flag)
+        : d_(d), costs_(costs), flag_(flag)
+    {
+        for (uint32_t t = 0; t < tiles.size(); ++t) {
+            for (uint32_t j = 0; j < tiles[t].rounds; ++j) {
+                const bool diagonal = j + tiles[t].diagonalRounds >= tiles[t].rounds;
+                rounds_.push_back({t, j == 0, j + 1 == tiles[t].rounds, diagonal});
+            }
+        }
+        ids_.resize(rounds_.size());
+        tileIds_.resize(tiles.size());
+    }
+
+    SimResult Run()
+    {
+        BuildCube();
+        BuildVector();
+        Connect();
+        SimResult result;
+        result.seconds = timeline_.Run();
+        result.busy = timeline_.Busy();
+        return result;
+    }
+
+private:
+    using Id = Timeline::TaskId;
+    struct Round {
+        uint32_t tile;
+        bool first, last, diagonal;
+    };
+    struct RoundIds {
+        Id loadK = Timeline::kNone, mte1S = Timeline::kNone, mmadS = Timeline::kNone,
+           fixS = Timeline::kNone;
+        Id loadP = Timeline::kNone, loadV = Timeline::kNone, mte1O = Timeline::kNone,
+           mmadO = Timeline::kNone, fixO = Timeline::kNone;
+        std::vector<Id> inS, softmax, outP;
+        Id inO = Timeline::kNone, updateO = Timeline::kNone;
+    };
+    struct TileIds {
+        Id loadQ = Timeline::kNone, epilogue = Timeline::kNone, out = Timeline::kNone;
+    };
+    struct Matmul {
+        Id mte1, mmad, fix;
+        bool output;
+    };
+
+    const RoundCosts& Cost(size_t g) const { return costs_[rounds_[g].tile]; }
+
+    void LoadKey(size_t g)
+    {
+        if (rounds_[g].first) {
+            tileIds_[rounds_[g].tile].loadQ = timeline_.Add(Engine::kCubeMte2, Cost(g).loadQ);
+        }
+        ids_[g].loadK = timeline_.Add(Engine::kCubeMte2, Cost(g).loadK);
+    }
+
+    void Scores(size_t g)
+    {
+        RoundIds& i = ids_[g];
+        i.mte1S = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Scores);
+        i.mmadS = timeline_.Add(Engine::kCube, Cost(g).mmad);
+        i.fixS = timeline_.Add(Engine::kFixpipe, Cost(g).fixScores);
+        matmuls_.push_back({i.mte1S, i.mmadS, i.fixS, false});
+    }
+
+    void Output(size_t g)
+    {
+        RoundIds& i = ids_[g];
+        i.mte1O = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Output);
+        i.mmadO = timeline_.Add(Engine::kCube, Cost(g).mmad);
+        i.fixO = timeline_.Add(Engine::kFixpipe, Cost(g).fixOutput);
+        matmuls_.push_back({i.mte1O, i.mmadO, i.fixO, true});
+    }
+
+    // The cube's program: S of the first scoresAhead rounds, then per round P.V(j)
+    // followed by S(j + scoresAhead), over one tile or the whole stream.
+    void BuildCube()
+    {
+        size_t begin = 0;
+        while (begin < rounds_.size()) {
+            size_t end = begin + 1;
+            while (end < rounds_.size() && (d_.pipelineAcrossTiles || !rounds_[end].first)) {
+                ++end;
+            }
+            for (size_t g = begin; g < std::min(end, begin + d_.scoresAhead); ++g) {
+                LoadKey(g);
+                Scores(g);
+            }
+            for (size_t g = begin; g < end; ++g) {
+                const size_t next = g + d_.scoresAhead;
+                if (d_.loadsBeforeProbWait) {
+                    ids_[g].loadV = timeline_.Add(Engine::kCubeMte2, Cost(g).loadV);
+                    if (next < end) {
+                        LoadKey(next);
+                    }
+                    ids_[g].loadP = timeline_.Add(Engine::kCubeMte2, Cost(g).loadP);
+                } else {
+                    ids_[g].loadP = timeline_.Add(Engine::kCubeMte2, Cost(g).loadP);
+                    ids_[g].loadV = timeline_.Add(Engine::kCubeMte2, Cost(g).loadV);
+                    if (next < end) {
+                        LoadKey(next);
+                    }
+                }
+                Output(g);
+                if (next < end) {
+                    Scores(next);
+                }
+            }
+            begin = end;
+        }
+    }
+
+    void Softmax(size_t g)
+    {
+        const RoundCosts& c = Cost(g);
+        const double extra = (rounds_[g].diagonal ? c.diagonalExtra : 0) + c.maskExtra;
+        for (uint32_t s = 0; s < d_.vectorSlices; ++s) {
+            ids_[g].inS.push_back(timeline_.Add(Engine::kVecMte2, c.inScores));
+            ids_[g].softmax.push_back(timeline_.Add(Engine::kVector, c.softmax + extra));
+            ids_[g].outP.push_back(timeline_.Add(Engine::kVecMte3, c.outProbs));
+            slices_.push_back({ids_[g].inS.back(), ids_[g].softmax.back(), ids_[g].outP.back()});
+        }
+    }
+
+    void UpdateOutput(size_t g)
+    {
+        ids_[g].inO = timeline_.Add(Engine::kVecMte2, Cost(g).inOutput);
+        ids_[g].updateO = timeline_.Add(Engine::kVector, Cost(g).updateOutput);
+        if (rounds_[g].last) {
+            TileIds& t = tileIds_[rounds_[g].tile];
+            t.epilogue = timeline_.Add(Engine::kVector, Cost(g).epilogue);
+            t.out = timeline_.Add(Engine::kVecMte3, Cost(g).outFinal);
+        }
+    }
+
+    // The vector core's program: softmax(j), then the O update of round j - outputDelay
+    // (within a tile unless the design pipelines across tiles), the epilogue after a
+    // tile's last O update.
+    void BuildVector()
+    {
+        size_t pending = 0;  // next round whose O update is due
+        for (size_t g = 0; g < rounds_.size(); ++g) {
+            Softmax(g);
+            const bool flush = rounds_[g].last && !d_.pipelineAcrossTiles;
+            while (pending <= g && (pending + d_.outputDelay <= g || flush)) {
+                UpdateOutput(pending++);
+            }
+        }
+        while (pending < rounds_.size()) {
+            UpdateOutput(pending++);
+        }
+    }
+
+    void Connect()
+    {
+        Timeline& t = timeline_;
+        const size_t n = rounds_.size();
+        for (size_t g = 0; g < n; ++g) {
+            RoundIds& i = ids_[g];
+            t.After(i.mte1S, i.loadK);
+            t.After(i.mte1S, tileIds_[rounds_[g].tile].loadQ);
+            t.After(i.mmadS, i.mte1S);
+            t.After(i.fixS, i.mmadS);
+            if (g >= d_.scoreSlots) {  // the S slot is free once the vector has read it
+                t.After(i.fixS, ids_[g - d_.scoreSlots].inS.back(), flag_);
+            }
+            t.After(i.loadP, i.outP.back(), flag_);
+            t.After(i.mte1O, i.loadP);
+            t.After(i.mte1O, i.loadV);
+            t.After(i.mmadO, i.mte1O);
+            t.After(i.fixO, i.mmadO);
+            if (g >= d_.outputSlots) {
+                t.After(i.fixO, ids_[g - d_.outputSlots].inO, flag_);
+            }
+            for (uint32_t s = 0; s < d_.vectorSlices; ++s) {
+                t.After(i.inS[s], i.fixS, flag_);
+                t.After(i.softmax[s], i.inS[s]);
+                t.After(i.outP[s], i.softmax[s]);
+                if (g >= d_.probSlots) {
+                    t.After(i.outP[s], ids_[g - d_.probSlots].loadP, flag_);
+                }
+            }
+            t.After(i.inO, i.fixO, flag_);
+            t.After(i.updateO, i.inO);
+            const TileIds& tile = tileIds_[rounds_[g].tile];
+            if (rounds_[g].last) {
+                t.After(tile.epilogue, i.updateO);
+                t.After(tile.out, tile.epilogue);
+            }
+        }
+        // Buffer reuse: L0A/L0B and L0C rings of the cube, UB buffers of the vector.
+        std::vector<Id> l0c[2];  // Fixpipes of the results in each L0C ring, in order
+        for (size_t m = 0; m < matmuls_.size(); ++m) {
+            if (m >= d_.l0Buffers) {
+                t.After(matmuls_[m].mte1, matmuls_[m - d_.l0Buffers].mmad);
+            }
+            const bool own = d_.outputOwnL0c && matmuls_[m].output;
+            std::vector<Id>& ring = l0c[own ? 1 : 0];
+            const size_t depth = own ? 1 : d_.l0cBuffers;
+            if (ring.size() >= depth) {
+                t.After(matmuls_[m].mmad, ring[ring.size() - depth]);
+            }
+            ring.push_back(matmuls_[m].fix);
+        }
+        const size_t probBuffers = d_.probBufferIsScratch ? 1 : 2;
+        for (size_t s = 0; s < slices_.size(); ++s) {
+            if (s >= d_.ubScoreBuffers) {
+                t.After(slices_[s].in, slices_[s - d_.ubScoreBuffers].softmax);
+            }
+            if (s >= probBuffers) {
+                t.After(slices_[s].softmax, slices_[s - probBuffers].out);
+            }
+        }
+    }
+
+    struct Slice {
+        Id in, softmax, out;
+    };
+    const KernelDesign& d_;
+    const std::vector<RoundCosts>& costs_;
+    double flag_;
+    Timeline timeline_;
+    std::vector<Round> rounds_;
+    std::vector<RoundIds> ids_;
+    std::vector<TileIds> tileIds_;
+    std::vector<Matmul> matmuls_;
+    std::vector<Slice> slices_;
+};
+
+struct CoreSchedule {
+    double seconds = 0;      // the core's modelled time (schedule or L2 floor)
+    double l2Bytes = 0;      // all of its GM/L2 traffic
+    EngineSeconds busy{};    // per engine
+    bool l2Bound = false;    // the shared-L2 floor set the time
+};
+
+struct TileCost {
+    double single = 0;   // the tile alone: fill + steady work + drain
+    double steady = 0;   // one more such tile in a stream of them
+    EngineSeconds busy{};
+    double l2Bytes = 0;
+};
+
+class TileCostCache {
+public:
+    TileCostCache(const KernelDesign& d, bool hasMask, const EngineRates& r)
+        : d_(d), hasMask_(hasMask), r_(r) {}
+
+    const TileCost& Get(const TileWork& tile)
+    {
+        auto found = cache_.find(tile);
+        if (found != cache_.end()) {
+            return found->second;
+        }
+        const uint32_t exact = std::max(kExactRounds, tile.diagonalRounds + 4);
+        TileCost cost;
+        if (tile.rounds <= exact + kExtrapolationStep) {
+            cost = Simulate(tile);
+        } else {
+            const TileCost a = Get({tile.rows, exact, tile.diagonalRounds});
+            const TileCost b = Get({tile.rows, exact + kExtrapolationStep, tile.diagonalRounds});
+            const double f = double(tile.rounds - exact) / kExtrapolationStep;
+            auto extend = [f](double x, double y) { return x + (y - x) * f; };
+            cost.single = extend(a.single, b.single);
+            cost.steady = extend(a.steady, b.steady);
+            for (uint32_t e = 0; e < kEngines; ++e) {
+                cost.busy[e] = extend(a.busy[e], b.busy[e]);
+            }
+            cost.l2Bytes = extend(a.l2Bytes, b.l2Bytes);
+        }
+        return cache_.emplace(tile, cost).first->second;
+    }
+
+    // Whether some simulated task graph could not run (a broken design).
+    bool Deadlocked() const { return deadlock_; }
+
+private:
+    SimResult Run(const std::vector<TileWork>& tiles)
+    {
+        const std::vector<RoundCosts> costs(tiles.size(), CostRound(d_, tiles[0].rows, hasMask_, r_));
+        return ScheduleBuilder(d_, tiles, costs, r_.crossCoreFlag).Run();
+    }
+
+    TileCost Simulate(const TileWork& tile)
+    {
+        const SimResult one = Run({tile});
+        const SimResult three = Run({tile, tile, tile});
+        deadlock_ = deadlock_ || one.seconds < 0 || three.seconds < 0;
+        TileCost cost;
+        cost.single = one.seconds;
+        cost.steady = (three.seconds - one.seconds) / 2;
+        cost.busy = one.busy;
+        const RoundCosts c = CostRound(d_, tile.rows, hasMask_, r_);
+        cost.l2Bytes = c.l2BytesRound * tile.rounds + c.l2BytesTile;
+        return cost;
+    }
+
+    const KernelDesign& d_;
+    bool hasMask_;
+    const EngineRates& r_;
+    std::map<TileWork, TileCost> cache_;
+    bool deadlock_ = false;
+};
+
+}  // namespace
+
+double FloatRepeats(double elements)
+{
+    return std::ceil(elements / kFloatsPerRepeat);
+}
+
+void AppendVec(VecProgram& program, VecOp op, double repeats, bool barrier, double times)
+{
+    if (repeats > 0 && times > 0) {
+        program.push_back({op, repeats, barrier, times});
+    }
+}
+
+void AppendTile(CoreWorkList& work, const TileWork& tile)
+{
+    if (!work.empty() && !(work.back().tile < tile) && !(tile < work.back().tile)) {
+        ++work.back().count;
+    } else {
+        work.push_back({tile, 1});
+    }
+}
+
+double VecSeconds(const VecProgram& program, const EngineRates& r)
+{
+    double cycles = 0;
+    for (const VecInstr& i : program) {
+        const VecOpCost& c = r.Cost(i.op);
+        // msopmodeling's rule: repeats x cost, or with a barrier after it head + the rest.
+        cycles += i.times * (i.barrier ? c.headCycles + (i.repeats - 1) * c.cyclesPerRepeat
+                                       : i.repeats * c.cyclesPerRepeat);
+    }
+    return cycles / r.clockHz;
+}
+
+VecProgram SoftmaxProgram(double rows, double keys, bool b)
+{
+    const double tile = FloatRepeats(rows * keys);
+    const double row = FloatRepeats(rows);
+    VecProgram p;
+    AppendVec(p, VecOp::kScalarArith, tile, b);       // S * scale
+    AppendVec(p, VecOp::kBlockReduce, tile, b);       // row max: per 32-byte block
+    AppendVec(p, VecOp::kWholeReduce, rows, b);       //   then per row
+    AppendVec(p, VecOp::kBinary, row, b);             // m' = max(m, block max)
+    AppendVec(p, VecOp::kScalarArith, row, b);        // clamp
+    AppendVec(p, VecOp::kBinary, row, b);             // m - m'
+    AppendVec(p, VecOp::kExp, row, false);            // alpha
+    AppendVec(p, VecOp::kScalarArith, row, false);    // m = m'
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // m' to one block per row
+    AppendVec(p, VecOp::kBinary, tile, b);            // S - m'
+    AppendVec(p, VecOp::kExp, tile, b);               // exp
+    AppendVec(p, VecOp::kBlockReduce, tile, b);       // row sum
+    AppendVec(p, VecOp::kWholeReduce, rows, b);
+    AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
+    AppendVec(p, VecOp::kBinary, row, false);         // + block sum
+    AppendVec(p, VecOp::kCast, tile, false);          // P in the input dtype
+    return p;
+}
+
+VecProgram OutputUpdateProgram(double rows, double headDim, bool b)
+{
+    const double tile = FloatRepeats(rows * headDim);
+    VecProgram p;
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), b);  // alpha per row
+    AppendVec(p, VecOp::kBinary, tile, b);            // O * alpha
+    AppendVec(p, VecOp::kBinary, tile, b);            // + P.V
+    return p;
+}
+
+VecProgram EpilogueProgram(double rows, double headDim)
+{
+    const double tile = FloatRepeats(rows * headDim);
+    const double row = FloatRepeats(rows);
+    VecProgram p;
+    AppendVec(p, VecOp::kScalarArith, row, false);    // clamp l
+    AppendVec(p, VecOp::kDuplicate, row, true);
+    AppendVec(p, VecOp::kDiv, row, true);             // 1 / l
+    AppendVec(p, VecOp::kBroadcast, std::ceil(rows / 8), true);
+    AppendVec(p, VecOp::kBinary, tile, true);         // O / l
+    AppendVec(p, VecOp::kCast, tile, false);
+    AppendVec(p, VecOp::kLn, row, true);              // lse = m + ln l
+    AppendVec(p, VecOp::kBinary, row, false);
+    AppendVec(p, VecOp::kDuplicate, row, false);      // next tile's m, l, O
+    AppendVec(p, VecOp::kDuplicate, row, false);
+    AppendVec(p, VecOp::kDuplicate, tile, true);
+    return p;
+}
+
+VecProgram CausalMaskProgram(double rows, double keys, bool perRow)
+{
+    VecProgram p;
+    if (perRow) {  // one Compares + Select per row, each followed by a barrier
+        AppendVec(p, VecOp::kCompare, FloatRepeats(keys), true, rows);
+        AppendVec(p, VecOp::kSelect, FloatRepeats(keys), true, rows);
+    } else {       // one 2-D select against a precomputed diagonal mask
+        AppendVec(p, VecOp::kSelect, FloatRepeats(rows * keys), true);
+    }
+    return p;
+}
+
+VecProgram KeyMaskProgram(double rows, double keys)
+{
+    VecProgram p;
+    const double key = FloatRepeats(keys);
+    AppendVec(p, VecOp::kDuplicate, key, true);       // bias row
+    AppendVec(p, VecOp::kCast, key, true);            // mask bytes -> half -> float
+    AppendVec(p, VecOp::kCast, key, true);
+    AppendVec(p, VecOp::kCompare, key, true);
+    AppendVec(p, VecOp::kSelect, key, true);
+    AppendVec(p, VecOp::kBinary, FloatRepeats(rows * keys), true);  // S + bias
+    return p;
+}
+
+SchedulePrediction PredictSchedule(const KernelDesign& design,
+                                   const std::vector<CoreWorkList>& cores,
+                                   double hbmBytes, bool hasMask, const EngineRates& rates)
+{
+    TileCostCache cache(design, hasMask, rates);
+    SchedulePrediction p;
+    p.launchSeconds = rates.launch;
+    p.hbmSeconds = hbmBytes / rates.hbm;
+    const double l2Share = rates.l2Aggregate / std::max<size_t>(1, cores.size());
+    double total = 0;
+    CoreSchedule slowest;
+    for (const CoreWorkList& runs : cores) {
+        CoreSchedule core;
+        for (size_t i = 0; i < runs.size(); ++i) {
+            const TileCost& c = cache.Get(runs[i].tile);
+            const double n = static_cast<double>(runs[i].count);
+            // The first tile pays the pipeline's fill and drain.
+            core.seconds += n * c.steady + (i == 0 ? c.single - c.steady : 0);
+            core.l2Bytes += n * c.l2Bytes;
+            for (uint32_t e = 0; e < kEngines; ++e) {
+                core.busy[e] += n * c.busy[e];
+            }
+        }
+        if (core.l2Bytes / l2Share > core.seconds) {
+            core.seconds = core.l2Bytes / l2Share;
+            core.l2Bound = true;
+        }
+        total += core.seconds;
+        if (core.seconds >= slowest.seconds) {
+            slowest = core;
+        }
+    }
+    p.meanCoreSeconds = cores.empty() ? 0 : total / cores.size();
+    p.coreSeconds = slowest.seconds;
+    p.busy = slowest.busy;
+    p.seconds = std::max(p.launchSeconds + slowest.seconds, p.hbmSeconds);
+    uint32_t busiest = 0;
+    for (uint32_t e = 1; e < kEngines; ++e) {
+        if (slowest.busy[e] > slowest.busy[busiest]) {
+            busiest = e;
+        }
+    }
+    const double share = slowest.seconds > 0 ? slowest.busy[busiest] / slowest.seconds : 0;
+    char text[160];
+    if (cache.Deadlocked()) {  // a broken design: no time rather than a wrong one
+        p.seconds = 0;
+        p.bound = "deadlock in the design's task graph";
+    } else if (p.hbmSeconds > p.launchSeconds + slowest.seconds) {
+        p.bound = "HBM bandwidth";
+    } else if (slowest.l2Bound) {
+        p.bound = "shared L2 bandwidth (workspace and K/V traffic)";
+    } else if (share >= 0.85) {
+        std::snprintf(text, sizeof(text), "%s, busy %.0f%%", EngineName(Engine(busiest)), 100 * share);
+        p.bound = text;
+    } else {
+        std::snprintf(text, sizeof(text), "dependency chain (busiest: %s, %.0f%%)",
+                      EngineName(Engine(busiest)), 100 * share);
+        p.bound = text;
+    }
+    return p;
+}
+
+}  // namespace flash_cann

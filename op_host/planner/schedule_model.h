@@ -1,0 +1,125 @@
+// The schedule model of a FlashAttention forward kernel on an Ascend AI core: a
+// PREDICTION (never a measurement, never used to decide correctness).
+//
+// A kernel design is data (KernelDesign): the shape of one round (query rows x keys on
+// one AI core), the order in which the cube issues S = Q.K^T and P.V, how far the
+// vector's O update lags the softmax, the GM workspace rings, the vector instructions
+// per round. For every AI core the model builds the task graph of its rounds -- cube
+// MTE2 loads, MTE1, MMAD and Fixpipe; vector MTE2, V and MTE3 -- with exactly the
+// dependencies the design allows (data, cross-core flags with their latency, buffer
+// reuse, in-order pipes) and runs it on a Timeline. Long tiles are extrapolated from
+// the simulated steady state; the shared L2 and HBM bandwidths bound the result from
+// below. docs/planner.md gives the figures, their sources and the calibration.
+#ifndef FLASH_CANN_PLANNER_SCHEDULE_MODEL_H
+#define FLASH_CANN_PLANNER_SCHEDULE_MODEL_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine_rates.h"
+#include "timeline.h"
+
+namespace flash_cann {
+
+// One vector instruction of `repeats` 256-byte repeats, issued `times` times; `barrier`:
+// a PipeBarrier<PIPE_V> follows each, so its head latency is exposed.
+struct VecInstr {
+    VecOp op;
+    double repeats;
+    bool barrier;
+    double times = 1;
+};
+using VecProgram = std::vector<VecInstr>;
+
+double VecSeconds(const VecProgram& program, const EngineRates& rates);
+// 256-byte repeats of `elements` fp32 values.
+double FloatRepeats(double elements);
+// Appends an instruction (none when `repeats` or `times` is 0).
+void AppendVec(VecProgram& program, VecOp op, double repeats, bool barrier, double times = 1);
+
+// The vector programs of the online softmax (flash_attention_vector.h's instruction
+// sequence; the incumbent's SoftmaxFlashV2 performs the same steps):
+//   per score tile [rows x keys]: scale, row max, rescale factor, subtract, exp, row sum,
+//   cast to P; `barriers`: a PipeBarrier<PIPE_V> after each step.
+VecProgram SoftmaxProgram(double rows, double keys, bool barriers);
+//   per round of O: rescale the running O and add the partial product
+VecProgram OutputUpdateProgram(double rows, double headDim, bool barriers);
+//   per tile: O / l, cast, lse
+VecProgram EpilogueProgram(double rows, double headDim);
+//   per diagonal round of a causal tile
+VecProgram CausalMaskProgram(double rows, double keys, bool perRow);
+//   per round with a key padding mask
+VecProgram KeyMaskProgram(double rows, double keys);
+
+struct KernelDesign {
+    std::string name;
+    // One round on one AI core.
+    uint32_t keysPerRound = 0;
+    uint32_t headDimPad = 0;
+    uint32_t elemBytes = 2;
+    uint32_t vectorSlices = 1;   // a vector core's round runs as this many row slices
+    uint32_t ubScoreBuffers = 1; // UB copies of a score slice (2: next load overlaps)
+    bool probBufferIsScratch = false;  // softmax(j+1) waits for P(j) to leave UB
+    // Order and overlap.
+    uint32_t scoresAhead = 1;    // rounds of S issued before P.V(0): S(j + scoresAhead - 1)
+                                 // precedes P.V(j)
+    uint32_t outputDelay = 0;    // the vector updates O(j) after softmax(j + outputDelay)
+    bool loadsBeforeProbWait = false;  // V(j) and the next K load issue before waiting for P(j)
+    bool pipelineAcrossTiles = false;  // the rounds of the next tile enter the pipeline
+                                       // before the current tile drains
+    bool queryInL0a = false;     // Q stays in L0A across a tile (no per-round MTE1 of Q)
+    uint32_t scoreSlots = 2, probSlots = 2, outputSlots = 2;  // GM workspace rings
+    uint32_t l0Buffers = 2;      // L0A/L0B operand ring
+    uint32_t l0cBuffers = 2;     // L0C ring of S (and of O when !outputOwnL0c)
+    bool outputOwnL0c = false;   // O has its own single L0C buffer
+    // Workspace bytes per element.
+    double scoreBytes = 4;       // S from Fixpipe to the vector cores
+    double outputBytes = 4;      // O partial per output element per round (0: none)
+    bool vectorBarriers = true;  // PipeBarrier<PIPE_V> between softmax steps
+    bool causalMaskPerRow = true;  // causal diagonal masked row by row (else one 2-D op)
+};
+
+// One tile of an AI core's work: `rows` query rows (both vector cores together),
+// `rounds` rounds of keysPerRound keys, the last `diagonalRounds` of which cross the
+// causal diagonal.
+struct TileWork {
+    uint32_t rows;
+    uint32_t rounds;
+    uint32_t diagonalRounds;
+    bool operator<(const TileWork& o) const
+    {
+        return rows != o.rows ? rows < o.rows
+               : rounds != o.rounds ? rounds < o.rounds : diagonalRounds < o.diagonalRounds;
+    }
+};
+
+// `count` consecutive identical tiles.
+struct TileRun {
+    TileWork tile;
+    uint64_t count;
+};
+using CoreWorkList = std::vector<TileRun>;
+
+// Appends `tile` to `work`, extending the last run when it is the same tile.
+void AppendTile(CoreWorkList& work, const TileWork& tile);
+
+struct SchedulePrediction {
+    double seconds = 0;            // launch + slowest core (or the HBM floor)
+    double launchSeconds = 0;
+    double hbmSeconds = 0;         // the HBM floor
+    double meanCoreSeconds = 0;
+    std::string bound;             // what limits the slowest core
+    EngineSeconds busy{};          // the slowest core's engines
+    double coreSeconds = 0;        // the slowest core's time
+};
+
+// Predicts a kernel: `cores[c]` is AI core c's tiles in order; `hbmBytes` the unique
+// traffic to HBM (inputs and outputs once); `hasMask` adds the key-mask vector work.
+SchedulePrediction PredictSchedule(const KernelDesign& design,
+                                   const std::vector<CoreWorkList>& cores,
+                                   double hbmBytes, bool hasMask, const EngineRates& rates);
+
+}  // namespace flash_cann
+
+#endif

@@ -1,0 +1,442 @@
+// Backward planner tests: every plan fits (accounted from the kernel's GradBufferBytes)
+// and its split walks every work unit exactly once (10,000 random shapes), the split is
+// balanced (causal too), deterministic dQ chunks never depend on the core count, the
+// workspace is the kernel's layout, refusals say what is wrong. Exit status 0 = all
+// passed. `grad_planner_tests --seed N` reruns a draw.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grad_planner.h"
+#include "planner_test_support.h"
+
+using namespace flash_cann;
+using namespace flash_cann_test;
+
+namespace {
+
+std::string Describe(const GradPlanRequest& r, uint32_t cores)
+{
+    return flash_cann_test::Describe(r.problem, cores) +
+           (r.deterministic ? " deterministic" : "");
+}
+
+// Every buffer the kernel allocates appears in the accounting: the listed sizes are, as
+// a multiset, exactly the fields of GradBufferBytes, less the key mask's without a mask
+// (so a buffer left out of the list, or listed with the wrong formula, fails here; the
+// copy counts are checked against the kernel's InitBuffer calls by the twin).
+void CheckAccountingCoversGradBufferBytes(const GradPlan& plan, uint32_t elemBytes, bool hasMask,
+                                          const std::string& what)
+{
+    const GradBufferBytes b = ComputeGradBufferBytes(plan.tiling, elemBytes);
+    static_assert(sizeof(GradBufferBytes) % sizeof(uint32_t) == 0, "uint32_t fields only");
+    std::vector<uint64_t> fields;
+    for (size_t i = 0; i < sizeof(b) / sizeof(uint32_t); ++i) {
+        const size_t offset = i * sizeof(uint32_t);
+        if (!hasMask && (offset == offsetof(GradBufferBytes, maskUb) ||
+                         offset == offsetof(GradBufferBytes, maskHalfUb))) {
+            continue;
+        }
+        uint32_t value;
+        std::memcpy(&value, reinterpret_cast<const char*>(&b) + offset, sizeof(value));
+        fields.push_back(value);
+    }
+    std::vector<uint64_t> listed;
+    for (const BufferUse& use : plan.buffers) {
+        listed.push_back(use.bytes);
+    }
+    std::sort(fields.begin(), fields.end());
+    std::sort(listed.begin(), listed.end());
+    EXPECT(fields == listed, "%s: the buffer list (%zu entries) is not GradBufferBytes (%zu fields)",
+           what.c_str(), listed.size(), fields.size());
+}
+
+// Walk every unit of every core with the kernel's UnitAt: the ranges partition the unit
+// space in order; each (batch, head_kv) pair's key blocks tile [0, seqlen_k) exactly
+// once; the first query block a unit visits is exactly the first that sees one of its
+// keys (bottom-right causal); the per-core work is what the units add up to. The steps
+// of each core's first and last unit are walked with StepAt.
+void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const std::string& what)
+{
+    const GradTilingData& t = plan.tiling;
+    const uint64_t pairs = uint64_t{t.batch} * t.headsKv;
+    EXPECT(t.units == pairs * t.keyBlocks && t.unitStart[0] == 0 &&
+               t.unitStart[t.usedCores] == t.units,
+           "%s: the ranges do not span the %llu units", what.c_str(),
+           static_cast<unsigned long long>(t.units));
+    uint64_t expectedPair = 0;
+    uint64_t keysCovered = 0;
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        EXPECT(t.unitStart[c] < t.unitStart[c + 1], "%s: core %u has no units", what.c_str(), c);
+        uint64_t steps = 0;
+        double macs = 0;
+        for (uint64_t unit = t.unitStart[c]; unit < t.unitStart[c + 1]; ++unit) {
+            const GradUnit u = causal ? UnitAt<true>(t, unit) : UnitAt<false>(t, unit);
+            const uint64_t pair = uint64_t{u.batch} * t.headsKv + u.headKv;
+            if (u.keyBlock == 0 && unit > 0) {
+                EXPECT(keysCovered == t.seqlenK, "%s: pair %llu covered %llu of %u keys",
+                       what.c_str(), static_cast<unsigned long long>(expectedPair),
+                       static_cast<unsigned long long>(keysCovered), t.seqlenK);
+                ++expectedPair;
+                keysCovered = 0;
+            }
+            EXPECT(pair == expectedPair && u.batch < t.batch && u.headKv < t.headsKv,
+                   "%s: unit %llu is in pair %llu, expected %llu", what.c_str(),
+                   static_cast<unsigned long long>(unit), static_cast<unsigned long long>(pair),
+                   static_cast<unsigned long long>(expectedPair));
+            EXPECT(u.key0 == keysCovered && u.keys >= 1 && u.keys <= t.blockK,
+                   "%s: unit %llu keys [%u, +%u)", what.c_str(),
+                   static_cast<unsigned long long>(unit), u.key0, u.keys);
+            keysCovered += u.keys;
+            // Query block b's last row is min(seqlenQ, (b + 1) blockQ) - 1; it sees key0
+            // iff key0 <= row + causalOffset.
+            auto seesUnit = [&](uint32_t block) {
+                const int64_t last = std::min<int64_t>(t.seqlenQ, int64_t{block + 1} * t.blockQ) - 1;
+                return !causal || static_cast<int64_t>(u.key0) <= last + t.causalOffset;
+            };
+            EXPECT(u.firstQueryBlock < u.queryBlocks && seesUnit(u.firstQueryBlock) &&
+                       (u.firstQueryBlock == 0 || !seesUnit(u.firstQueryBlock - 1)),
+                   "%s: unit %llu starts at query block %u of %u", what.c_str(),
+                   static_cast<unsigned long long>(unit), u.firstQueryBlock, u.queryBlocks);
+            EXPECT(u.dqSlot < t.dqSlots && (deterministic || u.dqSlot == 0),
+                   "%s: unit %llu dQ slot %u of %u", what.c_str(),
+                   static_cast<unsigned long long>(unit), u.dqSlot, t.dqSlots);
+            steps += uint64_t{t.group} * (u.queryBlocks - u.firstQueryBlock);
+            macs += GradUnitMacs(t, causal, unit);
+            if (unit == t.unitStart[c] || unit + 1 == t.unitStart[c + 1]) {
+                GradStep step{};
+                uint32_t index = 0;
+                while (StepAt(t, u, index, step)) {
+                    EXPECT(step.headQ / t.group == u.headKv && step.rows >= 1 &&
+                               step.rows <= t.blockQ && step.row0 + step.rows <= t.seqlenQ &&
+                               step.first == (index == 0),
+                           "%s: unit %llu step %u", what.c_str(),
+                           static_cast<unsigned long long>(unit), index);
+                    ++index;
+                }
+                EXPECT(index == GradUnitSteps(t, causal, unit) && step.last,
+                       "%s: unit %llu walked %u steps, UnitCost says %llu", what.c_str(),
+                       static_cast<unsigned long long>(unit), index,
+                       static_cast<unsigned long long>(GradUnitSteps(t, causal, unit)));
+            }
+        }
+        const GradCoreWork& core = plan.cores[c];
+        EXPECT(core.unitBegin == t.unitStart[c] && core.unitEnd == t.unitStart[c + 1] &&
+                   core.steps == steps && std::fabs(core.macs - macs) <= 1e-9 * macs,
+               "%s: core %u work (%llu steps, %g MACs) is not its units' (%llu, %g)",
+               what.c_str(), c, static_cast<unsigned long long>(core.steps), core.macs,
+               static_cast<unsigned long long>(steps), macs);
+    }
+    EXPECT(expectedPair + 1 == pairs && keysCovered == t.seqlenK,
+           "%s: the walk ended in pair %llu with %llu keys", what.c_str(),
+           static_cast<unsigned long long>(expectedPair),
+           static_cast<unsigned long long>(keysCovered));
+}
+
+void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
+{
+    const std::string what = Describe(r, cores);
+    const GradPlanResult result = MakeGradPlan(r, WithCores(cores));
+    EXPECT(result.ok(), "%s: refused: %s", what.c_str(), result.error.c_str());
+    if (!result.ok()) {
+        return;
+    }
+    const GradPlan& plan = result.plan;
+    const GradTilingData& t = plan.tiling;
+    const uint32_t elemBytes = ElementBytes(r.problem.dtype);
+    for (const LevelUse& l : plan.levels) {
+        EXPECT(l.used <= l.capacity, "%s: %s uses %llu > %llu", what.c_str(),
+               MemLevelName(l.level), static_cast<unsigned long long>(l.used),
+               static_cast<unsigned long long>(l.capacity));
+    }
+    CheckAccountingCoversGradBufferBytes(plan, elemBytes, r.problem.hasMask, what);
+    EXPECT(t.blockQ % kCubeBlock == 0 && t.blockK % kCubeBlock == 0 && t.passRows % 8 == 0 &&
+               t.passRows > 0 && t.keyBlocks == (t.seqlenK + t.blockK - 1) / t.blockK,
+           "%s: blocks %ux%u, pass rows %u", what.c_str(), t.blockQ, t.blockK, t.passRows);
+    EXPECT(t.usedCores >= 1 && t.usedCores <= cores && plan.blockDim == t.usedCores,
+           "%s: used cores %u, block dim %u", what.c_str(), t.usedCores, plan.blockDim);
+    if (r.deterministic) {
+        EXPECT(GradSplitKeepsChunks(t) && t.dqSlots >= 1 && t.dqSlots <= kMaxDqSlots &&
+                   uint64_t{t.dqSlots} * t.dqChunkBlocks >= t.keyBlocks &&
+                   uint64_t{t.dqSlots - 1} * t.dqChunkBlocks < t.keyBlocks,
+               "%s: %u dQ slots of %u key blocks (of %u)", what.c_str(), t.dqSlots,
+               t.dqChunkBlocks, t.keyBlocks);
+    } else {
+        EXPECT(t.dqSlots == 1 && t.dqChunkBlocks == t.keyBlocks, "%s: fast dQ has %u slots",
+               what.c_str(), t.dqSlots);
+    }
+    CheckUnitWalk(plan, r.problem.causal, r.deterministic, what);
+    const GradWorkspace ws(t, elemBytes);
+    const uint64_t dqSlot = GradWorkspace::Align(uint64_t{t.batch} * t.headsQ * t.seqlenQ *
+                                                 t.headDimPad * 4);
+    EXPECT(plan.userWorkspaceBytes == ws.total &&
+               plan.workspace.dq == t.dqSlots * dqSlot &&
+               plan.workspace.exchange == t.usedCores * ws.exchangePerCore &&
+               plan.workspace.delta + plan.workspace.dq + plan.workspace.dkdv +
+                       plan.workspace.exchange == ws.total,
+           "%s: workspace %llu", what.c_str(), static_cast<unsigned long long>(ws.total));
+    const uint64_t key = 20000 + 1000 * r.deterministic + 100 * (r.problem.dtype == DType::BFloat16) +
+                         10 * r.problem.causal + r.problem.hasMask;
+    EXPECT(plan.tilingKey == key, "%s: tiling key %llu", what.c_str(),
+           static_cast<unsigned long long>(plan.tilingKey));
+}
+
+// The schedule model's prediction of a plan is a time and a utilisation within the peak.
+void CheckGradPrediction(const GradPlanRequest& r, uint32_t cores)
+{
+    const Platform platform = WithCores(cores);
+    const GradPlanResult result = MakeGradPlan(r, platform);
+    if (!result.ok()) {
+        return;  // CheckGradPlan reports it
+    }
+    const std::string what = Describe(r, cores);
+    const BackwardPrediction p = PredictGradPlan(result.plan, r, platform);
+    EXPECT(p.seconds > 0 && p.mainSeconds > 0 && p.cubeUtilization > 0 && p.cubeUtilization <= 1,
+           "%s: prediction %g s, utilisation %g", what.c_str(), p.seconds, p.cubeUtilization);
+}
+
+void TestRandomShapes(uint64_t seed)
+{
+    std::mt19937_64 rng(seed);
+    const int kShapes = 10000;
+    const int kPredictEvery = 20;  // the schedule model costs ~1 ms a plan
+    const int failuresBefore = g_failures;
+    for (int i = 0; i < kShapes && g_failures - failuresBefore < 20; ++i) {
+        GradPlanRequest r;
+        // Every unit is walked: at most ~1M query rows per plan.
+        r.problem = RandomProblem(rng, int64_t{1} << 20);
+        r.deterministic = rng() & 1;
+        const uint32_t cores = RandomCores(rng);
+        CheckGradPlan(r, cores);
+        if (i % kPredictEvery == 0) {
+            CheckGradPrediction(r, cores);
+        }
+    }
+    std::printf("random shapes: %d backward plans (seed %llu) fit and walk every unit once; "
+                "%d predicted\n", kShapes, static_cast<unsigned long long>(seed),
+                kShapes / kPredictEvery);
+}
+
+// The deterministic dQ chunks fix the summation order, so they must be the same for
+// every core count (and the split must respect them for each).
+void TestDeterministicChunksIgnoreCores()
+{
+    GradPlanRequest r;
+    r.problem.batch = 1;
+    r.problem.headsQ = 8;
+    r.problem.headsKv = 2;
+    r.problem.seqlenQ = r.problem.seqlenK = 5000;
+    r.problem.headDim = 128;
+    r.problem.causal = true;
+    r.problem.scale = 0.1;
+    r.deterministic = true;
+    const GradTilingData reference = MakeGradPlan(r, WithCores(24)).plan.tiling;
+    EXPECT(reference.dqSlots > 1, "expected several dQ slots, got %u", reference.dqSlots);
+    for (uint32_t cores : {1u, 3u, 7u, 20u, 48u}) {
+        const GradTilingData t = MakeGradPlan(r, WithCores(cores)).plan.tiling;
+        EXPECT(t.dqChunkBlocks == reference.dqChunkBlocks && t.dqSlots == reference.dqSlots &&
+                   GradSplitKeepsChunks(t),
+               "%u cores: %u slots of %u blocks, 24 cores: %u of %u", cores, t.dqSlots,
+               t.dqChunkBlocks, reference.dqSlots, reference.dqChunkBlocks);
+    }
+    std::printf("deterministic dQ: %u slots of %u key blocks for every core count\n",
+                reference.dqSlots, reference.dqChunkBlocks);
+}
+
+// The work of each split unit of one (batch, head_kv) pair: key blocks, or dQ chunks
+// when deterministic (the split never cuts those).
+std::vector<double> SplitUnitWork(const GradTilingData& t, bool causal, bool deterministic)
+{
+    const uint32_t perUnit = deterministic ? t.dqChunkBlocks : 1;
+    std::vector<double> work((t.keyBlocks + perUnit - 1) / perUnit, 0.0);
+    for (uint32_t block = 0; block < t.keyBlocks; ++block) {
+        work[block / perUnit] += GradUnitMacs(t, causal, block);
+    }
+    return work;
+}
+
+// The least possible work of the busiest of `cores` contiguous ranges over `pairs`
+// repetitions of `units`: an O(units^2 x cores) dynamic programme, independent of the
+// planner's binary search.
+double OptimalBusiest(const std::vector<double>& units, uint64_t pairs, uint32_t cores)
+{
+    std::vector<double> prefix{0};
+    for (uint64_t p = 0; p < pairs; ++p) {
+        for (double w : units) {
+            prefix.push_back(prefix.back() + w);
+        }
+    }
+    const size_t n = prefix.size() - 1;
+    const double inf = 1e300;
+    std::vector<double> best(n + 1, inf);  // best[i]: units [0, i) in the ranges so far
+    best[0] = 0;
+    for (uint32_t c = 0; c < cores; ++c) {
+        std::vector<double> next(best);
+        for (size_t end = 1; end <= n; ++end) {
+            for (size_t begin = 0; begin < end; ++begin) {
+                next[end] = std::min(next[end], std::max(best[begin], prefix[end] - prefix[begin]));
+            }
+        }
+        best = next;
+    }
+    return best[n];
+}
+
+// The split is the least-busiest contiguous split: equal to an independent dynamic
+// programme on small shapes; on every shape at most one split unit above the mean
+// (which the optimum always achieves). Where that unit is at most 5% of the mean
+// (enough units per core: ~20 of equal work, ~40 causal), max/mean work <= 1.05.
+void TestBalance()
+{
+    double worst[2][2] = {};
+    double sum[2][2] = {};
+    int count[2][2] = {};
+    int optimal = 0;
+    for (bool deterministic : {false, true}) {
+        for (bool causal : {false, true}) {
+            for (uint32_t cores : {20u, 24u, 7u, 48u}) {
+                for (int64_t seqlen : {200, 1024, 3000, 4096, 8192, 16384, 65536, 131072}) {
+                    for (int64_t heads : {1, 3, 8, 32}) {
+                        for (int64_t batch : {1, 2, 5}) {
+                            GradPlanRequest r;
+                            r.problem.batch = batch;
+                            r.problem.headsQ = heads;
+                            r.problem.headsKv = heads;
+                            r.problem.seqlenQ = r.problem.seqlenK = seqlen;
+                            r.problem.headDim = 128;
+                            r.problem.causal = causal;
+                            r.problem.scale = 0.125;
+                            r.deterministic = deterministic;
+                            const std::string what = Describe(r, cores);
+                            const GradPlanResult result = MakeGradPlan(r, WithCores(cores));
+                            if (!result.ok()) {
+                                EXPECT(false, "%s refused: %s", what.c_str(), result.error.c_str());
+                                continue;
+                            }
+                            const GradPlan& plan = result.plan;
+                            const GradTilingData& t = plan.tiling;
+                            const std::vector<double> units = SplitUnitWork(t, causal, deterministic);
+                            const uint64_t pairs = uint64_t{t.batch} * t.headsKv;
+                            double total = 0;
+                            double busiest = 0;
+                            for (const GradCoreWork& c : plan.cores) {
+                                total += c.macs;
+                                busiest = std::max(busiest, c.macs);
+                            }
+                            const double mean = total / cores;
+                            const double heaviest = *std::max_element(units.begin(), units.end());
+                            EXPECT(busiest <= (mean + heaviest) * (1 + 1e-9),
+                                   "%s: busiest core %g > mean %g + heaviest unit %g",
+                                   what.c_str(), busiest, mean, heaviest);
+                            if (units.size() * pairs <= 300) {
+                                const double best = OptimalBusiest(units, pairs, cores);
+                                EXPECT(busiest <= best * (1 + 1e-9),
+                                       "%s: busiest core %g, the optimum is %g", what.c_str(),
+                                       busiest, best);
+                                ++optimal;
+                            }
+                            if (heaviest > 0.05 * mean) {
+                                continue;
+                            }
+                            EXPECT(plan.imbalance <= 1.05, "%s: max/mean work %.4f", what.c_str(),
+                                   plan.imbalance);
+                            worst[deterministic][causal] =
+                                std::max(worst[deterministic][causal], plan.imbalance);
+                            sum[deterministic][causal] += plan.imbalance;
+                            count[deterministic][causal] += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    std::printf("balance: the split is optimal on %d small shapes (dynamic programme)\n", optimal);
+    for (int deterministic : {0, 1}) {
+        for (int causal : {0, 1}) {
+            std::printf("balance (%s, %s dQ): %d shapes whose heaviest unit is <= 5%% of a "
+                        "core's mean work, max/mean work per core: worst %.4f, average %.4f\n",
+                        causal ? "causal" : "non-causal", deterministic ? "deterministic" : "fast",
+                        count[deterministic][causal], worst[deterministic][causal],
+                        sum[deterministic][causal] / std::max(1, count[deterministic][causal]));
+        }
+    }
+}
+
+void ExpectRefusal(const GradPlanRequest& r, const Platform& platform, const std::string& fragment)
+{
+    const GradPlanResult result = MakeGradPlan(r, platform);
+    EXPECT(!result.ok(), "%s was planned, expected a refusal mentioning '%s'",
+           Describe(r, platform.aicCores).c_str(), fragment.c_str());
+    EXPECT(result.error.find(fragment) != std::string::npos, "refusal '%s' lacks '%s'",
+           result.error.c_str(), fragment.c_str());
+}
+
+void TestRefusals()
+{
+    GradPlanRequest ok;
+    ok.problem.batch = 2;
+    ok.problem.headsQ = 8;
+    ok.problem.headsKv = 2;
+    ok.problem.seqlenQ = ok.problem.seqlenK = 512;
+    ok.problem.headDim = 128;
+    ok.problem.scale = 0.1;
+    const Platform b2 = *FindPlatform("Ascend910B2");
+    EXPECT(MakeGradPlan(ok, b2).ok(), "baseline refused");
+    auto with = [&](const std::function<void(GradPlanRequest&)>& edit) {
+        GradPlanRequest r = ok;
+        edit(r);
+        return r;
+    };
+    ExpectRefusal(with([](GradPlanRequest& r) { r.problem.headDim = 257; }), b2,
+                  "head_dim 257 exceeds the kernel's maximum of 256");
+    ExpectRefusal(with([](GradPlanRequest& r) { r.problem.dtype = DType::Float32; }), b2,
+                  "dtype float32 is not supported");
+    ExpectRefusal(with([](GradPlanRequest& r) { r.problem.headsKv = 3; }), b2,
+                  "heads_q (8) must be a multiple of heads_kv (3)");
+    ExpectRefusal(with([](GradPlanRequest& r) { r.problem.seqlenQ = 0; }), b2,
+                  "seqlen_q must be >= 1 (got 0)");
+    ExpectRefusal(with([](GradPlanRequest& r) {
+                      r.problem.batch = int64_t{1} << 24;
+                      r.problem.headsQ = r.problem.headsKv = int64_t{1} << 14;
+                      r.problem.seqlenQ = r.problem.seqlenK = int64_t{1} << 14;
+                      r.problem.headDim = 256;
+                  }),
+                  b2, "the backward's fp32 workspace (dQ x 1, dK, dV: ");
+    Platform noCores = b2;
+    noCores.aicCores = 0;
+    ExpectRefusal(ok, noCores, "reports no AI cores");
+    Platform smallL0c = b2;
+    smallL0c.l0cBytes = 16 * 1024;
+    ExpectRefusal(ok, smallL0c, "head_dim 128: no block shape of the backward fits Ascend910B2's "
+                                "buffers (the smallest, 16x16, needs L0C 24576 of 16384 bytes");
+    std::printf("refusals: 7 unsupported inputs refused with specific messages\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    uint64_t seed = 20261123;
+    if (argc == 3 && std::string(argv[1]) == "--seed") {
+        seed = std::strtoull(argv[2], nullptr, 10);
+    }
+    std::printf("grad tiling data: %zu bytes (limit 2048)\n", sizeof(GradTilingData));
+    EXPECT(sizeof(GradTilingData) <= 2048, "GradTilingData is %zu bytes", sizeof(GradTilingData));
+    TestRefusals();
+    TestDeterministicChunksIgnoreCores();
+    TestBalance();
+    TestRandomShapes(seed);
+    if (g_failures != 0) {
+        std::fprintf(stderr, "%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("all backward planner tests passed\n");
+    return 0;
+}

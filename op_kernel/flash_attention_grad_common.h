@@ -1,0 +1,92 @@
+// What the cube (AIC) and vector (AIV) halves of the backward kernel share: the GM
+// workspace views (flash_cann_grad_tiling.h, GradWorkspace) and the cross-core flags
+// that order the exchange of one step (a query block x key block):
+//   AIC -> AIV  kFlagGradScores  S and dP of the step are in the exchange slot
+//   AIV -> AIC  kFlagGradProbs   P and dS of the step are in the exchange slot
+#ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_COMMON_H
+#define FLASH_CANN_FLASH_ATTENTION_GRAD_COMMON_H
+
+#include "kernel_operator.h"
+#include "flash_cann_grad_tiling.h"
+
+namespace flash_cann {
+
+constexpr uint16_t kFlagGradScores = 4;
+constexpr uint16_t kFlagGradProbs = 5;
+
+// The GM tensors the vector half reads and writes; gradSoftmaxLse may be null (no
+// gradient reaches lse) and keyPaddingMask is null without a mask.
+struct GradTensors {
+    GM_ADDR out;
+    GM_ADDR gradOut;
+    GM_ADDR softmaxLse;
+    GM_ADDR gradSoftmaxLse;
+    GM_ADDR keyPaddingMask;
+    GM_ADDR gradQuery;
+    GM_ADDR gradKey;
+    GM_ADDR gradValue;
+};
+
+// Both halves' view of the workspace: the global fp32 accumulators and this AI core's
+// exchange slots.
+template <typename T>
+class GradBuffers {
+public:
+    __aicore__ inline void Init(GM_ADDR userWorkspace, uint32_t core, const GradTilingData& t)
+    {
+        const GradWorkspace ws(t, sizeof(T));
+        delta_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(userWorkspace + ws.delta));
+        dq_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(userWorkspace + ws.dq));
+        dk_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(userWorkspace + ws.dk));
+        dv_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(userWorkspace + ws.dv));
+        GM_ADDR mine = userWorkspace + ws.exchange + core * ws.exchangePerCore;
+        const uint64_t scoreBytes = kGradExchangeSlots * ws.scoresSlot;
+        const uint64_t probBytes = kGradExchangeSlots * ws.probsSlot;
+        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine));
+        gradProbs_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + scoreBytes));
+        probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes));
+        gradScores_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes + probBytes));
+        scoreSlot_ = ws.scoresSlot / sizeof(float);
+        probSlot_ = ws.probsSlot / sizeof(T);
+        dqSlot_ = ws.dqSlotBytes / sizeof(float);
+        pad_ = t.headDimPad;
+    }
+    // D of query row `row` of the flattened (batch, head_q, seqlen_q) space.
+    __aicore__ inline AscendC::GlobalTensor<float> Delta(uint64_t row) const { return delta_[row]; }
+    // fp32 dQ accumulator `slot`, from flattened query row `row`.
+    __aicore__ inline AscendC::GlobalTensor<float> QueryGrad(uint32_t slot, uint64_t row) const
+    {
+        return dq_[slot * dqSlot_ + row * pad_];
+    }
+    __aicore__ inline AscendC::GlobalTensor<float> QueryGradRegion() const { return dq_; }
+    // fp32 dK / dV, from flattened key row `row` of the (batch, head_kv, seqlen_k) space.
+    __aicore__ inline AscendC::GlobalTensor<float> KeyGrad(uint64_t row) const { return dk_[row * pad_]; }
+    __aicore__ inline AscendC::GlobalTensor<float> ValueGrad(uint64_t row) const { return dv_[row * pad_]; }
+    // Exchange slot `slot` (0 .. kGradExchangeSlots - 1), from element `offset`.
+    __aicore__ inline AscendC::GlobalTensor<float> Scores(uint32_t slot, uint64_t offset) const
+    {
+        return scores_[slot * scoreSlot_ + offset];
+    }
+    __aicore__ inline AscendC::GlobalTensor<float> ProbsGrad(uint32_t slot, uint64_t offset) const
+    {
+        return gradProbs_[slot * scoreSlot_ + offset];
+    }
+    __aicore__ inline AscendC::GlobalTensor<T> Probs(uint32_t slot, uint64_t offset) const
+    {
+        return probs_[slot * probSlot_ + offset];
+    }
+    __aicore__ inline AscendC::GlobalTensor<T> ScoresGrad(uint32_t slot, uint64_t offset) const
+    {
+        return gradScores_[slot * probSlot_ + offset];
+    }
+
+private:
+    AscendC::GlobalTensor<float> delta_, dq_, dk_, dv_, scores_, gradProbs_;
+    AscendC::GlobalTensor<T> probs_, gradScores_;
+    uint64_t scoreSlot_ = 0, probSlot_ = 0, dqSlot_ = 0;
+    uint32_t pad_ = 0;
+};
+
+}  // namespace flash_cann
+
+#endif

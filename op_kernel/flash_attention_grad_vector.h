@@ -1,0 +1,350 @@
+// The vector (AIV) half of the FlashAttention backward kernel.
+//
+//   PrePass       ZeroQueryGrad: the fp32 dQ accumulator slots <- 0 (the cube adds into
+//                 them); ComputeDelta: D = rowsum(dO * O) - dLSE per query row (dLSE is
+//                 optional: softmax_lse is a differentiable output); then SyncAll of
+//                 the vector cores (the cube is already computing S and dP).
+//   SoftmaxGrad   per step of the main loop (the cube's query block x key block), on this
+//                 vector core's half of the rows: P = exp(S scale + mask - lse) from the
+//                 saved lse, dS = P (dP - D); P and dS in the input dtype -> exchange slot
+//                 -> flag the cube. Rows whose lse is -inf (they see no key) have every
+//                 column masked; lse is clamped to the lowest float so their P is exp(-inf)
+//                 = 0, never NaN, and their gradients are zero.
+//   PostPass      after SyncAll: dQ = scale * (sum of its accumulator slots, in slot
+//                 order), dK = scale * dK, dV; cast; DataCopyPad into the output layout
+//                 (row pitch of BNSD/BSND, head_dim not a multiple of 16).
+// The pre- and post-passes split their rows evenly over all vector cores of the launch.
+#ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_VECTOR_H
+#define FLASH_CANN_FLASH_ATTENTION_GRAD_VECTOR_H
+
+#include "flash_attention_grad_common.h"
+#include "flash_attention_vector_ops.h"
+
+namespace flash_cann {
+
+// The zeroing pass moves whole 512-byte units (the workspace alignment).
+constexpr uint32_t kZeroUnitFloats = kGradWorkspaceAlign / sizeof(float);
+
+template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
+class FlashAttentionGradVector {
+public:
+    __aicore__ inline void Init(const GradTensors& gm, GM_ADDR userWorkspace, const GradTilingData& tiling,
+                                AscendC::TPipe* pipe)
+    {
+        t_ = tiling;
+        aiv_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
+        core_ = aiv_ / kVectorCoresPerCube;
+        sub_ = static_cast<uint32_t>(AscendC::GetSubBlockIdx());
+        out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.out));
+        do_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradOut));
+        lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gm.softmaxLse));
+        hasGradLse_ = gm.gradSoftmaxLse != nullptr;
+        if (hasGradLse_) {
+            gradLse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gm.gradSoftmaxLse));
+        }
+        dq_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradQuery));
+        dk_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradKey));
+        dv_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradValue));
+        buffers_.Init(userWorkspace, core_, t_);
+
+        const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
+        pipe->InitBuffer(sQue_, 1, bytes.sUb);
+        pipe->InitBuffer(dpQue_, 1, bytes.dpUb);
+        pipe->InitBuffer(pQue_, 1, bytes.pUb);
+        pipe->InitBuffer(dsQue_, 1, bytes.dsUb);
+        pipe->InitBuffer(lseQue_, 1, bytes.rowUb);
+        pipe->InitBuffer(deltaQue_, 1, bytes.rowUb);
+        pipe->InitBuffer(brcBuf_, bytes.brcUb);
+        masking_.Init(pipe, gm.keyPaddingMask, t_, bytes.keyUb, bytes.maskUb, bytes.maskHalfUb, bytes.bitsUb);
+        pipe->InitBuffer(passInQue_, 2, bytes.passInUb);
+        pipe->InitBuffer(passLoadQue_, 1, bytes.passAccUb);
+        pipe->InitBuffer(passBuf_, 2 * bytes.passAccUb);
+        pipe->InitBuffer(passOutQue_, 1, bytes.passOutUb);
+        pipe->InitBuffer(rowOutQue_, 1, bytes.passRowUb);
+        pipe->InitBuffer(rowBuf_, bytes.passRowUb);
+        broadcast_ = brcBuf_.template Get<float>();
+        acc_ = passBuf_.template GetWithOffset<float>(bytes.passAccUb / sizeof(float), 0);
+        operand_ = passBuf_.template GetWithOffset<float>(bytes.passAccUb / sizeof(float), bytes.passAccUb);
+        rowPartial_ = rowBuf_.template Get<float>();
+    }
+
+    __aicore__ inline void Process()
+    {
+        ZeroQueryGrad();
+        ComputeDelta();
+        // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
+        // this core's P/dS flags, so the cube need not join this barrier.
+        AscendC::SyncAll<true>();
+        GradStepCursor cursor(t_, core_);
+        for (uint32_t seq = 0; cursor.Next<CAUSAL>(); ++seq) {
+            SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
+        }
+        AscendC::SyncAll<false>();
+        PostPass();
+    }
+
+private:
+    __aicore__ inline uint32_t Aivs() const { return t_.usedCores * kVectorCoresPerCube; }
+
+    // ---- pre-pass -------------------------------------------------------------------
+
+    __aicore__ inline void ZeroQueryGrad()
+    {
+        const GradWorkspace ws(t_, sizeof(T));
+        uint64_t begin, end;
+        PassRange(t_.dqSlots * ws.dqSlotBytes / kGradWorkspaceAlign, aiv_, Aivs(), begin, end);
+        const uint32_t chunk = acc_.GetSize() / kZeroUnitFloats * kZeroUnitFloats;
+        AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk));
+        AscendC::SetFlag<AscendC::HardEvent::V_MTE3>(EVENT_ID0);
+        AscendC::WaitFlag<AscendC::HardEvent::V_MTE3>(EVENT_ID0);
+        const AscendC::GlobalTensor<float> dq = buffers_.QueryGradRegion();
+        for (uint64_t at = begin * kZeroUnitFloats; at < end * kZeroUnitFloats; at += chunk) {
+            const uint64_t left = end * kZeroUnitFloats - at;
+            AscendC::DataCopy(dq[at], acc_, static_cast<uint32_t>(left < chunk ? left : chunk));
+        }
+        AscendC::SetFlag<AscendC::HardEvent::MTE3_V>(EVENT_ID0);
+        AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(EVENT_ID0);
+    }
+
+    // `rows` rows of head_dim elements (GM row pitch `pitch`) -> UB rows of headDimPad,
+    // the padding columns zero.
+    __aicore__ inline void LoadRows(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src,
+                                    uint32_t rows, uint64_t pitch)
+    {
+        const uint32_t d = t_.headDim;
+        AscendC::DataCopyPad(dst, src,
+                             AscendC::DataCopyExtParams(static_cast<uint16_t>(rows), d * sizeof(T),
+                                                        static_cast<uint32_t>((pitch - d) * sizeof(T)), 0, 0),
+                             AscendC::DataCopyPadExtParams<T>(true, 0, static_cast<uint8_t>(t_.headDimPad - d),
+                                                              T(0.0f)));
+    }
+
+    // result[r] = sum of row r of the [rows][headDimPad] fp32 tile acc_, 64 columns at a
+    // time (one repeat per row), the column groups added in order.
+    __aicore__ inline void RowSum(const AscendC::LocalTensor<float>& result, uint32_t rows)
+    {
+        const uint32_t d = t_.headDimPad;
+        const int32_t pitch = static_cast<int32_t>(d / kFloatsPerBlock);
+        for (uint32_t col = 0; col < d; col += kFloatsPerRepeat) {
+            const int32_t mask = static_cast<int32_t>(MinU32(kFloatsPerRepeat, d - col));
+            AscendC::WholeReduceSum(col == 0 ? result : rowPartial_, acc_[col], mask,
+                                    static_cast<int32_t>(rows), 1, 1, pitch);
+            AscendC::PipeBarrier<PIPE_V>();
+            if (col > 0) {
+                AscendC::Add(result, result, rowPartial_, static_cast<int32_t>(rows));
+                AscendC::PipeBarrier<PIPE_V>();
+            }
+        }
+    }
+
+    // D = rowsum(dO * O) - dLSE, for this vector core's share of the query rows.
+    __aicore__ inline void ComputeDelta()
+    {
+        const uint32_t d = t_.headDimPad;
+        uint64_t cursor, end;
+        PassRange(uint64_t{t_.batch} * t_.headsQ * t_.seqlenQ, aiv_, Aivs(), cursor, end);
+        PassChunk chunk;
+        while (NextPassChunk(t_, t_.seqlenQ, cursor, end, chunk)) {
+            const uint64_t offset = QueryOffset(chunk);
+            const uint64_t row = chunk.pair * t_.seqlenQ + chunk.row0;
+            const uint32_t count = chunk.rows * d;
+            AscendC::LocalTensor<T> gradOut = passInQue_.template AllocTensor<T>();
+            LoadRows(gradOut, do_[offset], chunk.rows, t_.qStrideRow);
+            passInQue_.EnQue(gradOut);
+            AscendC::LocalTensor<T> out = passInQue_.template AllocTensor<T>();
+            LoadRows(out, out_[offset], chunk.rows, t_.qStrideRow);
+            passInQue_.EnQue(out);
+            gradOut = passInQue_.template DeQue<T>();
+            out = passInQue_.template DeQue<T>();
+            AscendC::Cast(acc_, gradOut, AscendC::RoundMode::CAST_NONE, count);
+            AscendC::Cast(operand_, out, AscendC::RoundMode::CAST_NONE, count);
+            passInQue_.FreeTensor(gradOut);
+            passInQue_.FreeTensor(out);
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Mul(acc_, acc_, operand_, static_cast<int32_t>(count));
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::LocalTensor<float> delta = rowOutQue_.template AllocTensor<float>();
+            RowSum(delta, chunk.rows);
+            if (hasGradLse_) {
+                // The load queue (fp32, passRows x D) holds the chunk's dLSE here.
+                AscendC::LocalTensor<float> gradLse = passLoadQue_.template AllocTensor<float>();
+                AscendC::DataCopyPad(gradLse, gradLse_[row],
+                                     AscendC::DataCopyExtParams(1, chunk.rows * sizeof(float), 0, 0, 0),
+                                     AscendC::DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
+                passLoadQue_.EnQue(gradLse);
+                gradLse = passLoadQue_.template DeQue<float>();
+                AscendC::Sub(delta, delta, gradLse, static_cast<int32_t>(chunk.rows));
+                passLoadQue_.FreeTensor(gradLse);
+            }
+            rowOutQue_.EnQue(delta);
+            delta = rowOutQue_.template DeQue<float>();
+            AscendC::DataCopyPad(buffers_.Delta(row), delta,
+                                 AscendC::DataCopyExtParams(1, chunk.rows * sizeof(float), 0, 0, 0));
+            rowOutQue_.FreeTensor(delta);
+        }
+    }
+
+    // ---- main loop ------------------------------------------------------------------
+
+    // Per-row values (lse or D) of this vector core's rows -> UB.
+    __aicore__ inline AscendC::LocalTensor<float> LoadRowValues(AscendC::TQue<AscendC::TPosition::VECIN, 1>& que,
+                                                               const AscendC::GlobalTensor<float>& src)
+    {
+        AscendC::LocalTensor<float> values = que.template AllocTensor<float>();
+        AscendC::DataCopyPad(values, src, AscendC::DataCopyExtParams(1, rows_ * sizeof(float), 0, 0, 0),
+                             AscendC::DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
+        que.EnQue(values);
+        return que.template DeQue<float>();
+    }
+
+    __aicore__ inline AscendC::LocalTensor<float> LoadBlock(AscendC::TQue<AscendC::TPosition::VECIN, 1>& que,
+                                                           const AscendC::GlobalTensor<float>& src)
+    {
+        AscendC::LocalTensor<float> block = que.template AllocTensor<float>();
+        AscendC::DataCopy(block, src, rows_ * t_.blockK);
+        que.EnQue(block);
+        return que.template DeQue<float>();
+    }
+
+    __aicore__ inline void StoreBlock(AscendC::TQue<AscendC::TPosition::VECOUT, 1>& que,
+                                      const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<float>& src)
+    {
+        const uint32_t count = rows_ * t_.blockK;
+        AscendC::LocalTensor<T> cast = que.template AllocTensor<T>();
+        AscendC::Cast(cast, src, AscendC::RoundMode::CAST_RINT, count);
+        que.EnQue(cast);
+        cast = que.template DeQue<T>();
+        AscendC::DataCopy(dst, cast, count);
+        que.FreeTensor(cast);
+    }
+
+    __aicore__ inline void SoftmaxGrad(const GradUnit& unit, const GradStep& step, uint32_t slot)
+    {
+        const uint32_t bk = t_.blockK;
+        const uint32_t firstHalf = (step.rows + 1) / 2;
+        rows_ = sub_ == 0 ? firstHalf : step.rows - firstHalf;
+        const uint32_t rowOffset = sub_ == 0 ? 0 : firstHalf;
+        const uint32_t count = rows_ * bk;
+        AscendC::CrossCoreWaitFlag(kFlagGradScores);
+        if (rows_ > 0) {
+            const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + step.row0 + rowOffset;
+            AscendC::LocalTensor<float> lse = LoadRowValues(lseQue_, lse_[row]);
+            AscendC::LocalTensor<float> delta = LoadRowValues(deltaQue_, buffers_.Delta(row));
+            AscendC::LocalTensor<float> s = LoadBlock(sQue_, buffers_.Scores(slot, rowOffset * bk));
+            AscendC::LocalTensor<float> dp = LoadBlock(dpQue_, buffers_.ProbsGrad(slot, rowOffset * bk));
+            // P = exp(S scale + mask - lse)
+            AscendC::Muls(s, s, t_.scale, static_cast<int32_t>(count));
+            AscendC::Maxs(lse, lse, kLowest, static_cast<int32_t>(rows_));
+            AscendC::PipeBarrier<PIPE_V>();
+            masking_.Apply(s, rows_, unit.batch, step.row0 + rowOffset, unit.key0, unit.keys);
+            RowBroadcast<RowOp::kSubtract>(s, lse, broadcast_, rows_, bk);
+            AscendC::Exp(s, s, static_cast<int32_t>(count));
+            // dS = P (dP - D)
+            RowBroadcast<RowOp::kSubtract>(dp, delta, broadcast_, rows_, bk);
+            AscendC::Mul(dp, dp, s, static_cast<int32_t>(count));
+            AscendC::PipeBarrier<PIPE_V>();
+            lseQue_.FreeTensor(lse);
+            deltaQue_.FreeTensor(delta);
+            StoreBlock(pQue_, buffers_.Probs(slot, rowOffset * bk), s);
+            StoreBlock(dsQue_, buffers_.ScoresGrad(slot, rowOffset * bk), dp);
+            sQue_.FreeTensor(s);
+            dpQue_.FreeTensor(dp);
+        }
+        AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(kFlagGradProbs);
+    }
+
+    // ---- post-pass ------------------------------------------------------------------
+
+    __aicore__ inline uint64_t QueryOffset(const PassChunk& chunk) const
+    {
+        const uint64_t batch = chunk.pair / t_.headsQ;
+        return batch * t_.qStrideBatch + (chunk.pair - batch * t_.headsQ) * t_.qStrideHead +
+               uint64_t{chunk.row0} * t_.qStrideRow;
+    }
+
+    __aicore__ inline uint64_t KeyOffset(const PassChunk& chunk) const
+    {
+        const uint64_t batch = chunk.pair / t_.headsKv;
+        return batch * t_.kvStrideBatch + (chunk.pair - batch * t_.headsKv) * t_.kvStrideHead +
+               uint64_t{chunk.row0} * t_.kvStrideRow;
+    }
+
+    // acc_ += `rows` rows of an fp32 gradient in the workspace.
+    __aicore__ inline void AddRows(const AscendC::GlobalTensor<float>& src, uint32_t rows)
+    {
+        const uint32_t count = rows * t_.headDimPad;
+        AscendC::LocalTensor<float> part = passLoadQue_.template AllocTensor<float>();
+        AscendC::DataCopy(part, src, count);
+        passLoadQue_.EnQue(part);
+        part = passLoadQue_.template DeQue<float>();
+        AscendC::Add(acc_, acc_, part, static_cast<int32_t>(count));
+        AscendC::PipeBarrier<PIPE_V>();
+        passLoadQue_.FreeTensor(part);
+    }
+
+    // dst rows <- scale * acc_ in the input dtype, in the output's row pitch.
+    __aicore__ inline void StoreRows(const AscendC::GlobalTensor<T>& dst, uint32_t rows, float scale,
+                                     uint64_t pitch)
+    {
+        const uint32_t count = rows * t_.headDimPad;
+        AscendC::Muls(acc_, acc_, scale, static_cast<int32_t>(count));
+        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::LocalTensor<T> cast = passOutQue_.template AllocTensor<T>();
+        AscendC::Cast(cast, acc_, AscendC::RoundMode::CAST_RINT, count);
+        AscendC::PipeBarrier<PIPE_V>();  // the next chunk rewrites acc_
+        passOutQue_.EnQue(cast);
+        cast = passOutQue_.template DeQue<T>();
+        AscendC::DataCopyPad(dst, cast,
+                             AscendC::DataCopyExtParams(static_cast<uint16_t>(rows), t_.headDim * sizeof(T), 0,
+                                                        static_cast<uint32_t>((pitch - t_.headDim) * sizeof(T)), 0));
+        passOutQue_.FreeTensor(cast);
+    }
+
+    __aicore__ inline void PostPass()
+    {
+        const uint32_t slots = DETERMINISTIC ? t_.dqSlots : 1;
+        uint64_t cursor, end;
+        PassChunk chunk;
+        PassRange(uint64_t{t_.batch} * t_.headsQ * t_.seqlenQ, aiv_, Aivs(), cursor, end);
+        while (NextPassChunk(t_, t_.seqlenQ, cursor, end, chunk)) {
+            const uint64_t row = chunk.pair * t_.seqlenQ + chunk.row0;
+            AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
+            AscendC::PipeBarrier<PIPE_V>();
+            for (uint32_t slot = 0; slot < slots; ++slot) {  // fixed order: deterministic
+                AddRows(buffers_.QueryGrad(slot, row), chunk.rows);
+            }
+            StoreRows(dq_[QueryOffset(chunk)], chunk.rows, t_.scale, t_.qStrideRow);
+        }
+        for (uint32_t value = 0; value < 2; ++value) {  // dK (scaled), then dV
+            PassRange(uint64_t{t_.batch} * t_.headsKv * t_.seqlenK, aiv_, Aivs(), cursor, end);
+            while (NextPassChunk(t_, t_.seqlenK, cursor, end, chunk)) {
+                const uint64_t row = chunk.pair * t_.seqlenK + chunk.row0;
+                AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
+                AscendC::PipeBarrier<PIPE_V>();
+                AddRows(value == 0 ? buffers_.KeyGrad(row) : buffers_.ValueGrad(row), chunk.rows);
+                StoreRows((value == 0 ? dk_ : dv_)[KeyOffset(chunk)], chunk.rows, value == 0 ? t_.scale : 1.0f,
+                          t_.kvStrideRow);
+            }
+        }
+    }
+
+    GradTilingData t_;
+    uint32_t aiv_ = 0;
+    uint32_t core_ = 0;
+    uint32_t sub_ = 0;
+    uint32_t rows_ = 0;  // this vector core's rows of the current step
+    bool hasGradLse_ = false;
+    GradBuffers<T> buffers_;
+    ScoreMasking<GradTilingData, CAUSAL, MASK> masking_;
+    AscendC::GlobalTensor<T> out_, do_, dq_, dk_, dv_;
+    AscendC::GlobalTensor<float> lse_, gradLse_;
+    AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, dpQue_, lseQue_, deltaQue_, passLoadQue_;
+    AscendC::TQue<AscendC::TPosition::VECIN, 2> passInQue_;
+    AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, dsQue_, passOutQue_, rowOutQue_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_;
+    AscendC::LocalTensor<float> broadcast_, acc_, operand_, rowPartial_;
+};
+
+}  // namespace flash_cann
+
+#endif

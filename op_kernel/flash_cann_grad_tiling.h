@@ -1,0 +1,371 @@
+// The contract between the backward planner (op_host) and the backward kernel
+// (op_kernel/flash_cann_attention_grad.cpp): the tiling data, the bytes of every buffer
+// the kernel allocates, the GM workspace layout, and the walk over work units. Both
+// sides include this header, so they cannot disagree on a layout, a size or a split.
+//
+// Stable interface: later changes are additive only (new fields at the end of
+// GradTilingData, new functions), announced in the commit message.
+//
+// The backward in one paragraph (docs/kernel.md has the timeline):
+//   pre-pass    (AIV) zero the fp32 dQ accumulator(s); D = rowsum(dO * O) - dLSE per
+//               query row into the workspace; SyncAll.
+//   main loop   core c owns the work units [unitStart[c], unitStart[c+1]) of the
+//               flattened (batch, head_kv, key block) space. Per unit, K and V stay in
+//               L1; for every query head of the group and every query block that sees
+//               the key block: S = Q K^T, dP = dO V^T (AIC); P = exp(S scale - lse),
+//               dS = P (dP - D) (AIV); dV += P^T dO, dK += dS^T Q (AIC, in L0C over the
+//               whole unit), dQ += dS K (AIC, fp32 atomic add into the workspace).
+//               dK/dV of a unit leave L0C once, to the fp32 workspace; SyncAll.
+//   post-pass   (AIV) dQ = scale * (sum of its accumulator slots), dK *= scale, cast,
+//               DataCopyPad into the output layout.
+// dQ variants (tiling key): fast = one fp32 accumulator that every core adds into
+// (atomic, order-dependent); deterministic = `dqSlots` accumulators, slot s holding the
+// contributions of key-block chunk s (dqChunkBlocks key blocks), each chunk owned by one
+// core (the split never cuts a chunk), summed in slot order in the post-pass: bitwise the
+// same for every split of the work over cores.
+#ifndef FLASH_CANN_GRAD_TILING_H
+#define FLASH_CANN_GRAD_TILING_H
+
+#include "flash_cann_tiling.h"
+
+namespace flash_cann {
+
+// The grad tiling key selects one kernel instantiation. Decimal fields, so a key reads as
+// what it is: 2XDCM (X: deterministic dQ, D: 0 fp16 / 1 bf16, C: causal, M: key mask).
+constexpr uint64_t GradTilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask,
+                                 uint32_t deterministic)
+{
+    return 20000u + deterministic * 1000u + isBf16 * 100u + causal * 10u + hasMask;
+}
+
+// Cube <-> vector exchange slots per AI core (S, dP, P, dS each), used round-robin.
+constexpr uint32_t kGradExchangeSlots = 2;
+// GM regions of the workspace start on 512-byte boundaries.
+constexpr uint64_t kGradWorkspaceAlign = 512;
+
+struct GradTilingData {
+    // Problem (elements unless a name says bytes); as TilingData.
+    uint32_t batch;
+    uint32_t headsQ;
+    uint32_t headsKv;
+    uint32_t group;        // headsQ / headsKv
+    uint32_t seqlenQ;
+    uint32_t seqlenK;
+    uint32_t headDim;
+    uint32_t headDimPad;   // headDim rounded up to kCubeBlock
+    int64_t causalOffset;  // seqlenK - seqlenQ: query i sees key j iff j <= i + offset
+    float scale;
+    uint32_t layout;       // Layout
+    // Strides (elements): query, out, grad_out and grad_query share theirs; key, value,
+    // grad_key and grad_value share theirs.
+    uint64_t qStrideBatch, qStrideHead, qStrideRow;
+    uint64_t kvStrideBatch, kvStrideHead, kvStrideRow;
+    // Blocking. blockQ, blockK: multiples of kCubeBlock (blockQ even, so the two vector
+    // cores split a query block). keyBlocks = ceil(seqlenK / blockK). The AIC's L0C holds
+    // the product scratch and both unit accumulators: l0c + dkL0c + dvL0c <= L0C.
+    uint32_t blockQ;
+    uint32_t blockK;
+    uint32_t keyBlocks;
+    // dQ accumulation. Fast: dqSlots = 1, dqChunkBlocks = keyBlocks. Deterministic:
+    // dqSlots = ceil(keyBlocks / dqChunkBlocks), and every unitStart[c] % keyBlocks is a
+    // multiple of dqChunkBlocks (GradSplitKeepsChunks).
+    uint32_t dqChunkBlocks;
+    uint32_t dqSlots;
+    // Rows per chunk of the pre- and post-passes (a multiple of 8).
+    uint32_t passRows;
+    // Work split: AI core c owns the units [unitStart[c], unitStart[c + 1]) of the
+    // flattened (batch, head_kv, key block) space; units = batch * headsKv * keyBlocks.
+    // The kernel is launched on exactly usedCores AI cores (SyncAll spans all of them).
+    uint32_t usedCores;
+    uint32_t reserved;
+    uint64_t units;
+    uint64_t unitStart[kMaxCores + 1];
+};
+
+// Bytes of every buffer the kernel allocates: one copy each unless its comment gives a
+// count. One formula for the planner's accounting and the kernel's InitBuffer
+// calls. AIC buffers live in L1/L0A/L0B/L0C; each AIV has its own UB.
+struct GradBufferBytes {
+    // AIC, L1 (Nz)
+    uint32_t qL1;       // query block (blockQ x D) (kGradStepsInFlight of them)
+    uint32_t doL1;      // grad_out block (blockQ x D) (kGradStepsInFlight of them)
+    uint32_t kL1;       // key block (blockK x D), resident for a unit (kGradStepsInFlight)
+    uint32_t vL1;       // value block (blockK x D), resident for a unit (kGradStepsInFlight)
+    uint32_t pL1;       // probabilities (blockQ x blockK)
+    uint32_t dsL1;      // dS (blockQ x blockK)
+    // AIC, L0
+    uint32_t l0a;       // A: Q, dO, dS (blockQ rows) or P^T, dS^T (blockK rows)
+    uint32_t l0b;       // B: K^T, V^T (D x blockK) or dO, Q (blockQ x D) or K (blockK x D)
+    uint32_t l0c;       // product scratch: S, dP (blockQ x blockK) or dQ (blockQ x D), fp32
+    uint32_t dkL0c;     // dK accumulator of a unit (blockK x D), fp32
+    uint32_t dvL0c;     // dV accumulator of a unit (blockK x D), fp32
+    // AIV, main loop (rows = blockQ / 2 per vector core)
+    uint32_t sUb;       // S rows, fp32 (becomes P in fp32)
+    uint32_t dpUb;      // dP rows, fp32 (becomes dS in fp32)
+    uint32_t pUb;       // P rows, input dtype
+    uint32_t dsUb;      // dS rows, input dtype
+    uint32_t rowUb;     // one per-row statistic, fp32 (kGradRowStats of them: lse, D)
+    uint32_t brcUb;     // a per-row statistic broadcast to one 32-byte block per row
+    uint32_t keyUb;     // one per-key row (bias, column index, scratch), fp32, kKeyLanes-padded
+    uint32_t maskUb;    // key mask bytes (with a key mask only)
+    uint32_t maskHalfUb;  // the key mask as half (with a key mask only)
+    uint32_t bitsUb;    // comparison bit mask
+    // AIV, pre- and post-passes (passRows rows of D)
+    uint32_t passInUb;  // rows of dO or O, input dtype (two of them)
+    uint32_t passAccUb; // rows in fp32 (three: accumulator, operand, load from GM)
+    uint32_t passOutUb; // rows of a gradient, input dtype
+    uint32_t passRowUb; // one value per row, fp32 (two: D, partial row sums)
+};
+
+// Per-row statistics of the main loop's vector core: lse, D.
+constexpr uint32_t kGradRowStats = 2;
+// Per-key rows: key bias, column index, scratch (as the forward's).
+constexpr uint32_t kGradKeyRows = kKeyRows;
+// Per-key rows span whole fp32 vector repeats (Compares works on 256-byte repeats).
+constexpr uint32_t kKeyLanes = 64;
+
+__aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t, uint32_t elemBytes)
+{
+    const uint32_t bq = t.blockQ;
+    const uint32_t bk = t.blockK;
+    const uint32_t d = t.headDimPad;
+    const uint32_t rows = bq / 2;
+    const uint32_t qk = bq * bk;
+    GradBufferBytes b{};
+    b.qL1 = bq * d * elemBytes;
+    b.doL1 = bq * d * elemBytes;
+    b.kL1 = bk * d * elemBytes;
+    b.vL1 = bk * d * elemBytes;
+    b.pL1 = qk * elemBytes;
+    b.dsL1 = qk * elemBytes;
+    b.l0a = (bq * d > qk ? bq * d : qk) * elemBytes;
+    b.l0b = (bk > bq ? bk : bq) * d * elemBytes;
+    b.l0c = (bq * d > qk ? bq * d : qk) * 4u;
+    b.dkL0c = bk * d * 4u;
+    b.dvL0c = bk * d * 4u;
+    b.sUb = rows * bk * 4u;
+    b.dpUb = rows * bk * 4u;
+    b.pUb = rows * bk * elemBytes;
+    b.dsUb = rows * bk * elemBytes;
+    b.rowUb = AlignUp(rows * 4u, kByteBlock);
+    b.brcUb = AlignUp(rows, 8u) * kByteBlock;
+    const uint32_t lanes = AlignUp(bk, kKeyLanes);
+    b.keyUb = lanes * 4u;
+    b.maskUb = lanes;
+    b.maskHalfUb = lanes * 2u;
+    b.bitsUb = AlignUp(lanes / 8u, kByteBlock);
+    b.passInUb = t.passRows * d * elemBytes;
+    b.passAccUb = t.passRows * d * 4u;
+    b.passOutUb = t.passRows * d * elemBytes;
+    b.passRowUb = AlignUp(t.passRows * 4u, kByteBlock);
+    return b;
+}
+
+// The user workspace (GM), byte offsets from its start; every region 512-byte aligned.
+//   delta     D = rowsum(dO * O) - dLSE, fp32 [batch][headsQ][seqlenQ]
+//   dq        dqSlots fp32 accumulators [slot][batch][headsQ][seqlenQ][headDimPad]
+//   dk, dv    fp32 [batch][headsKv][seqlenK][headDimPad], unscaled
+//   exchange  per AI core, kGradExchangeSlots slots of S and dP (fp32) and P and dS
+//             (input dtype), blockQ x blockK each, row-major
+struct GradWorkspace {
+    uint64_t delta;
+    uint64_t dq;
+    uint64_t dqSlotBytes;
+    uint64_t dk;
+    uint64_t dv;
+    uint64_t exchange;
+    uint64_t exchangePerCore;
+    uint64_t scoresSlot;  // bytes of one fp32 slot (S or dP)
+    uint64_t probsSlot;   // bytes of one input-dtype slot (P or dS)
+    uint64_t total;
+
+    __aicore__ static uint64_t Align(uint64_t bytes)
+    {
+        return (bytes + kGradWorkspaceAlign - 1) / kGradWorkspaceAlign * kGradWorkspaceAlign;
+    }
+
+    __aicore__ GradWorkspace(const GradTilingData& t, uint32_t elemBytes)
+    {
+        const uint64_t queryRows = uint64_t{t.batch} * t.headsQ * t.seqlenQ;
+        const uint64_t keyRows = uint64_t{t.batch} * t.headsKv * t.seqlenK;
+        delta = 0;
+        dq = Align(queryRows * 4);
+        dqSlotBytes = Align(queryRows * t.headDimPad * 4);
+        dk = dq + t.dqSlots * dqSlotBytes;
+        dv = dk + Align(keyRows * t.headDimPad * 4);
+        exchange = dv + Align(keyRows * t.headDimPad * 4);
+        scoresSlot = Align(uint64_t{t.blockQ} * t.blockK * 4);
+        probsSlot = Align(uint64_t{t.blockQ} * t.blockK * elemBytes);
+        exchangePerCore = kGradExchangeSlots * 2 * (scoresSlot + probsSlot);
+        total = exchange + t.usedCores * exchangePerCore;
+    }
+};
+
+// ---- The main loop's work walk ------------------------------------------------------
+
+// One work unit: a key block of one (batch, kv head), with the query blocks that see it.
+struct GradUnit {
+    uint32_t batch;
+    uint32_t headKv;
+    uint32_t keyBlock;
+    uint32_t key0;             // first key
+    uint32_t keys;             // keys in the block (< blockK only for the last block)
+    uint32_t firstQueryBlock;  // query blocks [firstQueryBlock, queryBlocks) see a key of it
+    uint32_t queryBlocks;      // ceil(seqlenQ / blockQ)
+    uint32_t dqSlot;           // the deterministic dQ slot of its chunk (0 when fast)
+};
+
+// The first query row that sees key `key0` (bottom-right causal), or 0 without causal.
+template <bool CAUSAL>
+__aicore__ inline uint32_t FirstQueryRow(const GradTilingData& t, uint32_t key0)
+{
+    if (!CAUSAL) {
+        return 0;
+    }
+    const int64_t first = static_cast<int64_t>(key0) - t.causalOffset;
+    if (first <= 0) {
+        return 0;
+    }
+    return first < static_cast<int64_t>(t.seqlenQ) ? static_cast<uint32_t>(first) : t.seqlenQ;
+}
+
+template <bool CAUSAL>
+__aicore__ inline GradUnit UnitAt(const GradTilingData& t, uint64_t unit)
+{
+    GradUnit u{};
+    const uint64_t pair = unit / t.keyBlocks;  // batch * headsKv + head
+    u.keyBlock = static_cast<uint32_t>(unit - pair * t.keyBlocks);
+    u.batch = static_cast<uint32_t>(pair / t.headsKv);
+    u.headKv = static_cast<uint32_t>(pair - uint64_t{u.batch} * t.headsKv);
+    u.key0 = u.keyBlock * t.blockK;
+    u.keys = MinU32(t.blockK, t.seqlenK - u.key0);
+    u.queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
+    u.firstQueryBlock = FirstQueryRow<CAUSAL>(t, u.key0) / t.blockQ;
+    u.dqSlot = u.keyBlock / t.dqChunkBlocks;
+    return u;
+}
+
+// The cube work of a unit, in query blocks (the planner balances unitStart on it).
+template <bool CAUSAL>
+__aicore__ inline uint64_t UnitCost(const GradTilingData& t, uint64_t unit)
+{
+    const GradUnit u = UnitAt<CAUSAL>(t, unit);
+    return uint64_t{t.group} * (u.queryBlocks - u.firstQueryBlock);
+}
+
+// One step of a unit: a query block of one query head of the group.
+struct GradStep {
+    uint32_t headQ;
+    uint32_t row0;
+    uint32_t rows;
+    bool first;  // the unit's first step (the dK/dV accumulators start here)
+    bool last;   // the unit's last step (dK/dV leave L0C after it)
+};
+
+// The steps of a unit in order: query head of the group, then query block. `index`
+// counts from 0; false once the unit is done.
+__aicore__ inline bool StepAt(const GradTilingData& t, const GradUnit& u, uint32_t index,
+                              GradStep& step)
+{
+    const uint32_t perHead = u.queryBlocks - u.firstQueryBlock;
+    const uint32_t steps = t.group * perHead;
+    if (index >= steps) {
+        return false;
+    }
+    const uint32_t g = index / perHead;
+    const uint32_t block = u.firstQueryBlock + (index - g * perHead);
+    step.headQ = u.headKv * t.group + g;
+    step.row0 = block * t.blockQ;
+    step.rows = MinU32(t.blockQ, t.seqlenQ - step.row0);
+    step.first = index == 0;
+    step.last = index + 1 == steps;
+    return true;
+}
+
+// The steps of one core in order: its units, and each unit's steps (StepAt).
+class GradStepCursor {
+public:
+    __aicore__ GradStepCursor(const GradTilingData& t, uint32_t core)
+        : t_(&t), nextUnit_(t.unitStart[core]), endUnit_(t.unitStart[core + 1]) {}
+
+    // Advances to the next step (unit and step then describe it); false when done.
+    template <bool CAUSAL>
+    __aicore__ bool Next()
+    {
+        for (;;) {
+            if (open_ && StepAt(*t_, unit, index_, step)) {
+                ++index_;
+                return true;
+            }
+            if (nextUnit_ >= endUnit_) {
+                return false;
+            }
+            unit = UnitAt<CAUSAL>(*t_, nextUnit_++);
+            index_ = 0;
+            open_ = true;
+        }
+    }
+
+    GradUnit unit{};
+    GradStep step{};
+
+private:
+    const GradTilingData* t_;
+    uint64_t nextUnit_;
+    uint64_t endUnit_;
+    uint32_t index_ = 0;
+    bool open_ = false;
+};
+
+// Steps in flight on the cube: it issues S and dP of the next step before the products
+// of the current one, so Q, dO, K and V have this many L1 buffers each.
+constexpr uint32_t kGradStepsInFlight = 2;
+
+// Deterministic dQ: no core boundary may cut a chunk of dqChunkBlocks key blocks.
+__aicore__ inline bool GradSplitKeepsChunks(const GradTilingData& t)
+{
+    for (uint32_t c = 0; c <= t.usedCores; ++c) {
+        if ((t.unitStart[c] % t.keyBlocks) % t.dqChunkBlocks != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- The pre- and post-passes -------------------------------------------------------
+
+// Vector core `aiv` of `aivs` owns rows [begin, end) of a row space of `total` rows.
+__aicore__ inline void PassRange(uint64_t total, uint32_t aiv, uint32_t aivs, uint64_t& begin,
+                                 uint64_t& end)
+{
+    begin = total * aiv / aivs;
+    end = total * (aiv + 1) / aivs;
+}
+
+// A chunk of a pass: `rows` consecutive rows of one (batch, head) pair.
+struct PassChunk {
+    uint64_t pair;   // batch * heads + head
+    uint32_t row0;
+    uint32_t rows;
+};
+
+// The chunks of [cursor, end), cut at pair boundaries and every passRows rows.
+__aicore__ inline bool NextPassChunk(const GradTilingData& t, uint32_t rowsPerPair, uint64_t& cursor,
+                                     uint64_t end, PassChunk& chunk)
+{
+    if (cursor >= end) {
+        return false;
+    }
+    chunk.pair = cursor / rowsPerPair;
+    chunk.row0 = static_cast<uint32_t>(cursor - chunk.pair * rowsPerPair);
+    uint64_t rows = rowsPerPair - chunk.row0;
+    rows = rows < t.passRows ? rows : t.passRows;
+    rows = rows < end - cursor ? rows : end - cursor;
+    chunk.rows = static_cast<uint32_t>(rows);
+    cursor += rows;
+    return true;
+}
+
+}  // namespace flash_cann
+
+#endif  // FLASH_CANN_GRAD_TILING_H

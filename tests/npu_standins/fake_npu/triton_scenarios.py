@@ -1,0 +1,64 @@
+"""TEST-ONLY: NPU tensors (the fake "npu" device, host memory) through torch.ops.flash_cann
+to the Triton backend, with the compile real and the launch faked: each launch the NPU
+backend makes is lowered by bishengir-compile for Ascend910B2 (flash_cann.ascend_lowering)
+instead of run. Prints one JSON object. Run by tests/test_triton_npu.py in a fresh
+process, with PYTHONPATH holding this directory (fake torch_npu) and, when
+TRITON_ASCEND=1, triton-ascend's site-packages; FAKE_TORCH_NPU_LIB, LOWERING_DIR.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import flash_cann
+from flash_cann import ascend_lowering, ops
+from flash_cann.backends import triton_npu
+
+import torch_npu  # noqa: E402,F401  (the fake; renames PrivateUse1 to "npu")
+
+results = {}
+launched = []
+
+
+lowered = {}  # a launch's specialisation -> its lowering (as triton's kernel cache)
+
+
+def lowered_instead_of_launched(step):
+    key = (step.name, step.args[0].dtype, tuple(sorted(step.constexprs.items())))
+    if key not in lowered:
+        lowered[key] = ascend_lowering.lower(step, "Ascend910B2",
+                                             Path(os.environ["LOWERING_DIR"]) / step.name)
+    lowering = lowered[key]
+    launched.append({"kernel": step.name, "grid": list(step.grid),
+                     "persistent": step.constexprs.get("PERSISTENT"),
+                     "tma": step.constexprs.get("USE_TMA"), "outcome": lowering.outcome,
+                     "overflow": lowering.overflow})
+
+
+def run(**kwargs):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 40, 4, 64, generator=gen).half().to("npu").requires_grad_()
+    k, v = (torch.randn(2, 40, 2, 64, generator=gen).half().to("npu").requires_grad_()
+            for _ in range(2))
+    mask = torch.ones(2, 40, dtype=torch.bool).to("npu")
+    out = flash_cann.attention(q, k, v, layout="BSND", causal=True, key_padding_mask=mask,
+                               **kwargs)
+    out.backward(torch.ones(out.shape, dtype=out.dtype).to("npu"))  # no fill kernel here
+    return {"out": [out.device.type, list(out.shape)],
+            "grads": [[t.grad.device.type, list(t.grad.shape)] for t in (q, k, v)]}
+
+
+try:
+    results["default_backend"] = ops.backend_for("npu").name
+    triton_npu.ai_cores = lambda device: 24  # the 910B2's AI cores (no NPU driver here)
+    triton_npu.launch = lowered_instead_of_launched
+    results["default"] = run()
+    results["default"]["launched"], launched[:] = list(launched), []
+    with flash_cann.use_backend("triton"):
+        results["use_backend"] = run()
+        results["use_backend"]["launched"] = launched
+except Exception as err:  # noqa: BLE001 -- the message is what is tested
+    results["error"] = f"{type(err).__name__}: {err}"
+print(json.dumps(results))

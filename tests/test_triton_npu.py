@@ -1,0 +1,249 @@
+"""The Triton kernels lowered for Ascend by Huawei's compilers (triton-ascend 3.2.0,
+bishengir-compile 1.2.0), with no NPU and no CANN: every launch the NPU backend makes
+(forward, preprocess, dK/dV, dQ; float16/bfloat16; causal or not; padding mask or not;
+head_dim 64/128/256) for Ascend910B2 and Ascend910B4, up to the hand-off to `hivmc`
+(the CANN tool that emits the binary; with one on PATH a binary is required).
+
+The environment (triton-ascend cannot share one with upstream triton) is built by
+scripts/triton_ascend_env.sh into build/triton-ascend-env, once; its site-packages go in
+front of this interpreter's in the subprocesses. Under CI=true a failure to build it
+fails the tests; elsewhere they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = ROOT / "build" / "triton-ascend-env"
+ARCHES = ("Ascend910B2", "Ascend910B4")
+MATMUL_KERNELS = ("fwd", "dkdv", "dq")
+
+
+def build_ascend_env(directory: Path, python: str = sys.executable) -> str:
+    """PYTHONPATH for a subprocess whose `triton` is triton-ascend, after building the
+    environment if needed; fails (CI=true) or skips with the reason if it cannot."""
+    done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(directory)],
+                          env=dict(os.environ, PYTHON=python), capture_output=True, text=True,
+                          timeout=900)
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = directory / "lib" / version / "site-packages"
+    if done.returncode or not (site / "triton" / "backends" / "ascend").is_dir():
+        reason = (f"could not build the triton-ascend environment "
+                  f"(scripts/triton_ascend_env.sh):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return os.pathsep.join([str(site), str(ROOT / "python")])
+
+
+@pytest.fixture(scope="session")
+def ascend_env():
+    return build_ascend_env(ENV)
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)])
+def test_an_environment_that_cannot_be_built_fails_ci_else_skips(ci, outcome, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="could not build the triton-ascend environment"):
+        build_ascend_env(tmp_path / "env", python=str(tmp_path / "no-python"))
+
+
+def lower(env_path: str, out: Path, *args: str) -> list[dict]:
+    """Run flash_cann.ascend_lowering; its results, one dict per lowering."""
+    done = subprocess.run([sys.executable, "-m", "flash_cann.ascend_lowering", "--out", str(out),
+                           *args], env=dict(os.environ, PYTHONPATH=env_path),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def every_variant(ascend_env, tmp_path_factory):
+    """All variants for both targets: two processes (CI's two cores), each lowering half
+    the variants for both targets (the front end runs once per launch)."""
+    from flash_cann.ascend_lowering import VARIANTS
+
+    out = tmp_path_factory.mktemp("ascend")
+    half = len(VARIANTS) // 2  # by dtype: each (dtype, head_dim) preprocess lowered once
+    halves = [",".join(v.name for v in part) for part in (VARIANTS[:half], VARIANTS[half:])]
+    with concurrent.futures.ThreadPoolExecutor(len(halves)) as pool:
+        runs = pool.map(lambda names: lower(ascend_env, out, "--variants", names), halves)
+        return [r for run in runs for r in run]
+
+
+def _describe(r):
+    return f"{r['arch']} {r['kernel']} {r['variant']} {r['tiles']}: {r['outcome']}\n{r['log']}"
+
+
+def test_every_variant_reaches_the_binary_step(every_variant):
+    # 24 variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim), per target.
+    assert len(every_variant) == 2 * (24 * 3 + 6)
+    assert {r["arch"] for r in every_variant} == set(ARCHES)
+    wanted = "binary" if shutil.which("hivmc") else "handoff"
+    failed = [r for r in every_variant if r["outcome"] != wanted or r["overflow"]]
+    assert not failed, "\n\n".join(map(_describe, failed[:5]))
+
+
+def misplaced(kernel: str, units: dict) -> list[str]:
+    """What is not where it belongs in a kernel's HIVM module: every mma call must be an
+    AIC (cube) function called from the kernel's cube half; exp (and, forward, the row
+    max and sum) must be AIV (vector) functions called from its vector half."""
+    cube = {k: v for k, v in units.items() if k.startswith("mma_tile_")}
+    vector = {k: v for k, v in units.items() if k not in cube}
+    wanted = ["mma_tile_", "vexp_"] + (["reduce_max", "reduce_sum"] if kernel == "fwd" else [])
+    problems = [f"no {w} call" for w in wanted if not any(w in k for k in units)]
+    problems += [f"{k}: {v}" for k, v in cube.items()
+                 if v["core"] != "AIC" or not v["caller"].endswith("_mix_aic")]
+    problems += [f"{k}: {v}" for k, v in vector.items()
+                 if v["core"] != "AIV" or not v["caller"].endswith("_mix_aiv")]
+    return problems
+
+
+def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
+    for r in every_variant:
+        if r["kernel"] in MATMUL_KERNELS:
+            assert not misplaced(r["kernel"], r["units"]), _describe(r)
+
+
+def test_the_next_larger_tile_overflows(ascend_env, tmp_path):
+    """The check can fail: the search's candidate just above the table's forward tile
+    (float16, head_dim 128) in area is reported as an overflow of the 910B2's buffers."""
+    from flash_cann.ascend_lowering import SEARCH_TILES
+    from flash_cann.backends.triton_npu import TILES
+
+    m, n = TILES[("fwd", 128, "float16")]
+    larger = [t for t in SEARCH_TILES if t[0] * t[1] > m * n][-1]  # the smallest larger area
+    [r] = lower(ascend_env, tmp_path, "--arch", "Ascend910B2", "--kernels", "fwd", "--variants",
+                "float16-d128-causal-mask", "--tiles", f"fwd:{larger[0]}:{larger[1]}")
+    assert r["outcome"] == "error" and r["overflow"], _describe(r)
+    assert "overflow, requires" in r["log"], _describe(r)
+
+
+def test_units_reads_the_core_type_of_each_call():
+    """units() and misplaced() on a HIVM module in the form bishengir-compile writes, and
+    on mutations: the matmul in the vector half, a forward without its row max and sum."""
+    from flash_cann.ascend_lowering import units
+
+    def module(mma_core, mma_caller):
+        return f"""module {{
+  func.func private @mma_tile_half_to_float(memref<?xf16>) attributes {{hacc.always_inline, hivm.func_core_type = #hivm.func_core_type<{mma_core}>}}
+  func.func private @vexp_1d_float(memref<?xf32>) attributes {{hivm.func_core_type = #hivm.func_core_type<AIV>}}
+  func.func @k_mix_aic(%arg0: i64) attributes {{hivm.func_core_type = #hivm.func_core_type<AIC>}} {{
+    {"func.call @mma_tile_half_to_float(%a)" if mma_caller == "aic" else ""}
+  }}
+  func.func @k_mix_aiv(%arg0: i64) attributes {{hivm.func_core_type = #hivm.func_core_type<AIV>}} {{
+    func.call @vexp_1d_float(%b)
+    {"func.call @mma_tile_half_to_float(%a)" if mma_caller == "aiv" else ""}
+  }}
+}}"""
+    assert units(module("AIC", "aic")) == {
+        "mma_tile_half_to_float": {"core": "AIC", "caller": "k_mix_aic"},
+        "vexp_1d_float": {"core": "AIV", "caller": "k_mix_aiv"}}
+    assert not misplaced("dq", units(module("AIC", "aic")))
+    assert misplaced("dq", units(module("AIV", "aiv"))) == [
+        "mma_tile_half_to_float: {'core': 'AIV', 'caller': 'k_mix_aiv'}"]
+    assert misplaced("fwd", units(module("AIC", "aic"))) == ["no reduce_max call",
+                                                            "no reduce_sum call"]
+
+
+@pytest.fixture(scope="module")
+def fake_torch_npu(tmp_path_factory):
+    """The fake torch_npu's library (an "npu" device in host memory), built as
+    test_npu_extension builds it: against the real torch-npu wheel's headers."""
+    import torch
+    import torch.utils.cpp_extension
+
+    from torch_npu_wheel import torch_npu_wheel
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the fake torch_npu")
+    wheel = torch_npu_wheel()
+    lib = tmp_path_factory.mktemp("fake_npu") / "libtorch_npu.so"
+    torch_lib = Path(torch.__file__).parent / "lib"
+    subprocess.run(["g++", "-std=c++17", "-fPIC", "-O0", "-shared",
+                    "-Wl,-soname,libtorch_npu.so",
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+                    *[f"-isystem{p}" for p in torch.utils.cpp_extension.include_paths()],
+                    f"-isystem{wheel / 'include'}",
+                    str(STANDINS / "fake_npu" / "fake_torch_npu.cpp"), "-o", str(lib),
+                    f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"],
+                   check=True, capture_output=True)
+    return lib
+
+
+STANDINS = Path(__file__).resolve().parent / "npu_standins"
+
+
+def _scenarios(python_path: str, lib: Path, out: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS / "fake_npu"), python_path]),
+               FAKE_TORCH_NPU_LIB=str(lib), LOWERING_DIR=str(out))
+    env.pop("ASCEND_CUSTOM_OPP_PATH", None)
+    done = subprocess.run([sys.executable, str(STANDINS / "fake_npu" / "triton_scenarios.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_npu_tensors_reach_the_triton_kernels(ascend_env, fake_torch_npu, tmp_path):
+    """Without the CANN package, NPU tensors default to the Triton backend (and
+    use_backend("triton") selects it): forward and backward through torch.ops.flash_cann,
+    four persistent launches over the 910B2's 24 AI cores, each lowered for real."""
+    results = _scenarios(ascend_env, fake_torch_npu, tmp_path)
+    assert "error" not in results, results["error"]
+    assert results["default_backend"] == "triton"
+    for run in (results["default"], results["use_backend"]):
+        assert run["out"] == ["npu", [2, 40, 4, 64]]
+        assert run["grads"] == [["npu", [2, 40, 4, 64]], ["npu", [2, 40, 2, 64]],
+                                ["npu", [2, 40, 2, 64]]]
+        assert [s["kernel"] for s in run["launched"]] == ["fwd", "preprocess", "dkdv", "dq"]
+        for step in run["launched"]:
+            assert step["grid"] == [24] and step["persistent"], step
+            assert step["tma"] in (False, None), step  # preprocess has no USE_TMA
+            assert step["outcome"] == "handoff" and not step["overflow"], step
+
+
+def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
+    """No CANN package and no triton-ascend (this interpreter's triton is upstream's):
+    the error names both."""
+    results = _scenarios(str(ROOT / "python"), fake_torch_npu, tmp_path)
+    assert results["default_backend"] == "npu"
+    error = results["error"]
+    assert error.startswith("NotImplementedError: flash_cann has no backend loaded for device "
+                            "type 'npu': npu: flash-cann's NPU extension"), error
+    assert "; triton: triton-ascend is not installed" in error and "pip install triton-ascend" \
+        in error, error
+
+
+@pytest.mark.parametrize("runnable, expected", [
+    ({"npu", "triton"}, "npu"), ({"triton"}, "triton"), (set(), "npu")])
+def test_npu_default_is_the_cann_package_then_triton(runnable, expected, monkeypatch):
+    """NPU tensors go to the CANN package when it can run, else to Triton (triton-ascend),
+    else to the first (whose error _serving reports with every candidate's reason)."""
+    from flash_cann import ops
+
+    monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
+                        backend.name in runnable)
+    assert ops.backend_for("npu").name == expected
+    assert ops.backend_for("cpu").name == "cpu"
+
+
+def test_use_backend_triton_selects_it_on_cuda_and_npu(monkeypatch):
+    from flash_cann import ops
+
+    monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
+                        backend.name == "npu")
+    with ops.use_backend("triton"):
+        assert ops.backend_for("npu").name == ops.backend_for("cuda").name == "triton"
+        assert ops.backend_for("cpu").name == "cpu"
+    assert ops.backend_for("npu").name == "npu"

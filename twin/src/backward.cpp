@@ -1,0 +1,73 @@
+// The backward kernel on the twin, for Python (ctypes): plan with the backward planner,
+// lay out GM as the CANN shell would (user workspace after the 16 MiB system workspace,
+// tiling data in GM), launch every AI core of the plan, report the first rule violation
+// and the bytes the kernel allocated per memory level.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flash_cann_grad_tiling.h"
+#include "kernel_operator.h"
+#include "grad_planner.h"
+#include "report.h"
+#include "twin/launch.h"
+
+extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                          GM_ADDR out, GM_ADDR softmaxLse, GM_ADDR keyPaddingMask,
+                                          GM_ADDR gradSoftmaxLse, GM_ADDR gradQuery, GM_ADDR gradKey,
+                                          GM_ADDR gradValue, GM_ADDR workspace, GM_ADDR tiling);
+
+extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, void* value, void* out,
+                                        void* softmaxLse, void* keyPaddingMask, void* gradSoftmaxLse,
+                                        void* gradQuery, void* gradKey, void* gradValue, int64_t batch,
+                                        int64_t headsQ, int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
+                                        int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
+                                        double scale, int32_t deterministic, int32_t aicCores,
+                                        uint64_t* allocatedBytes, char* error, uint64_t errorCapacity)
+{
+    using namespace flash_cann;
+    const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
+                                          aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
+    const GradPlanRequest request{{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
+                                   static_cast<DType>(dtype), static_cast<Layout>(layout),
+                                   causal != 0, keyPaddingMask != nullptr, scale},
+                                  deterministic != 0};
+    const GradPlanResult result = MakeGradPlan(request, platform);
+    if (!result.ok()) {
+        return twin::Report("the planner refused: " + result.error, error, errorCapacity);
+    }
+    const GradPlan& plan = result.plan;
+    const size_t e = ElementBytes(request.problem.dtype);
+    std::vector<uint8_t> workspace(AscendC::kSystemWorkspaceBytes + plan.userWorkspaceBytes, 0xFF);
+    std::vector<uint8_t> tiling(sizeof(GradTilingData));
+    std::memcpy(tiling.data(), &plan.tiling, sizeof(GradTilingData));
+    const size_t qBytes = size_t(batch) * headsQ * seqlenQ * headDim * e;
+    const size_t kvBytes = size_t(batch) * headsKv * seqlenK * headDim * e;
+    const size_t lseBytes = size_t(batch) * headsQ * seqlenQ * sizeof(float);
+    twin::LaunchConfig config;
+    config.blockDim = plan.blockDim;
+    config.tilingKey = plan.tilingKey;
+    config.gm = {{gradOut, qBytes, "grad_out"}, {query, qBytes, "query"}, {key, kvBytes, "key"},
+                 {value, kvBytes, "value"}, {out, qBytes, "out"}, {softmaxLse, lseBytes, "softmax_lse"},
+                 {gradQuery, qBytes, "grad_query"}, {gradKey, kvBytes, "grad_key"},
+                 {gradValue, kvBytes, "grad_value"}, {workspace.data(), workspace.size(), "workspace"},
+                 {tiling.data(), tiling.size(), "tiling"}};
+    if (keyPaddingMask != nullptr) {
+        config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
+    }
+    if (gradSoftmaxLse != nullptr) {
+        config.gm.push_back({gradSoftmaxLse, lseBytes, "grad_softmax_lse"});
+    }
+    auto gm = [](void* p) { return static_cast<GM_ADDR>(p); };
+    twin::LaunchReport report;
+    const std::string violation = twin::Launch(config, [&] {
+        flash_cann_attention_grad(gm(gradOut), gm(query), gm(key), gm(value), gm(out), gm(softmaxLse),
+                                  gm(keyPaddingMask), gm(gradSoftmaxLse), gm(gradQuery), gm(gradKey),
+                                  gm(gradValue), workspace.data(), tiling.data());
+    }, &report);
+    twin::CopyAllocated(report, allocatedBytes);
+    if (!violation.empty()) {
+        return twin::Report(violation, error, errorCapacity);
+    }
+    return 0;
+}
