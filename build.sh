@@ -61,11 +61,12 @@ EOF
 }
 
 # Sets socs (';'-separated, for CMake) from a comma- or ';'-separated list, checked against the
-# compute units the ops are defined for.
+# compute units the ops are defined for. Any case is accepted, as `flash-cann plan --soc`
+# accepts it (CANN spells compute units in lower case).
 parse_socs() {  # OPTION LIST
   local soc
   local -a requested
-  IFS=',;' read -r -a requested <<< "$2"
+  IFS=',;' read -r -a requested <<< "${2,,}"
   [[ ${#requested[@]} -gt 0 ]] || die "$1 is empty; supported: ${default_socs//;/,}"
   socs=""
   for soc in "${requested[@]}"; do

@@ -10,9 +10,9 @@ in one run.
 Speed: the FlashAttention-2 paper's shapes, 16k tokens in total and hidden 2048
 (batch = 16384 // seqlen, heads = 2048 // head_dim), layout (batch, heads, seqlen,
 head_dim), inputs random normal. Median of triton.testing.do_bench (warm-up 25 ms,
-repetitions 100 ms, L2 flushed between calls), exactly as the H100 anchors in
-shared/anchors/ were measured, so the numbers compare. Modes: fwd; bwd = the backward
-alone (out.backward(g, retain_graph=True), the anchors' "bwd"); fwd+bwd = both in one
+repetitions 100 ms, L2 flushed between calls), the same for every implementation in
+the run, so the numbers compare. Modes: fwd; bwd = the backward
+alone (out.backward(g, retain_graph=True)); fwd+bwd = both in one
 call. TFLOP/s: fwd = 4 * batch * heads * seqlen^2 * head_dim, halved for causal;
 bwd = 2.5 x fwd; fwd+bwd = 3.5 x fwd. Ratios are the peer's time over flash_cann's
 (> 1: flash_cann is faster).

@@ -5,16 +5,17 @@
 // (metadef register/op_def_registry.h, exe_graph contexts, platform_ascendc) and it.
 //
 // The inputs, outputs and attributes below are those of op_project/flash_cann_ops.yaml,
-// in the same order (tests/test_op_host.py checks them against it).
+// in the same order (tests/test_op_host.py checks them against it); their indices come
+// from flash_cann_contract.h, generated from it.
 #include "flash_cann_host_common.h"
 
 using namespace flash_cann_host;
 
 namespace {
 
-// Input and output indices, in spec order.
-enum ForwardInput : size_t { kQuery = 0, kKey = 1, kValue = 2, kKeyPaddingMask = 3 };
-enum ForwardOutput : size_t { kOut = 0, kSoftmaxLse = 1 };
+// Input and output indices, in spec order (generated).
+using namespace flash_cann::contract::fwd::input;
+using namespace flash_cann::contract::fwd::output;
 
 }  // namespace
 

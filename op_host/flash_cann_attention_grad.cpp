@@ -12,20 +12,15 @@ using namespace flash_cann_host;
 
 namespace {
 
-// Input and attribute indices, in spec order. The optional inputs come last, so the
-// required ones have the same instance index whether or not the optional ones are given.
-enum GradInput : size_t {
-    kGradOut = 0,
-    kQuery = 1,
-    kKey = 2,
-    kValue = 3,
-    kOut = 4,
-    kSoftmaxLse = 5,
-    kKeyPaddingMask = 6,
-    kGradSoftmaxLse = 7,
-};
-enum GradAttr : size_t { kDeterministic = 3 };
-constexpr size_t kGradients = 3;  // grad_query, grad_key, grad_value: like inputs 1, 2, 3
+// Input and attribute indices, in spec order (generated from the spec). The optional
+// inputs come last, so the required ones have the same instance index whether or not the
+// optional ones are given.
+using namespace flash_cann::contract::bwd::input;
+using flash_cann::contract::bwd::attr::kDeterministic;
+// grad_query, grad_key, grad_value: like inputs query, key, value (consecutive).
+constexpr size_t kGradients = flash_cann::contract::bwd::output::kCount;
+static_assert(kKey == kQuery + 1 && kValue == kQuery + 2 && kGradients == 3,
+              "the gradients follow query, key, value");
 
 bool SameShape(const gert::Shape& a, const gert::Shape& b)
 {

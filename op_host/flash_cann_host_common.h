@@ -12,6 +12,7 @@
 #include "register/op_def_registry.h"
 #include "tiling/platform/platform_ascendc.h"
 
+#include "flash_cann_contract.h"
 #include "planner.h"
 
 // The op_host error idiom: log the reason, return a failed status. (CANN's OP_LOGE lives
@@ -28,19 +29,26 @@
 
 namespace flash_cann_host {
 
-// Attribute indices both ops share, in spec order (the backward appends its own).
-enum Attr : size_t { kScale = 0, kCausal = 1, kLayout = 2 };
+// Attribute indices both ops share, in spec order (generated; the backward appends its
+// own).
+using flash_cann::contract::fwd::attr::kCausal;
+using flash_cann::contract::fwd::attr::kLayout;
+using flash_cann::contract::fwd::attr::kScale;
+static_assert(size_t{flash_cann::contract::bwd::attr::kScale} == size_t{kScale} &&
+                  size_t{flash_cann::contract::bwd::attr::kCausal} == size_t{kCausal} &&
+                  size_t{flash_cann::contract::bwd::attr::kLayout} == size_t{kLayout},
+              "both ops declare scale, causal, layout first");
 constexpr size_t kRank = 4;
 
+// A layout attribute's value: its index among the spec's layouts (= flash_cann::Layout,
+// which the planner checks against the generated header).
 inline bool ParseLayout(const char* text, flash_cann::Layout& layout)
 {
-    if (text != nullptr && std::strcmp(text, "BNSD") == 0) {
-        layout = flash_cann::Layout::BNSD;
-        return true;
-    }
-    if (text != nullptr && std::strcmp(text, "BSND") == 0) {
-        layout = flash_cann::Layout::BSND;
-        return true;
+    for (uint32_t i = 0; text != nullptr && i < flash_cann::contract::kLayoutCount; ++i) {
+        if (std::strcmp(text, flash_cann::contract::kLayoutNames[i]) == 0) {
+            layout = static_cast<flash_cann::Layout>(i);
+            return true;
+        }
     }
     return false;
 }

@@ -7,7 +7,47 @@ import zlib
 import pytest
 import torch
 
+import native_build
+
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+# Test tiers. `-m fast` is the contributor's loop (<= 60 s of CPU on the 2-core CI
+# machine): the contract, the API and its errors, the op registration, and a slice of
+# the accuracy grid -- no native build, no subprocess. The full suite (plain pytest,
+# what CI runs) adds everything else. A module lands in the fast tier only by being
+# listed here, so a new module is in the full tier until someone measures it.
+FAST_MODULES = {"test_api.py", "test_errors.py", "test_ops.py", "test_spec.py",
+                "test_accuracy.py"}
+
+
+def _is_fast(item) -> bool:
+    if item.path.name not in FAST_MODULES:
+        return False
+    params = getattr(item, "callspec", None)
+    if item.path.name == "test_accuracy.py" and params is not None:
+        # The grid's smallest corner: head_dim 64, at most 128 x 128 scores per head.
+        seqlen_q, seqlen_k = params.params.get("seqlens", (0, 0))
+        return params.params.get("head_dim") == 64 and seqlen_q * seqlen_k <= 128 * 128
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_fast(item):
+            item.add_marker(pytest.mark.fast)
+
+
+def pytest_configure(config):
+    """Registers the tier marker. Under CI=true a missing native tool fails the session
+    at once: without it the planner, twin, CANN-shell and packaging tests would all skip,
+    and CI would pass."""
+    config.addinivalue_line("markers", "fast: the <= 60 s tier (-m fast); see conftest.py")
+    absent = native_build.missing()
+    if native_build.ON_CI and absent:
+        raise pytest.UsageError(
+            f"CI=true but {', '.join(absent)} not found on PATH: the native tests need "
+            f"cmake (>= 3.16) and a C++17 compiler (g++, gcc); see README.md, Tests")
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype,

@@ -3,16 +3,14 @@ oracle, over the issue's grid. Tolerances: flash_cann.accuracy (one place)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy
 from flash_cann.backends import cpu
 
 from conftest import DTYPES, make_qkv, random_key_padding_mask
+from oracle_checks import assert_all_ok, check
 
 HEAD_DIMS = [16, 64, 80, 128, 256]
 # (seqlen_q, seqlen_k): the sizes {1, 17, 128, 1000}, square and not.
@@ -22,10 +20,6 @@ SEQLENS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (1, 17), (17, 128), (128,
 HEADS = [(2, 2), (4, 2), (4, 1)]
 
 
-def _assert_all_ok(results):
-    assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
-
-
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"sq{s[0]}-sk{s[1]}")
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}-{h[1]}")
@@ -33,18 +27,9 @@ def _assert_all_ok(results):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_matches_oracle(dtype, causal, masked, heads, head_dim, seqlens, gen):
-    (heads_q, heads_kv), (seqlen_q, seqlen_k) = heads, seqlens
-    batch = 1 if seqlen_q * seqlen_k > 10**5 else 2
     layout = "BSND" if head_dim % 32 else "BNSD"  # both layouts across the grid
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, layout,
-                       generator=gen)
-    mask = random_key_padding_mask(batch, seqlen_k, gen) if masked else None
-    scale = 1.0 / math.sqrt(head_dim)
-    _assert_all_ok(accuracy.check_against_oracle(
-        lambda q_, k_, v_: flash_cann.attention(q_, k_, v_, layout=layout, causal=causal,
-                                                key_padding_mask=mask, return_lse=True),
-        q, k, v, scale=scale, causal=causal, layout=layout, key_padding_mask=mask,
-        generator=gen))
+    assert_all_ok(check("cpu", dtype, causal=causal, masked=masked, heads=heads,
+                        head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
 
 
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])

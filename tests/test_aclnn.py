@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,14 +16,17 @@ import yaml
 from flash_cann import aclnn, aclnn_status
 from flash_cann.spec import parse
 
+from contract import RAW
+from native_build import needs
+
 ROOT = Path(__file__).resolve().parents[1]
-RAW = yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())
 SPEC = parse(RAW)
 # CANN's C type of each spec attribute type (msOpGen: Float -> double, String -> char *).
 ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char *"}
 
-# Written out by hand from the rules in docs (cann_host_api.md §9): the ABI the
-# extension must call, whatever the generator says.
+# Written out by hand from the rules of CANN's aclnn generator (mirror-cann/asc-devkit,
+# tools/build/opbuild/op_aclnn_generator.cpp): the ABI the extension must call, whatever
+# our generator says.
 EXPECTED_PROTOTYPES = {
     "fwd": "aclnnStatus aclnnFlashCannAttentionGetWorkspaceSize(const aclTensor *query, "
            "const aclTensor *key, const aclTensor *value, "
@@ -156,7 +158,7 @@ def test_status_table_names_each_public_code_once():
     assert aclnn_status.STATUS_TABLE[-len(ranges):] == tuple(ranges)  # exact rows win
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@needs("g++")
 def test_cpp_lookup_says_exactly_what_describe_says(tmp_path):
     """framework/csrc/aclnn_status.h over the generated table, compiled and run."""
     aclnn.write_headers(tmp_path)

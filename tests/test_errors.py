@@ -5,6 +5,7 @@ checks)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -144,12 +145,53 @@ def test_backward_op_rejects_mismatched_lse():
 
 
 def test_errors_surface_at_compile_time():
-    """torch.compile traces through the fake kernel, which runs the same checks."""
+    """torch.compile traces through the fake kernel, which runs the same checks; dynamo
+    raises its TorchRuntimeError with our message, our ValueError in its exception chain
+    (as the README says)."""
     q, k, v = _qkv()
 
     @torch.compile(fullgraph=True, backend="eager")
     def fn(q_, k_, v_):
         return flash_cann.attention(q_, k_, v_)
 
-    with pytest.raises(Exception, match="query heads \\(3\\) must be a multiple"):
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError,
+                       match="query heads \\(3\\) must be a multiple") as raised:
         fn(q[:, :3], k, v)
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(type(error))
+        error = error.__cause__ or error.__context__
+    assert ValueError in chain, chain
+
+
+@pytest.mark.parametrize("api, argument, value, message", [
+    ("flash_attn_func", "softmax_scale", "0.1", "softmax_scale must be a real number or None "
+                                                "(got str '0.1')"),
+    ("flash_attn_func", "softmax_scale", True, "softmax_scale must be a real number"),
+    ("attention", "scale", "abc", "scale must be a real number or None (got str 'abc')"),
+    ("flash_attn_func", "causal", "yes", "causal must be a bool (got str 'yes')"),
+    ("attention", "causal", None, "causal must be a bool (got NoneType None)"),
+    ("attention", "return_lse", "no", "return_lse must be a bool (got str 'no')"),
+    ("flash_attn_func", "return_attn_probs", 1, "return_attn_probs must be a bool"),
+    ("flash_attn_func", "deterministic", "false", "deterministic must be a bool"),
+])
+def test_public_api_takes_arguments_strictly(api, argument, value, message):
+    q, k, v = _qkv(layout="BSND" if api == "flash_attn_func" else "BNSD")
+    with pytest.raises(TypeError, match=re.escape(message)):
+        getattr(flash_cann, api)(q, k, v, **{argument: value})
+
+
+def test_a_use_backend_block_refuses_tensors_its_backend_cannot_take():
+    q, k, v = _qkv()
+    with flash_cann.use_backend("triton"):
+        with pytest.raises(ValueError, match="use_backend\\('triton'\\) is active, but the "
+                                             "tensors are on device type 'cpu'"):
+            flash_cann.attention(q, k, v)
+    flash_cann.attention(q, k, v)  # the block is closed: the CPU backend again
+
+
+def test_backend_for_takes_a_device_or_its_type():
+    assert flash_cann.backend_for(torch.device("cpu")).name == "cpu"
+    assert flash_cann.backend_for("cpu").name == "cpu"
+    with pytest.raises(TypeError, match="backend_for takes a device type"):
+        flash_cann.backend_for(0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch.utils.cpp_extension
 from flash_cann import aclnn
 from flash_cann.opp_paths import LIBRARY
 
+from native_build import needs
 from torch_npu_wheel import torch_npu_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +43,7 @@ ACL_FORMAT_ND = 2
 FAKE_STREAM = 0x5EED  # what the fake NPUStream::stream returns
 FAKE_WORKSPACE = 4096  # what the fake stage 1 asks for
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None,
-                                reason="needs g++ and gcc to build the extension")
+pytestmark = needs("g++", "gcc")
 
 
 def _run(cmd):

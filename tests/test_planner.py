@@ -79,7 +79,6 @@ def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"head_dim": 300}, "head_dim 300 exceeds the kernel's maximum of 256"),
-    ({"dtype": "float32"}, "dtype float32 is not supported by the Ascend kernel"),
     ({"heads_kv": 3}, "heads_q (8) must be a multiple of heads_kv (3)"),
 ])
 def test_refusals_raise(kwargs, message):
@@ -88,6 +87,13 @@ def test_refusals_raise(kwargs, message):
     args.update(kwargs)
     with pytest.raises(planner.PlanRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
         planner.plan(**args)
+
+
+def test_dtypes_and_layouts_are_the_specs():
+    with pytest.raises(ValueError, match="dtype must be one of float16, bfloat16 "
+                                         "\\(got 'float32'\\)"):
+        planner.plan("ascend910b2", 1, 8, 128, 64, dtype="float32")
+    assert list(planner.LAYOUTS) == ["BNSD", "BSND"]
 
 
 def test_grad_refusals_raise():
@@ -151,6 +157,19 @@ def test_cli_reports_refusals():
     assert result.returncode == 1
     assert "head_dim 300 exceeds" in result.stdout
 
+
+@pytest.mark.parametrize("spelling", ["ascend910b2", "ASCEND910B2", "Ascend910B2"])
+def test_soc_names_ignore_case(spelling):
+    built("planner/libflash_cann_planner.so")
+    assert planner.soc_name(spelling) == "Ascend910B2"
+
+
+def test_cli_unknown_soc_lists_the_known_ones():
+    built("planner/libflash_cann_planner.so")
+    result = _cli("--soc", "ascend910b", "--shape", "1,8,128,64")
+    assert result.returncode == 1
+    assert ("unknown SoC 'ascend910b'; choose one of ascend910b1, ascend910b2, ascend910b3, "
+            "ascend910b4, ascend910_93 (any case)") in result.stdout
 
 # docs/planner.md's prediction tables are generated from planner_tests' report lines;
 # these build them, and the test below fails (printing the table) when they drift.

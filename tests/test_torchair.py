@@ -14,20 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import flash_cann
 from flash_cann.spec import load
 from flash_cann import torchair_converters
 
+import contract
 from conftest import make_qkv, random_key_padding_mask
 
-ROOT = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "npu_standins" / "torchair_ge"
 # How op_host's OpDef declares each spec attribute type (Float(), Bool(), Int(), String()).
 PROTO_ATTR_CLASSES = {"float": "Float", "bool": "Bool", "int": "Int", "str": "Str"}
-RAW_OPS = {op["name"]: op for op in
-           yaml.safe_load((ROOT / "op_project" / "flash_cann_ops.yaml").read_text())["ops"]}
+RAW_OPS = contract.OPS
 
 
 @pytest.fixture

@@ -2,12 +2,13 @@
 against the float64 oracle over test_accuracy's grid (float16/bfloat16), long sequences,
 every autotuning candidate, both load paths, strided and expanded inputs, determinism,
 torch.compile, opcheck and O(N) memory. Outputs are poisoned with NaN before every run
-(triton_checks), inputs are fresh per case. Tolerances: flash_cann.accuracy.
+(oracle_checks.triton_poisoning), inputs are fresh per case. Tolerances: flash_cann.accuracy.
 Skipped without a CUDA GPU and triton (test_triton_interpreter.py runs a few cases on
 the CPU)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
@@ -18,12 +19,14 @@ from flash_cann import memory
 
 from conftest import make_qkv, random_key_padding_mask
 from test_accuracy import HEAD_DIMS, HEADS, SEQLENS
-from triton_checks import assert_all_ok, check, expanded_grad_check, packed_views
+import oracle_checks
+from oracle_checks import assert_all_ok, packed_views
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
     reason="needs a CUDA GPU and triton")
 
+check = functools.partial(oracle_checks.check, within=oracle_checks.triton_poisoning)
 DTYPES = [torch.float16, torch.bfloat16]
 DTYPE_IDS = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # -k bf16 / -k fp16 shard
 
@@ -102,8 +105,10 @@ def test_odd_head_dims_strided(head_dim, gen):
 
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
 def test_expanded_grad_out(layout, gen):
-    assert_all_ok(expanded_grad_check("cuda", torch.bfloat16, causal=True, layout=layout,
-                                      gen=gen))
+    """out.sum().backward(): dO arrives expanded (every stride 0), no lse gradient."""
+    assert_all_ok(check("cuda", torch.bfloat16, causal=True, masked=True, heads=(4, 2),
+                        head_dim=64, seqlens=(37, 53), layout=layout, gen=gen, scale=0.125,
+                        backward="out_sum"))
 
 
 def test_backward_is_deterministic(gen):

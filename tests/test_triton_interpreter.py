@@ -14,6 +14,7 @@ patterns; Triton's debugging guide lists bfloat16 as unsupported there).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -21,6 +22,9 @@ import sys
 
 import pytest
 import torch
+
+import oracle_checks
+from oracle_checks import assert_all_ok, packed_views
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -66,6 +70,9 @@ def test_poisoned_outputs_fill_every_buffer():
     assert torch.isnan(poisoned).all()
 
 
+check = functools.partial(oracle_checks.check, within=oracle_checks.triton_poisoning)
+
+
 @pytest.fixture
 def triton_on_cpu(monkeypatch):
     """CPU tensors go to the triton backend (the interpreter runs its kernels)."""
@@ -89,8 +96,6 @@ def triton_on_cpu(monkeypatch):
 @pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "descriptors"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_oracle(case, tma, triton_on_cpu, monkeypatch, gen):
-    from triton_checks import assert_all_ok, check
-
     monkeypatch.setenv("FLASH_CANN_TRITON_TMA", tma)
     causal, masked, heads, head_dim, seqlens, layout = case
     assert_all_ok(check("cpu", torch.float16, causal=causal, masked=masked, heads=heads,
@@ -102,8 +107,6 @@ def test_matches_oracle(case, tma, triton_on_cpu, monkeypatch, gen):
 def test_empty_sequence_and_strided_inputs(causal, triton_on_cpu, gen):
     """A sequence whose every key is padding (out 0, lse -inf, zero gradients), with q, k,
     v read as strided slices of one packed tensor."""
-    from triton_checks import assert_all_ok, check, packed_views
-
     assert_all_ok(check("cpu", torch.float16, causal=causal, masked=True, heads=(2, 2),
                         head_dim=48, seqlens=(30, 30), layout="BSND", gen=gen,
                         inputs=packed_views, empty_sequence=True))
@@ -115,8 +118,6 @@ def test_non_positive_scale(scale, triton_on_cpu, gen):
     """Whole key blocks take the row max from unscaled scores (the min for a negative
     scale), masked ones from scaled scores. Scale -2 spreads a row's scores so far that a
     wrong max overflows P in float16."""
-    from triton_checks import assert_all_ok, check
-
     assert_all_ok(check("cpu", torch.float16, causal=True, masked=False, heads=(2, 1),
                         head_dim=32, seqlens=(70, 150), layout="BSND", gen=gen, scale=scale))
 
@@ -124,10 +125,10 @@ def test_non_positive_scale(scale, triton_on_cpu, gen):
 @in_interpreter
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
 def test_expanded_grad_out(layout, triton_on_cpu, gen):
-    from triton_checks import assert_all_ok, expanded_grad_check
-
-    assert_all_ok(expanded_grad_check("cpu", torch.float16, causal=True, layout=layout,
-                                      gen=gen))
+    """out.sum().backward(): dO arrives expanded (every stride 0), no lse gradient."""
+    assert_all_ok(check("cpu", torch.float16, causal=True, masked=True, heads=(4, 2),
+                        head_dim=64, seqlens=(37, 53), layout=layout, gen=gen, scale=0.125,
+                        backward="out_sum"))
 
 
 @in_interpreter
@@ -137,7 +138,6 @@ def test_every_candidate_tile(kernel, triton_on_cpu, gen):
     causal masking, padding, GQA and tails in several blocks. (The interpreter ignores
     warps and pipeline stages, so one config per tile; test_triton.py runs them all.)"""
     from flash_cann.backends import triton as triton_backend
-    from triton_checks import check
 
     tiles = {}
     for config in triton_backend.KERNELS[kernel].candidates(block_d=64):
@@ -175,8 +175,6 @@ NPU_CASES = [  # (causal, masked, (heads_q, heads_kv), head_dim, (seqlen_q, seql
 @pytest.mark.parametrize("case", NPU_CASES, ids=str)
 def test_npu_host_matches_oracle(case, triton_npu_on_cpu, gen):
     """The kernels as the NPU runs them (PERSISTENT, TILES) give the right answer."""
-    from triton_checks import assert_all_ok, check
-
     causal, masked, heads, head_dim, seqlens = case
     assert_all_ok(check("cpu", torch.float16, causal=causal, masked=masked, heads=heads,
                         head_dim=head_dim, seqlens=seqlens, layout="BSND", gen=gen))

@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "../flash_cann_contract.h"
 #include "cost_model.h"
 #include "plan_parts.h"
 #include "work_model.h"
@@ -12,7 +13,16 @@
 namespace flash_cann {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
+// The contract's values, generated from op_project/flash_cann_ops.yaml: the C ABI and
+// the TilingFunc pass layouts and dtypes by these numbers.
+static_assert(static_cast<uint32_t>(Layout::BNSD) == contract::kLayoutBNSD &&
+                  static_cast<uint32_t>(Layout::BSND) == contract::kLayoutBSND &&
+                  contract::kLayoutCount == 2,
+              "flash_cann::Layout must list the spec's layouts in spec order");
+static_assert(static_cast<uint32_t>(DType::Float16) == contract::kDTypeFloat16 &&
+                  static_cast<uint32_t>(DType::BFloat16) == contract::kDTypeBfloat16,
+              "flash_cann::DType must start with the NPU backend's dtypes in spec order");
+constexpr int64_t kMaxHeadDim = contract::kHeadDimMax;
 // Batch, head, row and key indices are 32-bit in the kernel.
 constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
 // K, V (and Q) rows are loaded into L1 with Nd2NzParams, whose source row pitch

@@ -42,10 +42,10 @@ Platform Make(const char* name, uint32_t aic, double ghz, const char* source)
 
 const std::vector<Platform>& KnownPlatforms()
 {
-    // Core counts: ops-transformer UT platform stub (tests/ut/framework_special/utils/
-    // src/platform.cpp) and hicann/catlass arch.hpp; clocks: platform ini quotes
-    // (cube_freq) and hw-native-sys/pto-isa fa_cost_model.py, as gathered in
-    // shared/cann-notes.md section 5.
+    // Core counts: ops-transformer's UT platform stub (tests/ut/framework_special/utils/
+    // src/platform.cpp) and hicann/catlass include/catlass/arch/arch.hpp; clocks: platform
+    // ini quotes (cube_freq) and the cost model of hw-native-sys/pto-isa
+    // kernels/manual/common/flash_atten/ (README.md, scripts/fa_cost_model.py).
     static const std::vector<Platform> platforms = {
         Make("Ascend910B1", 24, 1.85, "24 AIC/48 AIV (ops-transformer UT stub); 1850 MHz "
                                      "(platform ini quote, pto-isa cost model)"),

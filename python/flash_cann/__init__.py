@@ -8,6 +8,18 @@ Both call ``torch.ops.flash_cann.fwd`` (and, through autograd, ``.bwd``), which 
 the backend for the tensors' device: see ``flash_cann.ops``.
 """
 
+import os
+import sys
+
+# CPU contention: torch's OpenMP threads spin-wait between parallel regions, and the CPU
+# backend runs thousands of small ones. Beside one busy process on 2 cores a spinning
+# thread takes the core its sibling needs, and forward + backward went from 0.4 s to
+# 13 s. Waiting passively keeps it near the one-thread time (benchmarks/cpu_contention.py).
+# libgomp reads this once, when torch loads: it applies only if torch is not loaded yet,
+# and never overrides the user's setting.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from .interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
                         flash_attn_qkvpacked_func)
 from .ops import backend_for, use_backend

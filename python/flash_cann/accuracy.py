@@ -1,13 +1,22 @@
-"""How close a backend must be to the float64 oracle: the one statement of tolerances.
+"""How close a backend must be to the float64 oracle: the one statement of tolerances,
+and the one comparison every backend's tests (and the demo) call.
 
 The rule (flash-attn's, also Liger's for NPU bf16): a result's max error against the
 float64 oracle may be at most FACTOR times the error of the same materialising
-attention computed in the input dtype (an honest same-precision baseline), plus a
-slack of RELATIVE_SLACK x max |oracle| for the cases where the baseline happens to be
-(nearly) exact. The fp32 slack is the largest: with a near one-hot softmax, autograd's
-softmax gradient cancels exactly while FA2's dP - rowsum(dO * O) subtracts two numbers
-of size |dO| |V| and keeps their rounding (~1e-6 of them), which can be several times
-larger than the baseline's error on a small dq.
+attention computed in a same-precision baseline, plus a slack of RELATIVE_SLACK x
+max |oracle| for the cases where the baseline happens to be (nearly) exact.
+
+Each output is judged in the precision the contract gives it. ``out`` and the
+gradients are stored in the input dtype: their baseline stores every intermediate in
+that dtype, their slack is two ulps of it. ``softmax_lse`` is float32 by contract
+(the accumulator dtype), computed from scores that every backend keeps in its
+accumulator: its baseline is the materialising attention in the accumulator dtype
+and its slack the accumulator's, so an lse rounded to the input dtype fails.
+
+The fp32 slack is the largest: with a near one-hot softmax, autograd's softmax
+gradient cancels exactly while FA2's dP - rowsum(dO * O) subtracts two numbers of size
+|dO| |V| and keeps their rounding (~1e-6 of them), which can be several times larger
+than the baseline's error on a small dq.
 """
 
 from __future__ import annotations
@@ -16,10 +25,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import accumulator_dtype
+
 FACTOR = {"out": 2.0, "lse": 2.0, "grad": 3.0}
 RELATIVE_SLACK = {torch.float64: 1e-12, torch.float32: 1e-5,
                   # two ulps: FA2's D = rowsum(dO * O) uses O as stored (rounded)
                   torch.float16: 2 * 2.0**-10, torch.bfloat16: 2 * 2.0**-7}
+# What the gradients are taken of: "full" = sum(out * dO) + sum(lse * dLSE) with random
+# dO and dLSE; "out_sum" = out.sum() (dO arrives expanded, no lse gradient); "none" =
+# forward only, for backends without a backward pass.
+BACKWARD_MODES = ("full", "out_sum", "none")
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,12 @@ class Comparison:
                 f"(same-precision baseline {self.baseline_error:.2e})  {verdict}")
 
 
+def judged_dtype(kind: str, input_dtype: torch.dtype) -> torch.dtype:
+    """The precision an output of ``kind`` is judged in: lse in the accumulator dtype
+    (float32 by contract), everything else in the input dtype."""
+    return accumulator_dtype(input_dtype) if kind == "lse" else input_dtype
+
+
 def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     if a.shape != b.shape:
@@ -54,23 +75,28 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare(name: str, kind: str, result: torch.Tensor, oracle: torch.Tensor,
-            baseline: torch.Tensor, dtype: torch.dtype) -> Comparison:
-    """Compare ``result`` with the float64 ``oracle``; ``baseline`` is the same-precision
-    materialising result; ``kind`` is "out", "lse" or "grad"; ``dtype`` the input dtype."""
+            baseline: torch.Tensor, input_dtype: torch.dtype) -> Comparison:
+    """Compare ``result`` with the float64 ``oracle``; ``baseline`` is the materialising
+    result in ``judged_dtype(kind, input_dtype)``; ``kind`` is "out", "lse" or "grad"."""
     base = _max_error(baseline, oracle)
     finite = oracle[torch.isfinite(oracle)]
     magnitude = finite.abs().max().item() if finite.numel() else 0.0
-    return Comparison(name, _max_error(result, oracle),
-                      FACTOR[kind] * base + RELATIVE_SLACK[dtype] * magnitude, base)
+    slack = RELATIVE_SLACK[judged_dtype(kind, input_dtype)]
+    return Comparison(name, _max_error(result, oracle), FACTOR[kind] * base + slack * magnitude,
+                      base)
 
 
-def forward_backward(attention_fn, q, k, v, grad_out, grad_lse):
-    """(out, lse, dq, dk, dv) of ``attention_fn(q, k, v) -> (out, lse)``, with the loss
-    sum(out * grad_out) + sum(lse * grad_lse) over rows whose lse is finite."""
+def _gradients(attention_fn, q, k, v, grad_out, grad_lse, backward: str):
+    """(out, lse, dq, dk, dv) of ``attention_fn(q, k, v) -> (out, lse)``; the loss is
+    sum(out * grad_out) + sum(lse * grad_lse) over rows whose lse is finite, or out.sum()."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out, lse = attention_fn(q, k, v)
-    loss = (out.double() * grad_out.double()).sum()
-    loss = loss + (lse.masked_fill(torch.isinf(lse), 0.0).double() * grad_lse.double()).sum()
+    if backward == "out_sum":
+        loss = out.sum()
+    else:
+        loss = (out.double() * grad_out.double()).sum()
+        loss = loss + (lse.masked_fill(torch.isinf(lse), 0.0).double()
+                       * grad_lse.double()).sum()
     dq, dk, dv = torch.autograd.grad(loss, (q, k, v))
     return out.detach(), lse.detach(), dq, dk, dv
 
@@ -83,34 +109,38 @@ def _materialising(key_padding_mask, scale, causal, layout, compute_dtype):
         compute_dtype=compute_dtype)
 
 
-def check_forward_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool,
-                                 layout: str, key_padding_mask=None) -> list[Comparison]:
-    """Compare the forward results (out, softmax_lse) of ``attention_fn`` with the float64
-    oracle; for backends without a backward pass."""
-    args = (key_padding_mask, scale, causal, layout)
-    with torch.no_grad():
-        got = attention_fn(q, k, v)
-        oracle = _materialising(*args, torch.float64)(q.double(), k.double(), v.double())
-        baseline = _materialising(*args, q.dtype)(q, k, v)
-    return [compare(name, kind, g, o, b, q.dtype) for name, kind, g, o, b in
-            zip(("out", "softmax_lse"), ("out", "lse"), got, oracle, baseline)]
-
-
 def check_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool, layout: str,
-                         key_padding_mask=None, generator=None) -> list[Comparison]:
-    """Run ``attention_fn`` forward and backward and compare every result with the
-    float64 oracle (tolerance from the same-precision materialising baseline)."""
+                         key_padding_mask=None, generator=None,
+                         backward: str = "full") -> list[Comparison]:
+    """Run ``attention_fn(q, k, v) -> (out, softmax_lse)`` (forward, and backward as
+    ``backward`` says: one of BACKWARD_MODES) and compare every result with the float64
+    oracle, each judged in its own precision (see the module docstring)."""
     from . import layout as layouts
 
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f"backward must be one of {BACKWARD_MODES} (got {backward!r})")
+    args = (key_padding_mask, scale, causal, layout)
+    oracle_fn = _materialising(*args, torch.float64)
+    baseline_fn = _materialising(*args, q.dtype)
+    with torch.no_grad():  # lse's baseline: the scores kept in the accumulator dtype
+        lse_baseline = _materialising(*args, accumulator_dtype(q.dtype))(q, k, v)[1]
+    lse_names = (("out", "out", 0), ("softmax_lse", "lse", 1))
+    if backward == "none":
+        with torch.no_grad():
+            got = attention_fn(q, k, v)
+            oracle = oracle_fn(q.double(), k.double(), v.double())
+            baseline = (baseline_fn(q, k, v)[0], lse_baseline)
+        return [compare(name, kind, got[i], oracle[i], baseline[i], q.dtype)
+                for name, kind, i in lse_names]
     grad_out = torch.randn(q.shape, generator=generator, dtype=torch.float32).to(q)
     lse_shape = layouts.sizes(q, layout)[:3]
     grad_lse = torch.randn(lse_shape, generator=generator, dtype=torch.float32).to(q.device)
-    args = (key_padding_mask, scale, causal, layout)
-    got = forward_backward(attention_fn, q, k, v, grad_out, grad_lse)
+    got = _gradients(attention_fn, q, k, v, grad_out, grad_lse, backward)
     # float64 leaves, so that the oracle's gradients are not rounded to the input dtype.
-    oracle = forward_backward(_materialising(*args, torch.float64), q.double(), k.double(),
-                              v.double(), grad_out, grad_lse)
-    baseline = forward_backward(_materialising(*args, q.dtype), q, k, v, grad_out, grad_lse)
+    oracle = _gradients(oracle_fn, q.double(), k.double(), v.double(), grad_out, grad_lse,
+                        backward)
+    baseline = list(_gradients(baseline_fn, q, k, v, grad_out, grad_lse, backward))
+    baseline[1] = lse_baseline
     names = (("out", "out"), ("softmax_lse", "lse"), ("dq", "grad"), ("dk", "grad"),
              ("dv", "grad"))
     return [compare(name, kind, g, o, b, q.dtype)

@@ -52,12 +52,11 @@ def check_accuracy(device: torch.device, dtype: torch.dtype, with_backward: bool
     print(f"accuracy: batch {b}, heads 8 (kv 2), seqlen_q {sq}, seqlen_k {sk}, head_dim {d}, "
           f"{str(dtype).removeprefix('torch.')}, causal, key padding mask, layout BSND"
           f"{'' if with_backward else ', forward only'}")
-    check = accuracy.check_against_oracle if with_backward else accuracy.check_forward_against_oracle
-    extra = {"generator": gen} if with_backward else {}
-    results = check(
+    results = accuracy.check_against_oracle(
         lambda q_, k_, v_: attention(q_, k_, v_, layout="BSND", causal=True, scale=scale,
                                      key_padding_mask=mask, return_lse=True),
-        q, k, v, scale=scale, causal=True, layout="BSND", key_padding_mask=mask, **extra)
+        q, k, v, scale=scale, causal=True, layout="BSND", key_padding_mask=mask,
+        generator=gen, backward="full" if with_backward else "none")
     for r in results:
         print("  " + str(r))
     return all(r.ok for r in results)
@@ -74,6 +73,8 @@ def compare_with_standard(device: torch.device, seqlen: int | None) -> None:
           f"{str(cfg['dtype']).removeprefix('torch.')}, causal (median of {REPEATS})")
     rows = []
     for name, fn in (("flash_cann", _flash_fwd_bwd), ("standard attention", _standard_fwd_bwd)):
+        print(f"  timing {name} ({REPEATS} runs after a warm-up) and measuring its peak "
+              f"memory...", flush=True)
         try:
             seconds = median_seconds(fn, *_inputs(*args), device=device, repeats=REPEATS)
             peak = memory.peak_extra_bytes(device, _inputs, fn, args,
@@ -89,25 +90,45 @@ def compare_with_standard(device: torch.device, seqlen: int | None) -> None:
           f"memory than standard attention")
 
 
+class CannotRun(ValueError):
+    """The demo cannot run as asked on this machine; the message says why, in one line."""
+
+
+def choose(device_type: str | None, backend: str | None):
+    """(device type, backend spec) for ``--device`` / ``--backend`` (names the CLI has
+    checked against the spec); raises CannotRun if they disagree or cannot run here."""
+    if backend is not None:
+        chosen = ops.SPEC.backends[backend]
+        if device_type is not None and device_type not in chosen.device_types:
+            raise CannotRun(f"--backend {backend} runs on device type(s) "
+                            f"{', '.join(chosen.device_types)}, not --device {device_type}")
+        device_type = device_type or chosen.device_type
+    else:
+        device_type = device_type or ops.best_device().type
+        chosen = ops.backend_for(device_type)
+    reason = ops.unavailable_reason(chosen, device_type)
+    if reason is not None:
+        raise CannotRun(f"backend '{chosen.name}' (device type '{device_type}') cannot run "
+                        f"here: {reason}")
+    return device_type, chosen
+
+
 def main(device: str | None = None, seqlen: int | None = None,
          backend: str | None = None) -> int:
-    if backend is not None:
-        with ops.use_backend(backend):
-            return main(ops.SPEC.backends[backend].device_type, seqlen)
-    dev = torch.device(device) if device else ops.best_device()
-    chosen = ops.backend_for(dev.type)
-    print(f"flash-cann demo on {dev} (backend '{chosen.name if chosen else None}'), "
-          f"torch {torch.__version__}\n")
-    if chosen is not None and chosen.name == "twin":
-        # The Ascend C kernel on the CPU twin: a functional simulation, so check accuracy
-        # in its NPU dtype; its speed says nothing about the NPU.
-        ok = check_accuracy(dev, torch.bfloat16, with_backward=chosen.backward)
+    device_type, chosen = choose(device, backend)
+    dev = torch.device(device_type)
+    with ops.use_backend(chosen.name):
+        print(f"flash-cann demo on {dev} (backend '{chosen.name}'), torch {torch.__version__}\n")
+        if chosen.name == "twin":
+            # The Ascend C kernel on the CPU twin: a functional simulation, so check
+            # accuracy in its NPU dtype; its speed says nothing about the NPU.
+            ok = check_accuracy(dev, torch.bfloat16, with_backward=chosen.backward)
+            print("  accuracy: " + ("PASS" if ok else "FAIL"))
+            print("\n(no speed/memory comparison: the twin simulates the NPU kernel's API "
+                  "calls on the CPU; its timings say nothing about the NPU)")
+            return 0 if ok else 1
+        dtype = SCALE_DEFAULTS["cpu" if dev.type == "cpu" else "accelerator"]["dtype"]
+        ok = check_accuracy(dev, dtype, with_backward=chosen.backward)
         print("  accuracy: " + ("PASS" if ok else "FAIL"))
-        print("\n(no speed/memory comparison: the twin simulates the NPU kernel's API calls "
-              "on the CPU; its timings say nothing about the NPU)")
+        compare_with_standard(dev, seqlen)
         return 0 if ok else 1
-    dtype = SCALE_DEFAULTS["cpu" if dev.type == "cpu" else "accelerator"]["dtype"]
-    ok = check_accuracy(dev, dtype, with_backward=chosen is None or chosen.backward)
-    print("  accuracy: " + ("PASS" if ok else "FAIL"))
-    compare_with_standard(dev, seqlen)
-    return 0 if ok else 1

@@ -27,6 +27,7 @@ returns output 0 and softmax_lse -inf, and gets zero gradients -- never NaN.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -40,9 +41,20 @@ def _not_supported(condition: bool, argument: str, value, supported: str) -> Non
                                   f"(supported: {supported})")
 
 
-def _softmax_scale(scale, q: torch.Tensor) -> float:
+def _flag(value, name: str) -> bool:
+    """A bool argument, taken strictly: "no" or None must not turn into True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"flash_cann: {name} must be a bool (got {type(value).__name__} "
+                        f"{value!r})")
+    return value
+
+
+def _softmax_scale(scale, q: torch.Tensor, name: str) -> float:
     """1 / sqrt(head_dim) by default. An empty or 0-d q is left for the op's checks."""
     if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"flash_cann: {name} must be a real number or None (got "
+                            f"{type(scale).__name__} {scale!r})")
         return float(scale)
     head_dim = q.shape[-1] if q.dim() else 0
     return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
@@ -91,9 +103,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     _not_supported(alibi_slopes is not None, "alibi_slopes", "<tensor>", "None")
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     out, softmax_lse = torch.ops.flash_cann.fwd(
-        q, k, v, None, scale=_softmax_scale(softmax_scale, q), causal=bool(causal),
-        layout="BSND", deterministic=bool(deterministic))
-    return (out, softmax_lse, None) if return_attn_probs else out
+        q, k, v, None, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
+        causal=_flag(causal, "causal"), layout="BSND",
+        deterministic=_flag(deterministic, "deterministic"))
+    return (out, softmax_lse, None) if _flag(return_attn_probs, "return_attn_probs") else out
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -173,8 +186,9 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         key_padding_mask = key_padding_mask_as_bool(
             key_padding_mask, batch, layouts.sizes(k, op_layout)[2], q.device)
     out, lse = torch.ops.flash_cann.fwd(
-        q, k, v, key_padding_mask, scale=_softmax_scale(scale, q),
-        causal=bool(causal), layout=op_layout, deterministic=bool(deterministic))
+        q, k, v, key_padding_mask, scale=_softmax_scale(scale, q, "scale"),
+        causal=_flag(causal, "causal"), layout=op_layout,
+        deterministic=_flag(deterministic, "deterministic"))
     if layout == "BSH":
         out = out.flatten(-2)
-    return (out, lse) if return_lse else out
+    return (out, lse) if _flag(return_lse, "return_lse") else out

@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,25 +35,34 @@ def _run(command: list[str]) -> None:
         raise NativeBuildError(f"flash_cann: `{' '.join(command)}` failed:\n{output}")
 
 
+def unavailable_reason() -> str | None:
+    """None if the native build can run here, else what is missing, in one line."""
+    if not (PROJECT / "CMakeLists.txt").is_file():
+        return (f"the planner and the CPU twin are built from the source tree "
+                f"({PROJECT} is missing): install from a checkout with pip install -e .")
+    if shutil.which("cmake") is None:
+        return ("cmake (>= 3.16) and a C++17 compiler are needed to build the "
+                "planner and the CPU twin")
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def build() -> Path:
     """Configure (once) and build the host-only targets; return the build directory."""
-    if not (PROJECT / "CMakeLists.txt").is_file():
-        raise NativeBuildError(
-            f"flash_cann: the native sources ({PROJECT}) are not available; the planner and "
-            f"the CPU twin need a source checkout (pip install -e .)")
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        raise NativeBuildError("flash_cann: cmake (>= 3.16) and a C++17 compiler are needed "
-                               "to build the planner and the CPU twin")
+    reason = unavailable_reason()
+    if reason is not None:
+        raise NativeBuildError(f"flash_cann: {reason}")
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".build.lock", "w") as lock:  # one build at a time (tests, CLI)
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "CMakeCache.txt").is_file():
-            _run([cmake, "-S", str(PROJECT), "-B", str(out), "-DFLASH_CANN_HOST_ONLY=ON",
+            # The first build compiles the planner and the twin: up to a minute of silence.
+            print(f"flash_cann: building the planner and the CPU twin in {out} (first use; "
+                  f"about a minute)...", file=sys.stderr, flush=True)
+            _run(["cmake", "-S", str(PROJECT), "-B", str(out), "-DFLASH_CANN_HOST_ONLY=ON",
                   "-DCMAKE_BUILD_TYPE=Release"])
-        _run([cmake, "--build", str(out), "--parallel", str(os.cpu_count() or 1)])
+        _run(["cmake", "--build", str(out), "--parallel", str(os.cpu_count() or 1)])
     return out
 
 

@@ -32,12 +32,18 @@ BWD = SPEC.qualname("bwd")
 
 # device type -> name of the backend that serves it now.
 _selected: dict[str, str] = {}
+# Backends of the open use_backend blocks, innermost last.
+_blocks: list[str] = []
 
 
-def backend_for(device_type: str) -> BackendSpec | None:
-    """The backend serving ``device_type`` now: the one selected with use_backend, else
-    the first of the device's candidates that can run (the first if none can), or None
-    if the spec has none."""
+def backend_for(device) -> BackendSpec | None:
+    """The backend serving ``device`` (a device type such as "cpu", or a torch.device)
+    now: the one selected with use_backend, else the first of the device's candidates
+    that can run (the first if none can), or None if the spec has none."""
+    device_type = device.type if isinstance(device, torch.device) else device
+    if not isinstance(device_type, str):
+        raise TypeError(f"flash_cann: backend_for takes a device type (str) or a torch.device "
+                        f"(got {type(device).__name__})")
     name = _selected.get(device_type)
     if name is not None:
         return SPEC.backends[name]
@@ -59,9 +65,11 @@ def use_backend(name: str) -> Iterator[None]:
                          f"(choose from {', '.join(SPEC.backends)})")
     previous = dict(_selected)
     _selected.update(dict.fromkeys(SPEC.backends[name].device_types, name))
+    _blocks.append(name)
     try:
         yield
     finally:
+        _blocks.pop()
         _selected.clear()
         _selected.update(previous)
 
@@ -81,6 +89,15 @@ def is_available(backend: BackendSpec, device_type: str | None = None) -> bool:
     return module.available()
 
 
+def unavailable_reason(backend: BackendSpec, device_type: str | None = None) -> str | None:
+    """None if ``backend`` can run here on ``device_type`` (default: its own), else what it
+    lacks, in one line."""
+    device_type = device_type or backend.device_type
+    if is_available(backend, device_type):
+        return None
+    return _unavailable_reason(backend, device_type)
+
+
 def best_device() -> torch.device:
     """The first accelerator (in spec order) whose backend is available, else the CPU."""
     for backend in SPEC.backends.values():
@@ -92,6 +109,13 @@ def best_device() -> torch.device:
 def _serving(device_type: str) -> BackendSpec:
     """The backend to run ``device_type``'s tensors on; unless one was selected, it must
     be able to run (else the error says what to install)."""
+    # Inside use_backend(name), tensors that backend cannot take are an error, not a
+    # silent run on the device's default.
+    inner = _blocks[-1] if _blocks else None
+    if inner is not None and device_type not in SPEC.backends[inner].device_types:
+        raise ValueError(f"flash_cann: use_backend({inner!r}) is active, but the tensors are "
+                         f"on device type '{device_type}' ({inner} takes "
+                         f"{', '.join(SPEC.backends[inner].device_types)} tensors)")
     backend = backend_for(device_type)
     if device_type not in _selected and not is_available(backend, device_type):
         raise _no_backend(device_type)
@@ -199,24 +223,35 @@ def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
+# Autograd, by argument name from the spec: the backward op takes the forward's tensors
+# and attributes by name, grad_<output> for each forward output's gradient, and returns
+# grad_<input> for each forward input (spec.parse enforces the naming).
+_FWD_OP = SPEC.ops["fwd"]
+_BWD_OP = SPEC.ops[_FWD_OP.backward]
+_FWD_ARGS = [t.name for t in _FWD_OP.inputs] + [a.name for a in _FWD_OP.attrs]
+_BWD_ARGS = [t.name for t in _BWD_OP.inputs] + [a.name for a in _BWD_OP.attrs]
+_SAVED = [t.name for t in _FWD_OP.inputs] + [t.name for t in _FWD_OP.outputs]
+
+
 def _setup_context(ctx, inputs, output):
-    query, key, value, key_padding_mask, scale, causal, layout, deterministic = inputs
-    out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, key_padding_mask)
-    ctx.attrs = (scale, causal, layout, deterministic)
+    args = dict(zip(_FWD_ARGS, inputs))
+    args.update(zip((t.name for t in _FWD_OP.outputs), output))
+    ctx.save_for_backward(*(args[name] for name in _SAVED))
+    ctx.attrs = {a.name: args[a.name] for a in _FWD_OP.attrs}
     # Unused outputs arrive as None, so an unused lse costs nothing in backward.
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, key_padding_mask = ctx.saved_tensors
-    scale, causal, layout, deterministic = ctx.attrs
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.flash_cann.bwd(grad_out, query, key, value, out, lse,
-                                          key_padding_mask, grad_lse, scale, causal, layout,
-                                          deterministic)
-    return dq, dk, dv, None, None, None, None, None
+def _backward(ctx, *grads):
+    args = {**dict(zip(_SAVED, ctx.saved_tensors)), **ctx.attrs}
+    args.update((f"grad_{t.name}", g) for t, g in zip(_FWD_OP.outputs, grads))
+    if args["grad_out"] is None:
+        args["grad_out"] = torch.zeros_like(args["out"])
+    # A backward-only attribute takes its spec default.
+    args.update((a.name, a.default) for a in _BWD_OP.attrs if a.name not in args)
+    results = getattr(torch.ops.flash_cann, _BWD_OP.name)(*(args[name] for name in _BWD_ARGS))
+    by_name = dict(zip((t.name for t in _BWD_OP.outputs), results))
+    return tuple(by_name.get(f"grad_{name}") for name in _FWD_ARGS)
 
 
 torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)

@@ -19,14 +19,19 @@ def _parse_shape(text: str) -> tuple[int, int, int, int]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--soc", default="Ascend910B2",
-                        help="Ascend910B1..B4 or Ascend910_93 (default Ascend910B2)")
+    parser.add_argument("--soc", default="ascend910b2",
+                        help="the Ascend SoC, in any case, e.g. ascend910b2 or Ascend910_93 "
+                             "(an unknown name lists the known ones; default: %(default)s)")
     parser.add_argument("--shape", required=True, help="batch,heads,seqlen,head_dim (query)")
     parser.add_argument("--kv-heads", type=int, help="key/value heads (default: heads)")
     parser.add_argument("--seqlen-k", type=int, help="key/value sequence length (default: seqlen)")
-    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "float16", "bfloat16"])
-    parser.add_argument("--layout", default="BNSD", choices=["BNSD", "BSND"])
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "float16", "bfloat16"],
+                        help="input dtype (default: %(default)s)")
+    parser.add_argument("--layout", default="BNSD", choices=["BNSD", "BSND"],
+                        help="BNSD = (batch, heads, seqlen, head_dim), BSND = (batch, seqlen, "
+                             "heads, head_dim) (default: %(default)s)")
+    parser.add_argument("--causal", action="store_true",
+                        help="bottom-right aligned causal mask (default: off)")
     parser.add_argument("--mask", action="store_true", help="a key padding mask is passed")
     parser.add_argument("--cores", type=int, default=0, help="override the AI core count")
     parser.add_argument("--backward", action="store_true",
@@ -154,7 +159,7 @@ def run(args) -> int:
                                   deterministic=args.deterministic, **options)
         else:
             p = planner.plan(args.soc, batch, heads, seqlen, head_dim, **options)
-    except planner.PlanRefused as refusal:
+    except ValueError as refusal:  # PlanRefused, or an unknown SoC
         print(refusal)
         return 1
     if args.json:

@@ -14,9 +14,12 @@ import functools
 import json
 
 from . import native
+from .spec import load
 
-DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2}
-LAYOUTS = {"BNSD": 0, "BSND": 1}
+# The C ABI's dtype and layout numbers: spec order (op_host/flash_cann_contract.h, which
+# the planner's enums are checked against at compile time).
+DTYPES = {name: i for i, name in enumerate(load().backends["npu"].dtypes)}
+LAYOUTS = {name: i for i, name in enumerate(load().layouts)}
 
 
 class PlanRefused(ValueError):
@@ -54,6 +57,17 @@ def platforms() -> list[dict]:
     return _json_call(_library().flash_cann_platforms_json)
 
 
+def soc_name(text: str) -> str:
+    """The built-in table's name of SoC ``text``, matched ignoring case (build.sh spells
+    compute units in lower case, CANN's SoC versions are capitalised: both work)."""
+    names = [p["name"] for p in platforms()]
+    for name in names:
+        if name.lower() == text.lower():
+            return name
+    raise ValueError(f"flash_cann: unknown SoC {text!r}; choose one of "
+                     f"{', '.join(n.lower() for n in names)} (any case)")
+
+
 def _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype, layout, scale):
     if dtype not in DTYPES:
         raise ValueError(f"flash_cann: dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
@@ -75,11 +89,12 @@ def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
          heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
          layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
          scale: float | None = None, aic_cores: int = 0) -> dict:
-    """Plan a forward call; raises PlanRefused with the planner's reason."""
+    """Plan a forward call on SoC ``soc`` (any case, see :func:`soc_name`); raises
+    PlanRefused with the planner's reason."""
     heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
                                          layout, scale)
     return _checked(_json_call(lambda buf, cap: _library().flash_cann_plan_json(
-        soc.encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+        soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
         LAYOUTS[layout], int(causal), int(has_mask), float(scale), aic_cores, buf, cap)))
 
 
@@ -93,6 +108,6 @@ def grad_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, 
     heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
                                          layout, scale)
     return _checked(_json_call(lambda buf, cap: _library().flash_cann_grad_plan_json(
-        soc.encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+        soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
         LAYOUTS[layout], int(causal), int(has_mask), int(deterministic), float(scale),
         aic_cores, buf, cap)))

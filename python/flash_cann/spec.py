@@ -20,6 +20,9 @@ import yaml
 SPEC_PATH = Path(__file__).with_name("flash_cann_ops.yaml")
 
 ATTR_TYPES = ("float", "bool", "int", "str")
+# What a tensor's `shape:` may say: a list of these sizes (checks.Problem's fields), or
+# "like <input>" (the shape of that input).
+SIZE_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 # "input": the query's dtype; "accumulator": float32, or float64 for float64 inputs.
 TENSOR_DTYPES = ("input", "accumulator", "bool")
 
@@ -174,10 +177,25 @@ def _attr(node: Any, where: str) -> Attr:
     return Attr(node["name"], type_, default, has_default, choices, autograd_only)
 
 
+def _check_shapes(op: OpSpec, where: str) -> None:
+    inputs = [t.name for t in op.inputs]
+    for t in op.inputs + op.outputs:
+        shape = t.shape
+        if shape is None:
+            continue
+        if isinstance(shape, str):
+            ok = shape.startswith("like ") and shape.removeprefix("like ") in inputs
+        else:
+            ok = isinstance(shape, list) and all(size in SIZE_NAMES for size in shape)
+        if not ok:
+            raise SpecError(f"{where}: {t.name}'s shape {shape!r} must be a list of "
+                            f"{SIZE_NAMES} or 'like <input>' ({', '.join(inputs)})")
+
+
 def _op(node: Any, where: str) -> OpSpec:
     node = _keys(node, where, {"name", "cann_op_type", "summary", "inputs", "attrs", "outputs"},
                  {"backward"})
-    return OpSpec(
+    op = OpSpec(
         name=node["name"],
         cann_op_type=node["cann_op_type"],
         summary=" ".join(str(node["summary"]).split()),
@@ -186,6 +204,23 @@ def _op(node: Any, where: str) -> OpSpec:
         outputs=tuple(_tensor(t, f"{where}.outputs[{i}]") for i, t in enumerate(node["outputs"])),
         backward=node.get("backward"),
     )
+    _check_shapes(op, where)
+    return op
+
+
+def _check_backward_names(fwd: OpSpec, bwd: OpSpec) -> None:
+    """The naming autograd relies on (ops.py): the backward takes the forward's tensors
+    and attributes by name and grad_<output>, and returns grad_<input>."""
+    known = ({t.name for t in fwd.inputs + fwd.outputs} | {a.name for a in fwd.attrs}
+             | {f"grad_{t.name}" for t in fwd.outputs})
+    for t in bwd.inputs:
+        if t.name not in known:
+            raise SpecError(f"op {bwd.name!r}: input {t.name!r} is neither an argument or "
+                            f"output of {fwd.name!r} nor grad_<output>")
+    for t in bwd.outputs:
+        if t.name.removeprefix("grad_") not in {i.name for i in fwd.inputs}:
+            raise SpecError(f"op {bwd.name!r}: output {t.name!r} must be grad_<input of "
+                            f"{fwd.name!r}>")
 
 
 def parse(doc: Any) -> Spec:
@@ -220,6 +255,8 @@ def parse(doc: Any) -> Spec:
     for op in ops.values():
         if op.backward is not None and op.backward not in ops:
             raise SpecError(f"op {op.name!r}: backward {op.backward!r} is not a declared op")
+        if op.backward is not None:
+            _check_backward_names(op, ops[op.backward])
         _check_autograd_only(op, ops)
         layout = next((a for a in op.attrs if a.name == "layout"), None)
         if layout is not None and set(layout.choices) != set(layouts):

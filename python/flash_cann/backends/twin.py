@@ -26,8 +26,12 @@ class TwinViolation(RuntimeError):
     """The kernel broke a hardware rule on the twin (or the planner refused)."""
 
 
+def unavailable_reason() -> str | None:
+    return native.unavailable_reason()
+
+
 def available() -> bool:
-    return True
+    return unavailable_reason() is None
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,90 @@
+// Generated from op_project/flash_cann_ops.yaml by `python -m flash_cann.contract_header`;
+// do not edit (tests/test_contract.py fails while this file is out of date).
+#ifndef FLASH_CANN_CONTRACT_H
+#define FLASH_CANN_CONTRACT_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flash_cann {
+namespace contract {
+
+constexpr int64_t kHeadDimMin = 1;
+constexpr int64_t kHeadDimMax = 256;
+
+// Values of the layout attribute, in spec order.
+constexpr uint32_t kLayoutBNSD = 0;
+constexpr uint32_t kLayoutBSND = 1;
+constexpr const char* kLayoutNames[] = {"BNSD", "BSND"};
+constexpr size_t kLayoutCount = 2;
+
+// The dtypes the NPU backend computes, in spec order.
+constexpr uint32_t kDTypeFloat16 = 0;
+constexpr uint32_t kDTypeBfloat16 = 1;
+
+// FlashCannAttention
+namespace fwd {
+namespace input {
+enum Index : size_t {
+    kQuery = 0,
+    kKey = 1,
+    kValue = 2,
+    kKeyPaddingMask = 3,
+};
+constexpr size_t kCount = 4;
+}  // namespace input
+namespace attr {
+enum Index : size_t {
+    kScale = 0,
+    kCausal = 1,
+    kLayout = 2,
+};
+constexpr size_t kCount = 3;
+}  // namespace attr
+namespace output {
+enum Index : size_t {
+    kOut = 0,
+    kSoftmaxLse = 1,
+};
+constexpr size_t kCount = 2;
+}  // namespace output
+}  // namespace fwd
+
+// FlashCannAttentionGrad
+namespace bwd {
+namespace input {
+enum Index : size_t {
+    kGradOut = 0,
+    kQuery = 1,
+    kKey = 2,
+    kValue = 3,
+    kOut = 4,
+    kSoftmaxLse = 5,
+    kKeyPaddingMask = 6,
+    kGradSoftmaxLse = 7,
+};
+constexpr size_t kCount = 8;
+}  // namespace input
+namespace attr {
+enum Index : size_t {
+    kScale = 0,
+    kCausal = 1,
+    kLayout = 2,
+    kDeterministic = 3,
+};
+constexpr size_t kCount = 4;
+}  // namespace attr
+namespace output {
+enum Index : size_t {
+    kGradQuery = 0,
+    kGradKey = 1,
+    kGradValue = 2,
+};
+constexpr size_t kCount = 3;
+}  // namespace output
+}  // namespace bwd
+
+}  // namespace contract
+}  // namespace flash_cann
+
+#endif  // FLASH_CANN_CONTRACT_H
