@@ -51,7 +51,7 @@ public:
         pipe->InitBuffer(dsQue_, 1, bytes.dsL1);
         pipe->InitBuffer(aQue_, 1, bytes.l0a);
         pipe->InitBuffer(bQue_, 1, bytes.l0b);
-        pipe->InitBuffer(cQue_, 1, bytes.l0c);
+        pipe->InitBuffer(cQue_, t_.l0cScratchBuffers, bytes.l0c);
         pipe->InitBuffer(dkAcc_, bytes.dkL0c);
         pipe->InitBuffer(dvAcc_, bytes.dvL0c);
         dk_ = dkAcc_.template Get<float>();
