@@ -19,7 +19,9 @@
 // Preload: the cube issues S and dP of step n+1 (possibly of the next unit) before it
 // waits for P and dS of step n, so the vector cores always have a step to work on while
 // the cube computes the products of the previous one (kGradStepsInFlight steps; two
-// exchange slots; Q, dO, K and V have two L1 buffers each).
+// exchange slots; Q, dO, K and V have two L1 buffers each). The L0C product scratch has
+// l0cScratchBuffers copies (2 where they fit): Mmad fills one while Fixpipe drains the
+// other.
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 #define FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 
@@ -51,7 +53,7 @@ public:
         pipe->InitBuffer(dsQue_, 1, bytes.dsL1);
         pipe->InitBuffer(aQue_, 1, bytes.l0a);
         pipe->InitBuffer(bQue_, 1, bytes.l0b);
-        pipe->InitBuffer(cQue_, 1, bytes.l0c);
+        pipe->InitBuffer(cQue_, t_.l0cScratchBuffers, bytes.l0c);
         pipe->InitBuffer(dkAcc_, bytes.dkL0c);
         pipe->InitBuffer(dvAcc_, bytes.dvL0c);
         dk_ = dkAcc_.template Get<float>();

@@ -62,7 +62,7 @@ struct GradTilingData {
     uint64_t kvStrideBatch, kvStrideHead, kvStrideRow;
     // Blocking. blockQ, blockK: multiples of kCubeBlock (blockQ even, so the two vector
     // cores split a query block). keyBlocks = ceil(seqlenK / blockK). The AIC's L0C holds
-    // the product scratch and both unit accumulators: l0c + dkL0c + dvL0c <= L0C.
+    // the product scratch copies and both unit accumulators (see l0cScratchBuffers).
     uint32_t blockQ;
     uint32_t blockK;
     uint32_t keyBlocks;
@@ -80,7 +80,16 @@ struct GradTilingData {
     uint32_t reserved;
     uint64_t units;
     uint64_t unitStart[kMaxCores + 1];
+    // Added after the first release (additive). Copies of the L0C product scratch (1 or
+    // kGradMaxL0cScratch): with two, the cube multiplies the next S, dP or dQ while
+    // Fixpipe drains the previous one; with one, every product waits for the last to
+    // leave L0C. l0cScratchBuffers * l0c + dkL0c + dvL0c <= L0C.
+    uint32_t l0cScratchBuffers;
+    uint32_t reserved2;
 };
+
+// The most L0C product scratch copies the planner gives the kernel.
+constexpr uint32_t kGradMaxL0cScratch = 2;
 
 // Bytes of every buffer the kernel allocates: one copy each unless its comment gives a
 // count. One formula for the planner's accounting and the kernel's InitBuffer
@@ -97,6 +106,7 @@ struct GradBufferBytes {
     uint32_t l0a;       // A: Q, dO, dS (blockQ rows) or P^T, dS^T (blockK rows)
     uint32_t l0b;       // B: K^T, V^T (D x blockK) or dO, Q (blockQ x D) or K (blockK x D)
     uint32_t l0c;       // product scratch: S, dP (blockQ x blockK) or dQ (blockQ x D), fp32
+                        // (GradTilingData::l0cScratchBuffers of them)
     uint32_t dkL0c;     // dK accumulator of a unit (blockK x D), fp32
     uint32_t dvL0c;     // dV accumulator of a unit (blockK x D), fp32
     // AIV, main loop (rows = blockQ / 2 per vector core)

@@ -176,7 +176,8 @@ def test_cli_unknown_soc_lists_the_known_ones():
 _TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d.]+)% of cube "
                      r"peak \((\d+) TFLOP/s\), work imbalance ([\d.]+), modelled core time "
                      r"max/mean ([\d.]+); bound: (.*)")
-_BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+): ([\d.]+)% "
+_BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+)"
+                       r"(?: \[(\d+)x(\d+), (\d) L0C scratch\])?: ([\d.]+)% "
                        r"of cube peak \(2.5x forward FLOPs\); bound: (.*)")
 _CHANGE = re.compile(r"design change \((non-causal|causal), 16k\): (.*?) +([\d.]+)% of peak; "
                      r"bound: (.*)")
@@ -194,9 +195,10 @@ def doc_tables(report: str) -> dict[str, str]:
             targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
                            f"{pct} % | {tf} | {imb} | {ratio} | {bound} |")
         elif m := _BACKWARD.match(line):
-            alt, causal, s, pct, bound = m.groups()
+            alt, causal, s, bq, bk, copies, pct, bound = m.groups()
             design = ("two L0C scratch, S/dP one step ahead, 128×128 (does not fit)"
-                      if alt == "*" else "grad plan: 128×64, one L0C scratch, 2 steps in flight")
+                      if alt == "*" else
+                      f"grad plan: {bq}×{bk}, {copies} L0C scratch, 2 steps in flight")
             backward.append(f"| {design} | {int(s) // 1024}k | "
                             f"{'yes' if causal == 'causal' else 'no'} | {pct} % | {bound} |")
         elif m := _CHANGE.match(line):

@@ -24,10 +24,10 @@
 
 namespace flash_cann {
 
-// The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad
-// and dqSlots from GradTilingData, deterministic from its tiling key; the kernel keeps
-// kGradStepsInFlight steps in flight (stepsAhead), one L0C product scratch
-// (GradBufferBytes::l0c), kGradExchangeSlots workspace slots, two K/V L1 buffers.
+// The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad,
+// dqSlots and l0cScratchBuffers from GradTilingData, deterministic from its tiling key;
+// the kernel keeps kGradStepsInFlight steps in flight (stepsAhead), kGradExchangeSlots
+// workspace slots, two K/V L1 buffers.
 struct BackwardDesign {
     uint32_t blockQ = 128;
     uint32_t blockK = 128;

@@ -9,15 +9,23 @@
 namespace flash_cann {
 namespace {
 
-// Block shapes (blockQ, blockK) the backward kernel supports, preferred first: the most
-// work per step, then the longer key block (fewer dQ additions). Both are multiples of
-// the cube block (the kernel pads per-key vector rows to kKeyLanes itself); blockQ / 2,
-// each vector core's half, is a multiple of 8 rows. L0C holds the product scratch and
-// the dK and dV accumulators of a key block, so large head_dims take short key blocks.
-constexpr uint32_t kGradBlockCandidates[][2] = {
-    {128, 128}, {128, 64}, {64, 128}, {64, 64}, {64, 32}, {32, 64}, {32, 32}, {16, 64},
-    {16, 32}, {16, 16},
-};
+// Block shapes: blockQ and blockK multiples of the cube block (the kernel pads per-key
+// vector rows to kKeyLanes itself; blockQ / 2, each vector core's half, is then a
+// multiple of 8 rows), up to kMaxGradBlock. L0C holds the product scratch copies and the
+// fp32 dK and dV accumulators of a key block, so the shapes compete for it. Preferred
+// first (the order the backward schedule model ranks them in, docs/planner.md):
+//   1. two L0C scratch copies (with one, the cube waits for every S, dP and dQ to leave
+//      L0C through Fixpipe: at head_dim 128, 128x64 with one copy 29 % of peak);
+//   2. the longest key block (dQ's Fixpipe and L2 bytes per score are 4 D / blockK);
+//   3. the tallest query block of at least kMinPreferredBlockQ rows (16-row blocks leave
+//      the cube waiting on L1 -> L0 loads): at head_dim 128, 32x96 with two copies 40 %.
+// Then the same with one copy, then 16-row query blocks. Deterministic dQ takes only
+// power-of-two key blocks: its split cannot cut a dQ chunk (at most kMaxDqSlots per
+// (batch, head_kv)), and equal chunks of a power-of-two sequence balance where ragged
+// ones do not (1x16x8192x128 causal on 24 cores: 32x96 1.069 max/mean, 64x64 1.023).
+// The choice depends on the problem alone, never the core count (determinism).
+constexpr uint32_t kMaxGradBlock = 128;
+constexpr uint32_t kMinPreferredBlockQ = 32;
 // Rows per pre/post-pass chunk, largest first (multiples of 8).
 constexpr uint32_t kPassRowCandidates[] = {128, 64, 32, 16, 8};
 // The split's table of one (batch, head_kv) segment stays at most this long.
@@ -35,21 +43,40 @@ std::string DescribeOverflow(const std::vector<LevelUse>& levels)
     return "";
 }
 
-// The first candidate whose buffers fit, with the largest pass chunk that still fits;
-// otherwise the refusal, naming what the smallest shape would need.
+// The first shape (in the order above) whose buffers fit, with the largest pass chunk
+// that still fits; otherwise the refusal, naming what the smallest shape would need.
 std::string ChooseGradBlocks(GradTilingData& t, uint32_t elemBytes, bool hasMask,
-                             const Platform& p)
+                             bool deterministic, const Platform& p)
 {
     auto levels = [&] { return SumLevels(ListGradBuffers(t, elemBytes, hasMask), p); };
-    for (const auto& candidate : kGradBlockCandidates) {
-        t.blockQ = candidate[0];
-        t.blockK = candidate[1];
-        for (uint32_t rows : kPassRowCandidates) {
-            t.passRows = rows;
-            if (Fits(levels())) {
-                t.keyBlocks = (t.seqlenK + t.blockK - 1) / t.blockK;
-                return "";
+    auto tryShapes = [&](uint32_t copies, uint32_t maxBlockQ, uint32_t minBlockQ) {
+        t.l0cScratchBuffers = copies;
+        for (uint32_t bk = kMaxGradBlock; bk >= kCubeBlock; bk -= kCubeBlock) {
+            if (deterministic && (bk & (bk - 1)) != 0) {
+                continue;
             }
+            for (uint32_t bq = maxBlockQ; bq >= minBlockQ; bq -= kCubeBlock) {
+                t.blockQ = bq;
+                t.blockK = bk;
+                for (uint32_t rows : kPassRowCandidates) {
+                    t.passRows = rows;
+                    if (Fits(levels())) {
+                        t.keyBlocks = (t.seqlenK + t.blockK - 1) / t.blockK;
+                        return true;
+                    }
+                }
+            }
+        }
+        return false;
+    };
+    for (uint32_t copies = kGradMaxL0cScratch; copies >= 1; --copies) {
+        if (tryShapes(copies, kMaxGradBlock, kMinPreferredBlockQ)) {
+            return "";
+        }
+    }
+    for (uint32_t copies = kGradMaxL0cScratch; copies >= 1; --copies) {
+        if (tryShapes(copies, kCubeBlock, kCubeBlock)) {
+            return "";
         }
     }
     return Message("head_dim ", t.headDim, ": no block shape of the backward fits ", p.name,
@@ -154,7 +181,8 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"cube: dS block", "ds_l1", MemLevel::L1, b.dsL1, 1},
         {"cube: A operand (Q, dO, dS, P^T, dS^T)", "a_l0a", MemLevel::L0A, b.l0a, 1},
         {"cube: B operand (K^T, V^T, dO, Q, K)", "b_l0b", MemLevel::L0B, b.l0b, 1},
-        {"cube: product (S, dP or dQ), fp32", "c_l0c", MemLevel::L0C, b.l0c, 1},
+        {"cube: product (S, dP or dQ), fp32", "c_l0c", MemLevel::L0C, b.l0c,
+         t.l0cScratchBuffers},
         {"cube: dK accumulator of a unit, fp32", "dk_l0c", MemLevel::L0C, b.dkL0c, 1},
         {"cube: dV accumulator of a unit, fp32", "dv_l0c", MemLevel::L0C, b.dvL0c, 1},
         {"vector: S rows, fp32 (becomes P)", "s_ub", MemLevel::UB, b.sUb, 1},
@@ -191,7 +219,7 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.stepsAhead = kGradStepsInFlight;  // S, dP of the next step issue before this one's products
     d.kvL1Buffers = kGradStepsInFlight;  // K and V of the unit in flight and of the next
     d.exchangeSlots = kGradExchangeSlots;
-    d.l0cScratchBuffers = 1;            // the kernel's one product buffer (c_l0c)
+    d.l0cScratchBuffers = t.l0cScratchBuffers;  // the kernel's product buffers (c_l0c)
     d.deterministic = deterministic;
     d.dqSlots = t.dqSlots;
     return d;
@@ -238,7 +266,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradTilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(r.dtype);
     SetProblem(t, r);
-    result.error = ChooseGradBlocks(t, elemBytes, r.hasMask, platform);
+    result.error = ChooseGradBlocks(t, elemBytes, r.hasMask, request.deterministic, platform);
     if (!result.ok()) {
         return result;
     }

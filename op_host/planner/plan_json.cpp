@@ -125,6 +125,7 @@ void WriteGradTiling(std::ostringstream& out, const GradTilingData& t)
     o.Key("dq_slots") << t.dqSlots;
     o.Key("dq_chunk_blocks") << t.dqChunkBlocks;
     o.Key("pass_rows") << t.passRows;
+    o.Key("l0c_scratch_buffers") << t.l0cScratchBuffers;
     o.Key("units") << t.units;
     o.Key("used_cores") << t.usedCores;
     o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';

@@ -160,6 +160,12 @@ void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
     EXPECT(t.blockQ % kCubeBlock == 0 && t.blockK % kCubeBlock == 0 && t.passRows % 8 == 0 &&
                t.passRows > 0 && t.keyBlocks == (t.seqlenK + t.blockK - 1) / t.blockK,
            "%s: blocks %ux%u, pass rows %u", what.c_str(), t.blockQ, t.blockK, t.passRows);
+    // The kernel allocates l0cScratchBuffers product copies (the level totals above count
+    // them); deterministic dQ keeps to power-of-two key blocks (grad_planner.cpp).
+    EXPECT(t.l0cScratchBuffers >= 1 && t.l0cScratchBuffers <= kGradMaxL0cScratch &&
+               (!r.deterministic || (t.blockK & (t.blockK - 1)) == 0),
+           "%s: %u L0C scratch copies, blocks %ux%u", what.c_str(), t.l0cScratchBuffers,
+           t.blockQ, t.blockK);
     EXPECT(t.usedCores >= 1 && t.usedCores <= cores && plan.blockDim == t.usedCores,
            "%s: used cores %u, block dim %u", what.c_str(), t.usedCores, plan.blockDim);
     if (r.deterministic) {

@@ -11,6 +11,7 @@
 
 #include "backward_model.h"
 #include "cost_model.h"
+#include "grad_planner.h"
 #include "planner.h"
 #include "work_model.h"
 #include "planner_test_support.h"
@@ -354,15 +355,19 @@ void TestTargetsReport()
                         100 * p.cubeUtilization, p.usefulFlops / p.seconds / 1e12,
                         plan.plan.imbalance, p.coreSeconds / p.meanCoreSeconds, p.bound.c_str());
             BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
-            BackwardDesign design;  // the grad plan at D = 128: 128 x 64 blocks, one L0C
-            design.blockK = 64;     // scratch, 2 steps in flight (kGradStepsInFlight)
-            design.stepsAhead = 2;
+            // The grad plan's design (blocks, L0C scratch copies, steps in flight) on the
+            // model's own even split, so that the table compares designs, not splits.
+            const GradPlanResult grad = MakeGradPlan(GradPlanRequest{r, false}, b2);
+            EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
+            const BackwardDesign design = GradDesign(grad.plan, r.dtype, false);
             const BackwardPrediction b =
                 PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
             EXPECT(b.seconds > 0 && b.cubeUtilization < 1, "backward prediction");
-            std::printf("targets: backward %s seqlen %5lld: %.1f%% of cube peak (2.5x forward "
-                        "FLOPs); bound: %s\n", causal ? "causal    " : "non-causal",
-                        static_cast<long long>(seqlen), 100 * b.cubeUtilization, b.bound.c_str());
+            std::printf("targets: backward %s seqlen %5lld [%ux%u, %u L0C scratch]: %.1f%% of "
+                        "cube peak (2.5x forward FLOPs); bound: %s\n",
+                        causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
+                        design.blockQ, design.blockK, design.l0cScratchBuffers,
+                        100 * b.cubeUtilization, b.bound.c_str());
             BackwardDesign ahead;  // two L0C scratch copies, S/dP one step ahead, 128 x 128
             ahead.stepsAhead = 2;
             ahead.l0cScratchBuffers = 2;
