@@ -1,4 +1,5 @@
 #include "cost_model.h"
+#include "plan_parts.h"
 
 #include <algorithm>
 
@@ -118,15 +119,7 @@ Prediction Finish(const KernelDesign& design, const std::vector<CoreWorkList>& c
 TilingData ProblemTiling(const PlanRequest& r)
 {
     TilingData t{};
-    t.batch = static_cast<uint32_t>(r.batch);
-    t.headsQ = static_cast<uint32_t>(r.headsQ);
-    t.headsKv = static_cast<uint32_t>(r.headsKv);
-    t.group = static_cast<uint32_t>(r.headsQ / r.headsKv);
-    t.seqlenQ = static_cast<uint32_t>(r.seqlenQ);
-    t.seqlenK = static_cast<uint32_t>(r.seqlenK);
-    t.headDim = static_cast<uint32_t>(r.headDim);
-    t.headDimPad = AlignUp(t.headDim, kCubeBlock);
-    t.causalOffset = r.seqlenK - r.seqlenQ;
+    SetProblem(t, r);
     return t;
 }
 
