@@ -255,10 +255,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
 {
     GradPlanResult result;
     const PlanRequest& r = request.problem;
-    result.error = ValidateProblem(r);
-    if (result.ok()) {
-        result.error = CheckPlatform(platform);
-    }
+    result.error = CheckRequest(r, platform);
     if (!result.ok()) {
         return result;
     }

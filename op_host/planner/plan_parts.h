@@ -58,8 +58,9 @@ void SetProblem(Tiling& t, const PlanRequest& r)
     }
 }
 
-// The refusal for a platform without AI cores; empty otherwise.
-std::string CheckPlatform(const Platform& platform);
+// The refusal for a problem ValidateProblem rejects, else for a platform without AI
+// cores; empty if both kernels' planners may go on.
+std::string CheckRequest(const PlanRequest& request, const Platform& platform);
 
 // Bytes the plan may use at `level` on one core (UB keeps the API's scratch free).
 uint64_t Capacity(MemLevel level, const Platform& platform);

@@ -189,8 +189,12 @@ bool Fits(const std::vector<LevelUse>& levels)
                        [](const LevelUse& l) { return l.used <= l.capacity; });
 }
 
-std::string CheckPlatform(const Platform& platform)
+std::string CheckRequest(const PlanRequest& request, const Platform& platform)
 {
+    const std::string problem = ValidateProblem(request);
+    if (!problem.empty()) {
+        return problem;
+    }
     if (platform.aicCores < 1) {
         return Message("platform ", platform.name, " reports no AI cores");
     }
@@ -303,10 +307,7 @@ uint32_t ElementBytes(DType dtype)
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
-    result.error = ValidateProblem(request);
-    if (result.ok()) {
-        result.error = CheckPlatform(platform);
-    }
+    result.error = CheckRequest(request, platform);
     if (!result.ok()) {
         return result;
     }
