@@ -1,7 +1,8 @@
 """Tensor layouts of the op contract.
 
 The op takes ``BNSD`` (batch, heads, seqlen, head_dim) or ``BSND`` (batch, seqlen,
-heads, head_dim) tensors. Backends that compute on a strided view use
+heads, head_dim) tensors, or ``TND`` (tokens, heads, head_dim): sequences of different
+lengths packed one after another, delimited by cu_seqlens (flash-attn's varlen). Backends that compute on a strided view use
 :func:`to_bnsd`, which is a zero-copy permute; ``BSH`` is handled by the Python API
 as a view of ``BSND`` (see :func:`bsh_to_bsnd`).
 """
@@ -12,10 +13,12 @@ import torch
 
 from .spec import load
 
-# Position of (batch, heads, seqlen, head_dim) in each layout of the spec.
+# Position of (batch, heads, seqlen, head_dim) in each batched (4-D) layout of the spec.
 _AXES = {name: tuple(dims.index(axis) for axis in ("batch", "heads", "seqlen", "head_dim"))
-         for name, dims in load().layouts.items()}
-LAYOUTS = tuple(_AXES)
+         for name, dims in load().layouts.items() if "batch" in dims}
+BATCHED = tuple(_AXES)
+LAYOUTS = tuple(load().layouts)
+PACKED = "TND"  # (tokens, heads, head_dim); not a view of a batched layout
 
 
 def sizes(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:

@@ -19,7 +19,7 @@ from .spec import load
 # The C ABI's dtype and layout numbers: spec order (op_host/flash_cann_contract.h, which
 # the planner's enums are checked against at compile time).
 DTYPES = {name: i for i, name in enumerate(load().backends["npu"].dtypes)}
-LAYOUTS = {name: i for i, name in enumerate(load().layouts)}
+LAYOUTS = {name: i for i, name in enumerate(load().cann_layouts)}
 
 
 class PlanRefused(ValueError):

@@ -22,9 +22,13 @@ SPEC_PATH = Path(__file__).with_name("flash_cann_ops.yaml")
 ATTR_TYPES = ("float", "bool", "int", "str")
 # What a tensor's `shape:` may say: a list of these sizes (checks.Problem's fields), or
 # "like <input>" (the shape of that input).
-SIZE_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
+# batch_plus_one: cu_seqlens' length; tokens_q: total query rows of a TND call; two: 2.
+SIZE_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim",
+              "batch_plus_one", "tokens_q", "two")
 # "input": the query's dtype; "accumulator": float32, or float64 for float64 inputs.
-TENSOR_DTYPES = ("input", "accumulator", "bool")
+TENSOR_DTYPES = ("input", "accumulator", "bool", "int32", "int64", "float32")
+# The optional features (flash_cann.variant.FEATURES; spec.py must not import torch).
+FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
 
 
 class SpecError(ValueError):
@@ -37,6 +41,14 @@ class TensorArg:
     dtype: str
     optional: bool = False
     shape: Any = None
+    feature: str | None = None
+    mutable: bool = False
+
+    def shape_for(self, layout: str):
+        """The shape in ``layout`` (a spec shape may be a mapping {layout | default: ...})."""
+        if isinstance(self.shape, dict):
+            return self.shape.get(layout, self.shape["default"])
+        return self.shape
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,7 @@ class Attr:
     choices: tuple = ()
     # Only carried through autograd to the backward op; the CANN op does not have it.
     autograd_only: bool = False
+    feature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,11 +72,17 @@ class OpSpec:
     attrs: tuple[Attr, ...]
     outputs: tuple[TensorArg, ...]
     backward: str | None = None
+    feature: str | None = None
+    # The features the npu backend has: which arguments the CANN op takes.
+    cann_features: frozenset = frozenset()
 
     def schema(self) -> str:
         """The torch.library schema string, e.g. ``fwd(Tensor query, ...) -> (...)``."""
         # (type, name, default or None); optional tensors default to None.
-        params = [("Tensor?" if t.optional else "Tensor", t.name, "None" if t.optional else None)
+        # Inputs written in place get alias sets a!, b!, ... in order.
+        mutable = [t.name for t in self.inputs if t.mutable]
+        params = [("Tensor" + (f"({'abcdefgh'[mutable.index(t.name)]}!)" if t.mutable else "")
+                   + ("?" if t.optional else ""), t.name, "None" if t.optional else None)
                   for t in self.inputs]
         params += [(a.type, a.name, _schema_literal(a.type, a.default) if a.has_default else None)
                    for a in self.attrs]
@@ -83,10 +102,27 @@ class OpSpec:
     def attr(self, name: str) -> Attr:
         return next(a for a in self.attrs if a.name == name)
 
+    def _on_cann(self, feature: str | None) -> bool:
+        return feature is None or feature in self.cann_features
+
+    @property
+    def on_cann(self) -> bool:
+        """Whether the CANN package has this op (its feature is the npu backend's)."""
+        return self._on_cann(self.feature)
+
+    @property
+    def cann_inputs(self) -> tuple[TensorArg, ...]:
+        """The inputs of the CANN op, in order."""
+        return tuple(t for t in self.inputs if self._on_cann(t.feature))
+
     @property
     def cann_attrs(self) -> tuple[Attr, ...]:
         """The attributes of the CANN op (OpDef, aclnn API, GE node), in order."""
-        return tuple(a for a in self.attrs if not a.autograd_only)
+        return tuple(a for a in self.attrs if not a.autograd_only and self._on_cann(a.feature))
+
+    def featured(self) -> list[tuple[str, str]]:
+        """(argument name, feature) of every input and attribute that belongs to one."""
+        return [(x.name, x.feature) for x in (*self.inputs, *self.attrs) if x.feature]
 
 
 @dataclass(frozen=True)
@@ -97,6 +133,7 @@ class BackendSpec:
     summary: str
     install_hint: str = ""
     backward: bool = True
+    features: tuple[str, ...] = ()
     # Further device types it serves, after their own backends -> its module there.
     also_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -114,12 +151,25 @@ class Spec:
     namespace: str
     backends: Mapping[str, BackendSpec]
     layouts: Mapping[str, tuple[str, ...]]
+    # layout -> the feature it belongs to (None: every backend has it)
+    layout_features: Mapping[str, str | None]
     head_dim_min: int
     head_dim_max: int
     ops: Mapping[str, OpSpec]
 
     def qualname(self, op: str) -> str:
         return f"{self.namespace}::{op}"
+
+    @property
+    def cann_layouts(self) -> tuple[str, ...]:
+        """The layouts of the CANN op, in spec order."""
+        npu = self.backends["npu"].features
+        return tuple(name for name, f in self.layout_features.items() if f is None or f in npu)
+
+    @property
+    def cann_ops(self) -> tuple[OpSpec, ...]:
+        """The ops of the CANN package, in spec order."""
+        return tuple(op for op in self.ops.values() if op.on_cann)
 
     def backends_for_device(self, device_type: str) -> list[BackendSpec]:
         """Its own backends first (spec order), then those that also serve it."""
@@ -147,19 +197,31 @@ def _keys(node: Any, where: str, required: set[str], optional: set[str] = frozen
     return node
 
 
+def _feature(node: dict, where: str) -> str | None:
+    feature = node.get("feature")
+    if feature is not None and feature not in FEATURES:
+        raise SpecError(f"{where}: feature must be one of {FEATURES}, got {feature!r}")
+    return feature
+
+
 def _tensor(node: Any, where: str) -> TensorArg:
-    node = _keys(node, where, {"name", "dtype"}, {"optional", "shape"})
+    node = _keys(node, where, {"name", "dtype"}, {"optional", "shape", "feature", "mutable"})
     if node["dtype"] not in TENSOR_DTYPES:
         raise SpecError(f"{where}: dtype must be one of {TENSOR_DTYPES}, got {node['dtype']!r}")
+    feature = _feature(node, where)
+    if feature is not None and not node.get("optional", False):
+        raise SpecError(f"{where}: an input of a feature must be optional (backends "
+                        f"without the feature never receive it)")
     return TensorArg(node["name"], node["dtype"], bool(node.get("optional", False)),
-                     node.get("shape"))
+                     node.get("shape"), feature, bool(node.get("mutable", False)))
 
 
 _PY_TYPES = {"float": (int, float), "bool": (bool,), "int": (int,), "str": (str,)}
 
 
 def _attr(node: Any, where: str) -> Attr:
-    node = _keys(node, where, {"name", "type"}, {"default", "choices", "autograd_only"})
+    node = _keys(node, where, {"name", "type"},
+                 {"default", "choices", "autograd_only", "feature"})
     type_ = node["type"]
     if type_ not in ATTR_TYPES:
         raise SpecError(f"{where}: type must be one of {ATTR_TYPES}, got {type_!r}")
@@ -174,19 +236,25 @@ def _attr(node: Any, where: str) -> Attr:
     if autograd_only and not has_default:
         raise SpecError(f"{where}: an autograd_only attribute needs a default (the CANN op "
                         f"does not take it)")
-    return Attr(node["name"], type_, default, has_default, choices, autograd_only)
+    feature = _feature(node, where)
+    if feature is not None and not has_default:
+        raise SpecError(f"{where}: an attribute of a feature needs a default (its value "
+                        f"when the feature is not used)")
+    return Attr(node["name"], type_, default, has_default, choices, autograd_only, feature)
 
 
 def _check_shapes(op: OpSpec, where: str) -> None:
     inputs = [t.name for t in op.inputs]
     for t in op.inputs + op.outputs:
-        shape = t.shape
-        if shape is None:
+        shapes = t.shape if isinstance(t.shape, dict) else {"default": t.shape}
+        if t.shape is None:
             continue
-        if isinstance(shape, str):
-            ok = shape.startswith("like ") and shape.removeprefix("like ") in inputs
-        else:
-            ok = isinstance(shape, list) and all(size in SIZE_NAMES for size in shape)
+        ok = "default" in shapes
+        for shape in shapes.values():
+            if isinstance(shape, str):
+                ok &= shape.startswith("like ") and shape.removeprefix("like ") in inputs
+            else:
+                ok &= isinstance(shape, list) and all(size in SIZE_NAMES for size in shape)
         if not ok:
             raise SpecError(f"{where}: {t.name}'s shape {shape!r} must be a list of "
                             f"{SIZE_NAMES} or 'like <input>' ({', '.join(inputs)})")
@@ -194,7 +262,7 @@ def _check_shapes(op: OpSpec, where: str) -> None:
 
 def _op(node: Any, where: str) -> OpSpec:
     node = _keys(node, where, {"name", "cann_op_type", "summary", "inputs", "attrs", "outputs"},
-                 {"backward"})
+                 {"backward", "feature"})
     op = OpSpec(
         name=node["name"],
         cann_op_type=node["cann_op_type"],
@@ -203,6 +271,7 @@ def _op(node: Any, where: str) -> OpSpec:
         attrs=tuple(_attr(a, f"{where}.attrs[{i}]") for i, a in enumerate(node["attrs"])),
         outputs=tuple(_tensor(t, f"{where}.outputs[{i}]") for i, t in enumerate(node["outputs"])),
         backward=node.get("backward"),
+        feature=_feature(node, where),
     )
     _check_shapes(op, where)
     return op
@@ -231,7 +300,11 @@ def parse(doc: Any) -> Spec:
     backends = {}
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
-                     {"install_hint", "backward", "also_on"})
+                     {"install_hint", "backward", "also_on", "features"})
+        unknown = set(node.get("features", ())) - set(FEATURES)
+        if unknown:
+            raise SpecError(f"backends.{name}.features: unknown {sorted(unknown)} (features: "
+                            f"{FEATURES})")
         also_on = node.get("also_on", {})
         if not isinstance(also_on, dict) or node["device_type"] in also_on or not all(
                 isinstance(m, str) and m.isidentifier() for m in also_on.values()):
@@ -241,14 +314,20 @@ def parse(doc: Any) -> Spec:
                                      " ".join(node["summary"].split()),
                                      " ".join(node.get("install_hint", "").split()),
                                      bool(node.get("backward", True)),
-                                     dict(also_on))
-    layouts = {name: tuple(_keys(node, f"layouts.{name}", {"dims"})["dims"])
-               for name, node in doc["layouts"].items()}
+                                     dict(also_on), tuple(node.get("features", ())))
+    layout_nodes = {name: _keys(node, f"layouts.{name}", {"dims"}, {"feature"})
+                    for name, node in doc["layouts"].items()}
+    layouts = {name: tuple(node["dims"]) for name, node in layout_nodes.items()}
+    layout_features = {name: _feature(node, f"layouts.{name}")
+                       for name, node in layout_nodes.items()}
+    if "npu" not in backends:
+        raise SpecError("backends: the npu backend (the CANN package) must be declared")
+    cann_features = frozenset(backends["npu"].features)
     limits = _keys(doc["limits"], "limits", {"head_dim"})
     head_dim = _keys(limits["head_dim"], "limits.head_dim", {"min", "max"})
     ops = {}
     for i, node in enumerate(doc["ops"]):
-        op = _op(node, f"ops[{i}]")
+        op = dataclasses.replace(_op(node, f"ops[{i}]"), cann_features=cann_features)
         if op.name in ops:
             raise SpecError(f"ops[{i}]: duplicate op name {op.name!r}")
         ops[op.name] = op
@@ -262,7 +341,8 @@ def parse(doc: Any) -> Spec:
         if layout is not None and set(layout.choices) != set(layouts):
             raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be the "
                             f"declared layouts {tuple(layouts)}")
-    return Spec(doc["namespace"], backends, layouts, head_dim["min"], head_dim["max"], ops)
+    return Spec(doc["namespace"], backends, layouts, layout_features, head_dim["min"],
+                head_dim["max"], ops)
 
 
 def _check_autograd_only(op: OpSpec, ops: Mapping[str, OpSpec]) -> None:

@@ -1,0 +1,128 @@
+"""What an attention call computes beyond plain softmax(scale * Q Kᵀ) V: the one
+statement of the features' semantics, which every backend and the oracle follow.
+
+For one sequence of ``seqlen_q`` queries and ``seqlen_k`` keys (per sequence with
+packed variable-length batches and KV caches), ``diagonal = seqlen_k - seqlen_q``:
+
+visible (i, j)   j < seqlen_k, the key is not padding, and, with a sliding window
+                 ``(left, right)`` (-1 = unbounded on that side; ``causal`` means
+                 right = 0), ``i + diagonal - left <= j <= i + diagonal + right``:
+                 flash-attn's bottom-right aligned window.
+score (i, j)     s = scale * q_i · k_j
+                 softcap > 0:   s = softcap * tanh(s / softcap)      (Gemma 2)
+                 ALiBi:         s = s - slope[b, h] * |i + diagonal - j|
+P                softmax over the visible keys of row i; lse = log Σ_visible exp(s).
+                 A row that sees no key: out 0, lse -inf, zero gradients.
+dropout          out_i = Σ_j P_ij * keep_ij / (1 - dropout_p) * v_j; lse is not
+                 affected. keep_ij is :func:`keep_mask` (below): a counter-based
+                 Philox draw, so the backward regenerates the mask from ``rng_state``
+                 instead of storing it.
+
+flash-attn's causal ALiBi kernel adds ``slope * j`` instead of ``-slope * |i + diagonal -
+j|``; on visible keys the two differ by a per-row constant, so P, out and the gradients
+are the same and only flash-attn's lse is shifted. flash_cann's lse is the true one.
+
+Packed variable-length batches (layout ``TND``): q is (total_q, heads_q, head_dim), k
+and v (total_k, heads_kv, head_dim); sequence b holds rows cu_seqlens_q[b] ..
+cu_seqlens_q[b+1] - 1 of q (likewise k, v with cu_seqlens_k); softmax_lse is (heads_q,
+total_q). Sequences never attend across their boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The features a backend may or may not have; the spec lists each backend's.
+FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The op arguments beyond plain attention, as the checks normalised them.
+
+    alibi_slopes: float32 (batch, heads_q) (a (heads_q,) argument is expanded, no copy).
+    window_right: already 0 when the call is causal.
+    rng_state: int64 (2,) = (seed, offset) on the query's device, with dropout_p > 0.
+    cu_seqlens_q/k: int32 (batch + 1,) on the query's device, layout TND only;
+    max_seqlen_q/k bound every sequence's length (the caller's promise, as in flash-attn:
+    read on the host, so no synchronisation with the device)."""
+
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    rng_state: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def plain(self) -> bool:
+        """No feature is used: plain (causal, padded) attention."""
+        return self == PLAIN
+
+
+PLAIN = Variant()
+
+
+# ---------------------------------------------------------------------------------------
+# Dropout: Philox4x32-10 (Salmon et al., SC'11), as Triton's tl.random.philox computes it
+# ---------------------------------------------------------------------------------------
+
+_MASK32 = 0xFFFFFFFF
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57   # Random123's PHILOX_M4x32_0 / _1
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85       # the Weyl key increments
+PHILOX_ROUNDS = 10
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32 bits of the 64-bit product a * b, for a constant a < 2^32 and uint32
+    values b held in int64 (whose products would overflow): b splits into 16-bit halves."""
+    lo_part = b & 0xFFFF
+    hi_part = b >> 16
+    low_product = lo_part * a                      # < 2^48
+    high_product = hi_part * a                     # < 2^48, weighs 2^16
+    t = low_product + ((high_product & 0xFFFF) << 16)
+    return ((high_product >> 16) + (t >> 32)) & _MASK32, t & _MASK32
+
+
+def philox(seed: int | torch.Tensor, c0, c1, c2, c3, rounds: int = PHILOX_ROUNDS):
+    """Philox4x32 of the counter (c0, c1, c2, c3) with key = the 64-bit ``seed`` (low word
+    first): four uint32 results held in int64 tensors. Bit for bit what Triton's
+    ``tl.random.philox(seed, c0, c1, c2, c3)`` returns for 32-bit counters."""
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
+    c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) & _MASK32 for c in (c0, c1, c2, c3))
+    for _ in range(rounds):
+        hi_b, lo_b = _mulhilo(_ROUND_B, c2)
+        hi_a, lo_a = _mulhilo(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _KEY_A) & _MASK32, (k1 + _KEY_B) & _MASK32
+    return c0, c1, c2, c3
+
+
+def dropout_threshold(dropout_p: float) -> int:
+    """An element is kept iff its 32-bit draw is >= this (dropout_p in [0, 1))."""
+    return int(dropout_p * 2**32)
+
+
+def keep_mask(rng_state: torch.Tensor, dropout_p: float, batch, head, rows, cols) -> torch.Tensor:
+    """Which probabilities dropout keeps: True where the first Philox output of the counter
+    (col j, row i, head h, batch b + offset) -- each mod 2^32, b the sequence index, i and
+    j positions within the sequence -- is >= dropout_threshold(dropout_p), with key =
+    rng_state[0] (the seed); rng_state[1] is the offset. The coordinates broadcast."""
+    seed, offset = (int(x) for x in rng_state.tolist())
+    draw = philox(seed, cols, rows, head, torch.as_tensor(batch, dtype=torch.int64) + offset)[0]
+    return draw >= dropout_threshold(dropout_p)
