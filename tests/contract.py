@@ -12,3 +12,22 @@ import yaml
 PATH = Path(__file__).resolve().parents[1] / "op_project" / "flash_cann_ops.yaml"
 RAW = yaml.safe_load(PATH.read_text())
 OPS = {op["name"]: op for op in RAW["ops"]}
+
+# The CANN op (OpDef, aclnn API, GE proto) has the arguments, layouts and ops of the
+# features the npu backend lists, and no autograd-only attribute.
+NPU_FEATURES = set(RAW["backends"]["npu"].get("features", []))
+
+
+def on_cann(item: dict) -> bool:
+    return item.get("feature") is None or item["feature"] in NPU_FEATURES
+
+
+def cann_inputs(op: dict) -> list[dict]:
+    return [t for t in op["inputs"] if on_cann(t)]
+
+
+def cann_attrs(op: dict) -> list[dict]:
+    return [a for a in op["attrs"] if on_cann(a) and not a.get("autograd_only")]
+
+
+CANN_OPS = [op for op in RAW["ops"] if on_cann(op)]

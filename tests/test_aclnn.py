@@ -16,6 +16,7 @@ import yaml
 from flash_cann import aclnn, aclnn_status
 from flash_cann.spec import parse
 
+import contract
 from contract import RAW
 from native_build import needs
 
@@ -52,28 +53,24 @@ def test_prototype_is_cann_generation_of_the_spec(op):
     assert api.get_workspace_size == f"aclnn{entry['cann_op_type']}GetWorkspaceSize"
 
 
-def _cann_attrs(entry):
-    """The YAML attributes the CANN op has (autograd_only ones only reach the backward)."""
-    return [a for a in entry["attrs"] if not a.get("autograd_only")]
-
-
-@pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
+@pytest.mark.parametrize("entry", contract.CANN_OPS, ids=lambda e: e["name"])
 def test_arguments_are_the_yaml_inputs_attrs_outputs_in_order(entry):
     params = aclnn.aclnn_api(SPEC.ops[entry["name"]]).params
     assert [(p.role, p.spec_name) for p in params] == (
-        [("input", t["name"]) for t in entry["inputs"]]
-        + [("attr", a["name"]) for a in _cann_attrs(entry)]
+        [("input", t["name"]) for t in contract.cann_inputs(entry)]
+        + [("attr", a["name"]) for a in contract.cann_attrs(entry)]
         + [("output", t["name"]) for t in entry["outputs"]])
     attrs = {p.spec_name: p.ctype for p in params if p.role == "attr"}
-    assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in _cann_attrs(entry)}
-    for param, tensor in zip(params, entry["inputs"]):
+    assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in contract.cann_attrs(entry)}
+    for param, tensor in zip(params, contract.cann_inputs(entry)):
         assert param.name.endswith("Optional") == bool(tensor.get("optional", False))
 
 
-@pytest.mark.parametrize("entry", RAW["ops"], ids=lambda e: e["name"])
+@pytest.mark.parametrize("entry", contract.CANN_OPS, ids=lambda e: e["name"])
 def test_launcher_schema_is_the_aclnn_order_with_outputs_written_in_place(entry):
     schema = torch._C.parse_schema(aclnn.launcher_schema(SPEC.ops[entry["name"]]))
-    names = [t["name"] for t in entry["inputs"]] + [a["name"] for a in _cann_attrs(entry)]
+    names = ([t["name"] for t in contract.cann_inputs(entry)]
+             + [a["name"] for a in contract.cann_attrs(entry)])
     outputs = [t["name"] for t in entry["outputs"]]
     assert [a.name for a in schema.arguments] == names + outputs
     assert [a.alias_info is not None and a.alias_info.is_write
@@ -109,7 +106,7 @@ def test_in_place_arguments_are_refused():
 def test_generated_kernels_use_the_generated_signatures():
     """Each op's kernel in the generated header: its launcher schema and symbols."""
     ops_header = aclnn.render_headers(SPEC)["flash_cann_aclnn_ops.h"]
-    for op in SPEC.ops.values():
+    for op in SPEC.cann_ops:
         api = aclnn.aclnn_api(op)
         assert f"struct {op.cann_op_type} {{" in ops_header
         assert f'kLauncherSchema = "{aclnn.launcher_schema(op)}";' in ops_header

@@ -26,6 +26,17 @@ def _raw():
     return copy.deepcopy(RAW)
 
 
+def _attr(doc, op: int, name: str) -> dict:
+    return next(a for a in doc["ops"][op]["attrs"] if a["name"] == name)
+
+
+def _schema_order(entry: dict) -> list[dict]:
+    """The schema's argument order: the core inputs and attributes (the CANN op's order),
+    then the features' inputs and attributes."""
+    args = entry["inputs"] + entry["attrs"]
+    return [a for a in args if "feature" not in a] + [a for a in args if "feature" in a]
+
+
 def test_packaged_spec_is_a_link_to_the_op_project_spec():
     """The package ships the spec through a link (a copy could drift from op_project/)."""
     assert spec.SPEC_PATH.is_symlink() and spec.SPEC_PATH.resolve() == PATH
@@ -41,14 +52,15 @@ def test_generated_contract_header_is_up_to_date():
 def test_contract_header_follows_the_spec():
     """Every op, input, attribute and output of the spec appears, in spec order."""
     doc = _raw()
-    doc["ops"][1]["attrs"].append({"name": "window_left", "type": "int", "default": -1})
+    doc["ops"][1]["attrs"].append({"name": "window_size", "type": "int", "default": -1})
     doc["limits"]["head_dim"]["max"] = 512
     header = contract_header.render(spec.parse(doc))
     assert "constexpr int64_t kHeadDimMax = 512;" in header
     bwd = header[header.index("namespace bwd {"):]
     attrs = bwd[bwd.index("namespace attr {"):bwd.index("}  // namespace attr")]
     assert "kLayout = 2," in attrs and "kDeterministic = 3," in attrs
-    assert "kWindowLeft = 4," in attrs and "kCount = 5;" in attrs
+    assert "kWindowSize = 4," in attrs and "kCount = 5;" in attrs
+    assert "kWindowLeft" not in header  # a feature the npu backend does not list
     fwd = header[header.index("namespace fwd {"):header.index("namespace bwd {")]
     assert "kDeterministic" not in fwd  # autograd-only: the CANN op does not have it
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
@@ -61,29 +73,33 @@ def test_registered_schema_matches_yaml(op):
     entry = next(o for o in RAW["ops"] if o["name"] == op)
     schema = getattr(torch.ops.flash_cann, op).default._schema
     args = list(schema.arguments)
-    assert [a.name for a in args] == ([t["name"] for t in entry["inputs"]]
-                                      + [a["name"] for a in entry["attrs"]])
-    for arg, tensor in zip(args, entry["inputs"]):
-        assert str(arg.type) == ("Optional[Tensor]" if tensor.get("optional") else "Tensor")
-    for arg, attr in zip(args[len(entry["inputs"]):], entry["attrs"]):
-        assert str(arg.type) == SCHEMA_TYPES[attr["type"]]
-        assert arg.has_default_value() == ("default" in attr)
-        if "default" in attr:
-            assert arg.default_value == attr["default"]
+    declared = _schema_order(entry)
+    assert [a.name for a in args] == [a["name"] for a in declared]
+    inputs = {t["name"] for t in entry["inputs"]}
+    for arg, item in zip(args, declared):
+        if item["name"] in inputs:
+            assert str(arg.type) == ("Optional[Tensor]" if item.get("optional") else "Tensor")
+            # Only the inputs the spec marks mutable are written in place.
+            assert bool(arg.alias_info and arg.alias_info.is_write) == item.get("mutable", False)
+        else:
+            assert str(arg.type) == SCHEMA_TYPES[item["type"]]
+            assert arg.has_default_value() == ("default" in item)
+            if "default" in item:
+                assert arg.default_value == item["default"]
     assert [r.name for r in schema.returns] == [t["name"] for t in entry["outputs"]]
     assert all(str(r.type) == "Tensor" for r in schema.returns)
-    assert not any(a.alias_info for a in args), "ops must be functional"
 
 
 def test_layout_choices_are_the_declared_layouts():
     for entry in RAW["ops"]:
-        layout = next(a for a in entry["attrs"] if a["name"] == "layout")
-        assert layout["choices"] == list(RAW["layouts"])
+        layout = next((a for a in entry["attrs"] if a["name"] == "layout"), None)
+        assert layout is None or layout["choices"] == list(RAW["layouts"])
 
 
 def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
     s = spec.load()
-    assert [a.name for a in s.ops["fwd"].attrs] == ["scale", "causal", "layout", "deterministic"]
+    assert [a.name for a in s.ops["fwd"].attrs if not a.feature] == ["scale", "causal", "layout",
+                                                                    "deterministic"]
     assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout"]
     assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
                                                          "deterministic"]
@@ -95,11 +111,13 @@ def test_backward_pairing_is_declared():
     assert [t.name for t in s.ops["bwd"].outputs] == ["grad_query", "grad_key", "grad_value"]
 
 
-def _declared_shape(tensor: dict, sizes, tensors: dict) -> tuple:
+def _declared_shape(tensor: dict, sizes: dict, tensors: dict, layout: str) -> tuple:
     shape = tensor["shape"]
+    if isinstance(shape, dict):
+        shape = shape.get(layout, shape["default"])
     if isinstance(shape, str):
         return tuple(tensors[shape.removeprefix("like ")].shape)
-    return tuple(getattr(sizes, size) for size in shape)
+    return tuple(sizes[size] for size in shape)
 
 
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
@@ -114,21 +132,48 @@ def test_tensors_have_their_declared_shapes(layout, gen):
     grads = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, mask, lse, 0.3, True, layout)
     bwd = {**fwd, "grad_out": out, "grad_softmax_lse": lse,
            **dict(zip(("grad_query", "grad_key", "grad_value"), grads))}
-    sizes = check_fwd(q, k, v, mask, 0.3, True, layout)
+    p = check_fwd(q, k, v, mask, 0.3, True, layout)
+    sizes = {name: getattr(p, name) for name in ("batch", "heads_q", "heads_kv", "seqlen_q",
+                                                 "seqlen_k", "head_dim")}
+    assert _shaped_tensors_match(fwd, bwd, sizes, layout) == 9
+
+
+def _shaped_tensors_match(fwd: dict, bwd: dict, sizes: dict, layout: str) -> int:
+    """Assert every given tensor with a declared shape has it; return how many."""
     shaped = 0
     for op, tensors in (("fwd", fwd), ("bwd", bwd)):
         for tensor in RAW_OPS[op]["inputs"] + RAW_OPS[op]["outputs"]:
-            if "shape" in tensor:
+            if "shape" in tensor and tensors.get(tensor["name"]) is not None:
                 assert tuple(tensors[tensor["name"]].shape) == _declared_shape(
-                    tensor, sizes, tensors), (op, tensor["name"])
+                    tensor, sizes, tensors, layout), (op, tensor["name"])
                 shaped += 1
-    assert shaped == 9
+    return shaped
+
+
+def test_packed_tensors_have_their_declared_shapes(gen):
+    """The same for layout TND (packed sequences) with the features' inputs."""
+    lengths_q, lengths_k = [3, 5, 1], [4, 2, 6]
+    cu_q = torch.tensor([0, 3, 8, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 6, 12], dtype=torch.int32)
+    q = torch.randn(9, 4, 8, generator=gen)
+    k, v = (torch.randn(12, 2, 8, generator=gen) for _ in range(2))
+    rng_state = torch.tensor([7, 0])
+    features = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, rng_state=rng_state,
+                    max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), dropout_p=0.25)
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.3, True, "TND", **features)
+    fwd = {"query": q, "key": k, "value": v, "out": out, "softmax_lse": lse, **features}
+    grads = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, lse, 0.3, True, "TND",
+                                     **features)
+    bwd = {**fwd, "grad_out": out, "grad_softmax_lse": lse,
+           **dict(zip(("grad_query", "grad_key", "grad_value"), grads))}
+    sizes = {"heads_q": 4, "tokens_q": 9, "batch_plus_one": 4, "two": 2}
+    assert _shaped_tensors_match(fwd, bwd, sizes, "TND") == 13
 
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["ops"][0].update(typo=1), r"ops\[0\]: unknown key\(s\) \['typo'\]"),
-    (lambda d: d["ops"][0]["attrs"][1].update(default="yes"), "default 'yes' is not a bool"),
-    (lambda d: d["ops"][0]["attrs"][2].update(default="SBH"), "not among choices"),
+    (lambda d: _attr(d, 0, "causal").update(default="yes"), "default 'yes' is not a bool"),
+    (lambda d: _attr(d, 0, "layout").update(default="SBH"), "not among choices"),
     (lambda d: d["ops"][0]["inputs"][0].update(dtype="int8"), "dtype must be one of"),
     (lambda d: d["ops"][0].update(backward="nope"), "backward 'nope' is not a declared op"),
     (lambda d: d["layouts"].update(SBH={"dims": []}), "layout choices"),
@@ -144,11 +189,21 @@ def test_tensors_have_their_declared_shapes(layout, gen):
     (lambda d: d["backends"]["triton"].update(also_on={"npu": "triton-npu"}),
      "backends.triton.also_on: expected"),
     # fwd's deterministic is autograd_only: it must reach bwd's attribute of that name.
-    (lambda d: d["ops"][0]["attrs"][3].pop("default"), "autograd_only attribute needs a default"),
-    (lambda d: d["ops"][1]["attrs"].pop(3), "'deterministic' must be a bool attribute of its "
-                                            r"backward op \(bwd\)"),
-    (lambda d: d["ops"][1]["attrs"][3].update(type="int", default=0), "must be a bool attribute"),
-    (lambda d: d["ops"][1]["attrs"][3].update(autograd_only=True), "must be a bool attribute"),
+    (lambda d: _attr(d, 0, "deterministic").pop("default"),
+     "autograd_only attribute needs a default"),
+    (lambda d: d["ops"][1]["attrs"].remove(_attr(d, 1, "deterministic")),
+     r"'deterministic' must be a bool attribute of its backward op \(bwd\)"),
+    (lambda d: _attr(d, 1, "deterministic").update(type="int", default=0),
+     "must be a bool attribute"),
+    (lambda d: _attr(d, 1, "deterministic").update(autograd_only=True),
+     "must be a bool attribute"),
+    # Features: known names only; their arguments need defaults (or to be optional).
+    (lambda d: _attr(d, 0, "softcap").update(feature="softcapping"), "feature must be one of"),
+    (lambda d: _attr(d, 0, "softcap").pop("default"), "an attribute of a feature needs a default"),
+    (lambda d: d["ops"][0]["inputs"][4].pop("optional"), "an input of a feature must be optional"),
+    (lambda d: d["backends"]["cpu"].update(features=["paging"]), r"unknown \['paging'\]"),
+    (lambda d: d["ops"][0]["outputs"][1].update(shape={"TND": ["heads_q"]}),
+     "softmax_lse's shape .* must be a list of"),
     (lambda d: d["ops"][0].pop("backward"), r"of its backward op \(none declared\)"),
 ])
 def test_malformed_spec_is_rejected(mutate, message):

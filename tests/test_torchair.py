@@ -35,11 +35,10 @@ def torchair(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(STANDIN))
     import torchair as standin
-    for op in RAW_OPS.values():
+    for op in contract.CANN_OPS:
         standin.ge.register_ir(op["cann_op_type"], standin.ge.IrDef(
-            inputs=[(t["name"], bool(t.get("optional", False))) for t in op["inputs"]],
-            attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in op["attrs"]
-                   if not a.get("autograd_only")],  # the torch op's only, not the CANN op's
+            inputs=[(t["name"], bool(t.get("optional", False))) for t in contract.cann_inputs(op)],
+            attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in contract.cann_attrs(op)],
             outputs=[t["name"] for t in op["outputs"]]))
     yield standin
     for name in [m for m in sys.modules if m == "torchair" or m.startswith("torchair.")]:

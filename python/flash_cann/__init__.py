@@ -21,7 +21,9 @@ if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
-                        flash_attn_qkvpacked_func)
+                        flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                        flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+                        flash_attn_with_kvcache)
 from .ops import backend_for, use_backend
 from .torchair_converters import enable_torchair, register_if_loaded
 
@@ -30,5 +32,7 @@ register_if_loaded()  # torchair imported before flash_cann: register the conver
 __version__ = "0.1.0"
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
-           "flash_attn_qkvpacked_func", "backend_for", "use_backend", "enable_torchair",
+           "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_with_kvcache", "backend_for", "use_backend", "enable_torchair",
            "__version__"]

@@ -101,25 +101,28 @@ def _gradients(attention_fn, q, k, v, grad_out, grad_lse, backward: str):
     return out.detach(), lse.detach(), dq, dk, dv
 
 
-def _materialising(key_padding_mask, scale, causal, layout, compute_dtype):
+def _materialising(key_padding_mask, scale, causal, layout, variant, dropout_mask,
+                   compute_dtype):
     from . import reference
 
     return lambda q_, k_, v_: reference.attention(
         q_, k_, v_, key_padding_mask, scale=scale, causal=causal, layout=layout,
-        compute_dtype=compute_dtype)
+        compute_dtype=compute_dtype, variant=variant, dropout_mask=dropout_mask)
 
 
 def check_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool, layout: str,
-                         key_padding_mask=None, generator=None,
-                         backward: str = "full") -> list[Comparison]:
+                         key_padding_mask=None, generator=None, backward: str = "full",
+                         variant=None, dropout_mask=None) -> list[Comparison]:
     """Run ``attention_fn(q, k, v) -> (out, softmax_lse)`` (forward, and backward as
     ``backward`` says: one of BACKWARD_MODES) and compare every result with the float64
-    oracle, each judged in its own precision (see the module docstring)."""
-    from . import layout as layouts
+    oracle, each judged in its own precision (see the module docstring). ``variant``
+    and ``dropout_mask``: the features of the call, as reference.attention takes them
+    (the mask: the one the backend used, e.g. from its returned S_dmask)."""
+    from .variant import PLAIN
 
     if backward not in BACKWARD_MODES:
         raise ValueError(f"backward must be one of {BACKWARD_MODES} (got {backward!r})")
-    args = (key_padding_mask, scale, causal, layout)
+    args = (key_padding_mask, scale, causal, layout, variant or PLAIN, dropout_mask)
     oracle_fn = _materialising(*args, torch.float64)
     baseline_fn = _materialising(*args, q.dtype)
     with torch.no_grad():  # lse's baseline: the scores kept in the accumulator dtype
@@ -133,7 +136,7 @@ def check_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool, l
         return [compare(name, kind, got[i], oracle[i], baseline[i], q.dtype)
                 for name, kind, i in lse_names]
     grad_out = torch.randn(q.shape, generator=generator, dtype=torch.float32).to(q)
-    lse_shape = layouts.sizes(q, layout)[:3]
+    lse_shape = lse_baseline.shape
     grad_lse = torch.randn(lse_shape, generator=generator, dtype=torch.float32).to(q.device)
     got = _gradients(attention_fn, q, k, v, grad_out, grad_lse, backward)
     # float64 leaves, so that the oracle's gradients are not rounded to the input dtype.

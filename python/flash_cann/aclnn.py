@@ -84,14 +84,14 @@ def _declare(ctype: str, name: str) -> str:
 
 def aclnn_api(op: OpSpec) -> AclnnApi:
     """The aclnn functions CANN generates for ``op``'s OpDef (which mirrors the spec)."""
-    clash = {t.name for t in op.inputs} & {t.name for t in op.outputs}
+    clash = {t.name for t in op.cann_inputs} & {t.name for t in op.outputs}
     if clash:
         # CANN turns such a pair into one in-place ``<camel>Ref`` argument; no op of ours
         # needs that, so it is refused rather than guessed.
         raise ValueError(f"op {op.name!r}: {sorted(clash)} are both inputs and outputs; "
                          f"in-place (Ref) arguments are not supported")
     params = [Param("input", t.name, "const aclTensor *",
-                    _camel(t.name) + ("Optional" if t.optional else "")) for t in op.inputs]
+                    _camel(t.name) + ("Optional" if t.optional else "")) for t in op.cann_inputs]
     params += [Param("attr", a.name, _ATTR_CTYPES[a.type],
                      _camel(a.name) + ("Optional" if a.type == "str" and a.has_default else ""))
                for a in op.cann_attrs]
@@ -106,7 +106,7 @@ def aclnn_api(op: OpSpec) -> AclnnApi:
 def launcher_schema(op: OpSpec) -> str:
     """Schema of the extension's launcher op for ``op``: the aclnn arguments in aclnn
     order, the outputs preallocated by the caller and written in place."""
-    params = [f"{'Tensor?' if t.optional else 'Tensor'} {t.name}" for t in op.inputs]
+    params = [f"{'Tensor?' if t.optional else 'Tensor'} {t.name}" for t in op.cann_inputs]
     params += [f"{a.type} {a.name}" for a in op.cann_attrs]
     params += [f"Tensor({alias}!) {t.name}" for alias, t in zip(string.ascii_lowercase, op.outputs)]
     return f"{op.name}({', '.join(params)}) -> ()"
@@ -120,7 +120,7 @@ def _c_string(text: str) -> str:
 
 def _kernel_params(op: OpSpec) -> list[str]:
     params = [_declare(_KERNEL_TYPES["Tensor?" if t.optional else "Tensor"], t.name)
-              for t in op.inputs]
+              for t in op.cann_inputs]
     params += [_declare(_KERNEL_TYPES[a.type], a.name) for a in op.cann_attrs]
     params += [_declare(_KERNEL_TYPES["Tensor"], t.name) for t in op.outputs]
     return params
@@ -184,13 +184,13 @@ def _render_status() -> str:
 def required_ops(spec: Spec) -> list[OpSpec]:
     """The ops whose aclnn functions the op package must export: all of them, except the
     backward op while the spec says the NPU backend has no backward kernel."""
-    backward_ops = {op.backward for op in spec.ops.values() if op.backward}
-    return [op for op in spec.ops.values()
+    backward_ops = {op.backward for op in spec.cann_ops if op.backward}
+    return [op for op in spec.cann_ops
             if spec.backends["npu"].backward or op.name not in backward_ops]
 
 
 def _render_ops(spec: Spec) -> str:
-    ops = list(spec.ops.values())
+    ops = list(spec.cann_ops)
     symbols = ", ".join(_c_string(name) for op in required_ops(spec)
                         for name in (aclnn_api(op).get_workspace_size, aclnn_api(op).execute))
     defs = "\n".join(f"  m.def({op.cann_op_type}::kLauncherSchema);" for op in ops)

@@ -15,6 +15,7 @@ import torch
 
 from . import layout as layouts
 from .spec import BackendSpec, load
+from .variant import PLAIN, Variant
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Problem:
     layout: str
     causal: bool
     has_mask: bool
+    variant: Variant = PLAIN
+    tokens_q: int = 0  # TND: total query rows (seqlen_q is then max_seqlen_q)
 
     @property
     def group(self) -> int:
@@ -75,19 +78,126 @@ def _check_dtype(query: torch.Tensor, backend: BackendSpec | None) -> None:
         raise TypeError(_prefix(f"query must be a floating-point tensor (got {name})"))
 
 
-def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, layout: str,
-              backend: BackendSpec | None = None) -> Problem:
-    """Validate the forward op's arguments; return the problem sizes."""
+# The op arguments of each feature, as the public API spells them (for messages).
+_API_NAMES = {"window_left": "window_size[0]", "window_right": "window_size[1]",
+              "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
+
+
+def _check_features(op: str, given: dict, layout: str | None,
+                    backend: BackendSpec | None) -> None:
+    """A backend without a feature refuses its arguments (unless at their defaults)."""
+    if backend is None:
+        return
     spec = load()
-    tensors = {n: require_tensor(t, n) for n, t in
-               (("query", query), ("key", key), ("value", value))}
-    if key_padding_mask is not None:
-        tensors["key_padding_mask"] = require_tensor(key_padding_mask, "key_padding_mask")
-    if layout not in spec.layouts:
-        raise ValueError(_prefix(f"layout must be one of {', '.join(spec.layouts)} "
-                                 f"(got {layout!r})"))
+    used = []
+    feature = spec.layout_features.get(layout) if layout else None
+    if feature is not None:
+        used.append((feature, f"layout={layout!r}"))
+    op_spec = spec.ops[op]
+    if op_spec.feature is not None:
+        used.append((op_spec.feature, f"torch.ops.flash_cann.{op}"))
+    defaults = {a.name: a.default for a in op_spec.attrs}
+    for name, feature in op_spec.featured():
+        value = given.get(name)
+        if value is None or (name in defaults and value == defaults[name]):
+            continue
+        shown = "<tensor>" if isinstance(value, torch.Tensor) else repr(value)
+        used.append((feature, f"{_API_NAMES.get(name, name)}={shown}"))
+    for feature, argument in used:
+        if feature not in backend.features:
+            able = [b.name for b in spec.backends.values() if feature in b.features]
+            raise NotImplementedError(_prefix(
+                f"backend '{backend.name}' (device type '{backend.device_type}') does not "
+                f"support {feature} yet ({argument}); backends that do: "
+                f"{', '.join(able) or 'none'}"))
+
+
+def _check_int32_vector(t, name: str, length: int | None, device) -> None:
+    require_tensor(t, name)
+    if t.dtype != torch.int32 or t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = f"({length},)" if length is not None else "1-D"
+        raise ValueError(_prefix(f"{name} must be an int32 tensor of shape {want} (got "
+                                 f"{_dtype_name(t.dtype)} {tuple(t.shape)})"))
+    if t.device != device:
+        raise ValueError(_prefix(f"{name} must be on the same device as query (got {t.device} "
+                                 f"and {device})"))
+
+
+def _check_cu_seqlens(cu, name: str, tokens: int, max_seqlen: int, max_name: str,
+                      read_values: bool) -> None:
+    """0 = cu[0] <= cu[1] <= ... = tokens, each length <= max_seqlen. The values are read
+    only where that costs no device synchronisation (CPU tensors, not while tracing):
+    on an accelerator max_seqlen is the caller's promise, as in flash-attn."""
+    if not read_values:
+        return
+    starts = cu.tolist()
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    if starts[0] != 0 or starts[-1] != tokens or min(lengths) < 0:
+        raise ValueError(_prefix(f"{name} must rise from 0 to the number of tokens ({tokens}) "
+                                 f"(got {starts[:8]}{' ...' if len(starts) > 8 else ''})"))
+    if max(lengths) > max_seqlen:
+        raise ValueError(_prefix(f"{max_name}={max_seqlen} is smaller than the longest "
+                                 f"sequence of {name} ({max(lengths)})"))
+
+
+def _reads_values(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "cpu" and not is_fake(t)
+
+
+def _check_scores(scale, causal, window_left, window_right, softcap) -> None:
+    """The score arguments every attention op takes."""
     if not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(_prefix(f"softmax scale must be a finite number (got {scale!r})"))
+    for name, value in (("window_size[0]", window_left), ("window_size[1]", window_right)):
+        if not isinstance(value, int) or value < -1:
+            raise ValueError(_prefix(f"{name} must be an int >= -1 (-1: unbounded) (got "
+                                     f"{value!r})"))
+    if causal and window_right not in (-1, 0):
+        raise ValueError(_prefix(f"window_size[1] must be -1 or 0 with causal=True (causal "
+                                 f"bounds the window at the diagonal) (got {window_right})"))
+    if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(_prefix(f"softcap must be a finite number >= 0 (0: off) (got "
+                                 f"{softcap!r})"))
+
+
+def _alibi(slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
+    """ALiBi slopes as float32 (batch, heads_q) (an expanded view of (heads_q,))."""
+    if slopes is None:
+        return None
+    require_tensor(slopes, "alibi_slopes")
+    if slopes.dtype != torch.float32 or tuple(slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(_prefix(f"alibi_slopes must be float32 of shape (nheads,) = "
+                                 f"({heads_q},) or (batch, nheads) = {(batch, heads_q)} (got "
+                                 f"{_dtype_name(slopes.dtype)} {tuple(slopes.shape)})"))
+    if slopes.device != device:
+        raise ValueError(_prefix(f"alibi_slopes must be on the same device as query (got "
+                                 f"{slopes.device} and {device})"))
+    return slopes.expand(batch, heads_q)
+
+
+def _check_dropout(dropout_p, rng_state, device) -> None:
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(_prefix(f"dropout_p must be in [0, 1) (got {dropout_p!r})"))
+    if dropout_p > 0:
+        if rng_state is None:
+            raise ValueError(_prefix("rng_state (int64 (seed, offset)) is required with "
+                                     "dropout_p > 0; the public API draws it"))
+        require_tensor(rng_state, "rng_state")
+        if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
+            raise ValueError(_prefix(f"rng_state must be int64 of shape (2,) (got "
+                                     f"{_dtype_name(rng_state.dtype)} {tuple(rng_state.shape)})"))
+        if rng_state.device != device:
+            raise ValueError(_prefix(f"rng_state must be on the same device as query (got "
+                                     f"{rng_state.device} and {device})"))
+
+
+def _check_qkv(tensors: dict, layout: str, backend: BackendSpec | None, same_batch=True):
+    """dtype, rank, emptiness and size agreement of query, key, value in ``layout``
+    (``same_batch``: and their batch sizes); returns (heads_q, heads_kv, head_dim)."""
+    spec = load()
+    query = tensors["query"]
     _same_device(tensors, "query")
     for name in ("key", "value"):
         if tensors[name].dtype != query.dtype:
@@ -95,18 +205,18 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                                     f"(got query {_dtype_name(query.dtype)}, "
                                     f"{name} {_dtype_name(tensors[name].dtype)})"))
     _check_dtype(query, backend)
-    dims = ", ".join(spec.layouts[layout])
+    dims = spec.layouts[layout]
     for name in ("query", "key", "value"):
         t = tensors[name]
-        if t.dim() != 4:
-            raise ValueError(_prefix(f"{name} must be 4-D ({dims}) for layout {layout} "
-                                     f"(got {t.dim()}-D shape {tuple(t.shape)})"))
+        if t.dim() != len(dims):
+            raise ValueError(_prefix(f"{name} must be {len(dims)}-D ({', '.join(dims)}) for "
+                                     f"layout {layout} (got {t.dim()}-D shape {tuple(t.shape)})"))
         if t.numel() == 0:
             raise ValueError(_prefix(f"{name} must not be empty (got shape {tuple(t.shape)})"))
-    b, hq, sq, d = layouts.sizes(query, layout)
-    bk, hk, sk, dk = layouts.sizes(key, layout)
-    bv, hv, sv, dv = layouts.sizes(value, layout)
-    if not (b == bk == bv):
+    sizes = {name: _sizes(t, layout) for name, t in tensors.items()}
+    (b, hq, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = (sizes[n] for n in ("query", "key",
+                                                                            "value"))
+    if same_batch and layout != layouts.PACKED and not (b == bk == bv):
         raise ValueError(_prefix(f"query, key and value must have the same batch size "
                                  f"(got {b}, {bk}, {bv})"))
     if dk != d or dv != d:
@@ -123,6 +233,72 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
     if hq % hk:
         raise ValueError(_prefix(f"query heads ({hq}) must be a multiple of key/value heads "
                                  f"({hk}) for GQA/MQA"))
+    return hq, hk, d
+
+
+def _sizes(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    """(batch, heads, seqlen, head_dim); TND: (1, heads, tokens, head_dim)."""
+    if layout == layouts.PACKED:
+        return 1, t.shape[1], t.shape[0], t.shape[2]
+    return layouts.sizes(t, layout)
+
+
+def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, layout: str,
+              backend: BackendSpec | None = None, *, cu_seqlens_q=None, cu_seqlens_k=None,
+              alibi_slopes=None, rng_state=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+              window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+              dropout_p: float = 0.0, op: str = "fwd") -> Problem:
+    """Validate the forward op's arguments; return the problem sizes and its variant."""
+    spec = load()
+    tensors = {n: require_tensor(t, n) for n, t in
+               (("query", query), ("key", key), ("value", value))}
+    if layout not in spec.layouts:
+        raise ValueError(_prefix(f"layout must be one of {', '.join(spec.layouts)} "
+                                 f"(got {layout!r})"))
+    _check_features(op, dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             alibi_slopes=alibi_slopes, rng_state=rng_state,
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                             window_left=window_left, window_right=window_right,
+                             softcap=softcap, dropout_p=dropout_p), layout, backend)
+    _check_scores(scale, causal, window_left, window_right, softcap)
+    if key_padding_mask is not None:
+        tensors["key_padding_mask"] = require_tensor(key_padding_mask, "key_padding_mask")
+    hq, hk, d = _check_qkv({n: tensors[n] for n in ("query", "key", "value")}, layout, backend)
+    _same_device(tensors, "query")
+    packed = layout == layouts.PACKED
+    tokens_q = 0
+    if packed:
+        if key_padding_mask is not None:
+            raise ValueError(_prefix("key_padding_mask is not taken with layout TND: "
+                                     "cu_seqlens_k delimits each sequence's keys"))
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError(_prefix("cu_seqlens_q and cu_seqlens_k are required with layout "
+                                     "TND"))
+        _check_int32_vector(cu_seqlens_q, "cu_seqlens_q", None, query.device)
+        _check_int32_vector(cu_seqlens_k, "cu_seqlens_k", cu_seqlens_q.shape[0], query.device)
+        if cu_seqlens_q.shape[0] < 2:
+            raise ValueError(_prefix(f"cu_seqlens_q must hold batch + 1 >= 2 offsets (got "
+                                     f"{cu_seqlens_q.shape[0]})"))
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(_prefix(f"{name} must be a positive int with layout TND "
+                                         f"(got {value!r})"))
+        tokens_q, tokens_k = query.shape[0], key.shape[0]
+        _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", tokens_q, max_seqlen_q, "max_seqlen_q",
+                          _reads_values(cu_seqlens_q))
+        _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", tokens_k, max_seqlen_k, "max_seqlen_k",
+                          _reads_values(cu_seqlens_k))
+        b, sq, sk = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+    else:
+        for name, value, default in (("cu_seqlens_q", cu_seqlens_q, None),
+                                     ("cu_seqlens_k", cu_seqlens_k, None),
+                                     ("max_seqlen_q", max_seqlen_q, 0),
+                                     ("max_seqlen_k", max_seqlen_k, 0)):
+            if value is not default and value != default:
+                raise ValueError(_prefix(f"{name} is only taken with layout TND (packed "
+                                         f"sequences); the layout is {layout}"))
+        b, _, sq, _ = layouts.sizes(query, layout)
+        sk = layouts.sizes(key, layout)[2]
     if key_padding_mask is not None:
         if key_padding_mask.dtype != torch.bool:
             raise TypeError(_prefix(f"key_padding_mask must be torch.bool here (got "
@@ -131,15 +307,31 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
         if tuple(key_padding_mask.shape) != (b, sk):
             raise ValueError(_prefix(f"key_padding_mask must have shape (batch, seqlen_k) = "
                                      f"{(b, sk)} (got {tuple(key_padding_mask.shape)})"))
+    _check_dropout(dropout_p, rng_state, query.device)
+    variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
+                      alibi_slopes=_alibi(alibi_slopes, b, hq, query.device),
+                      dropout_p=float(dropout_p), rng_state=rng_state if dropout_p > 0 else None,
+                      cu_seqlens_q=cu_seqlens_q if packed else None,
+                      cu_seqlens_k=cu_seqlens_k if packed else None,
+                      max_seqlen_q=max_seqlen_q if packed else 0,
+                      max_seqlen_k=max_seqlen_k if packed else 0)
     return Problem(b, hq, hk, sq, sk, d, query.dtype, layout, bool(causal),
-                   key_padding_mask is not None)
+                   key_padding_mask is not None, variant, tokens_q)
+
+
+def lse_shape(p: Problem) -> tuple[int, ...]:
+    """softmax_lse's shape: (batch, heads_q, seqlen_q), or (heads_q, tokens_q) for TND."""
+    if p.layout == layouts.PACKED:
+        return (p.heads_q, p.tokens_q)
+    return (p.batch, p.heads_q, p.seqlen_q)
 
 
 def check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale: float, causal: bool, layout: str,
-              backend: BackendSpec | None = None) -> Problem:
-    """Validate the backward op's arguments; return the problem sizes."""
-    p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
+              backend: BackendSpec | None = None, **features) -> Problem:
+    """Validate the backward op's arguments; return the problem sizes and its variant."""
+    p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend,
+                  op="bwd", **features)
     extra = {n: require_tensor(t, n) for n, t in
              (("grad_out", grad_out), ("out", out), ("softmax_lse", softmax_lse))}
     if grad_softmax_lse is not None:
@@ -152,15 +344,105 @@ def check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                 f"{name} must match query in shape and dtype (got {tuple(t.shape)} "
                 f"{_dtype_name(t.dtype)}, query {tuple(query.shape)} "
                 f"{_dtype_name(query.dtype)})"))
-    lse_shape = (p.batch, p.heads_q, p.seqlen_q)
+    shape = lse_shape(p)
     lse_dtype = accumulator_dtype(query.dtype)
+    described = "(heads_q, tokens_q)" if layout == layouts.PACKED else "(batch, heads_q, seqlen_q)"
     for name in ("softmax_lse", "grad_softmax_lse"):
         t = extra.get(name)
-        if t is not None and (tuple(t.shape) != lse_shape or t.dtype != lse_dtype):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != lse_dtype):
             raise ValueError(_prefix(
-                f"{name} must be {_dtype_name(lse_dtype)} of shape (batch, heads_q, seqlen_q) "
-                f"= {lse_shape} (got {_dtype_name(t.dtype)} {tuple(t.shape)})"))
+                f"{name} must be {_dtype_name(lse_dtype)} of shape {described} "
+                f"= {shape} (got {_dtype_name(t.dtype)} {tuple(t.shape)})"))
     return p
+
+
+@dataclass(frozen=True)
+class CacheProblem:
+    """The sizes of one fwd_kvcache call, as check_kvcache established them."""
+
+    problem: Problem          # query x the cache, seqlen_k = the cache's capacity
+    seqlen_new: int           # keys appended per sequence (0: none)
+    page_size: int            # 0: not paged
+
+
+def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
+                  block_table, scale: float, causal: bool, *, alibi_slopes=None,
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  backend: BackendSpec | None = None) -> CacheProblem:
+    """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
+    _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
+                                        window_right=window_right, softcap=softcap),
+                    None, backend)
+    _check_scores(scale, causal, window_left, window_right, softcap)
+    tensors = {n: require_tensor(t, n) for n, t in
+               (("query", query), ("k_cache", k_cache), ("v_cache", v_cache))}
+    for name, t in tensors.items():
+        if t.dim() != 4:
+            raise ValueError(_prefix(f"{name} must be 4-D (batch, seqlen, heads, head_dim) (got "
+                                     f"{t.dim()}-D shape {tuple(t.shape)})"))
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(_prefix(f"k_cache and v_cache must have the same shape (got "
+                                 f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)})"))
+    hq, hk, d = _check_qkv({"query": query, "key": k_cache, "value": v_cache}, "BSND", backend,
+                           same_batch=False)
+    batch, seqlen_q = query.shape[:2]
+    device = query.device
+    if (key is None) != (value is None):
+        raise ValueError(_prefix("k and v must be given together (the new keys and values "
+                                 "to append) or both be None"))
+    seqlen_new = 0
+    if key is not None:
+        for name, t in (("k", key), ("v", value)):
+            require_tensor(t, name)
+            want = (batch, t.shape[1] if t.dim() == 4 else -1, hk, d)
+            if t.dim() != 4 or tuple(t.shape) != want or t.dtype != query.dtype or \
+                    t.device != device:
+                raise ValueError(_prefix(
+                    f"{name} must be {_dtype_name(query.dtype)} (batch, seqlen_new, nheads_k, "
+                    f"headdim) = {(batch, 'seqlen_new', hk, d)} on {device} (got "
+                    f"{_dtype_name(t.dtype)} {tuple(t.shape)} on {t.device})"))
+        if key.shape != value.shape:
+            raise ValueError(_prefix(f"k and v must have the same shape (got "
+                                     f"{tuple(key.shape)} and {tuple(value.shape)})"))
+        if cache_seqlens is None:
+            raise ValueError(_prefix("cache_seqlens is required when appending k and v (it "
+                                     "says where each sequence's new entries go)"))
+        seqlen_new = key.shape[1]
+    if cache_seqlens is not None:
+        _check_int32_vector(cache_seqlens, "cache_seqlens", batch, device)
+    page_size = 0
+    if block_table is not None:
+        require_tensor(block_table, "block_table")
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or \
+                block_table.shape[0] != batch or block_table.device != device:
+            raise ValueError(_prefix(f"block_table must be int32 (batch, max_num_blocks) = "
+                                     f"({batch}, ...) on {device} (got "
+                                     f"{_dtype_name(block_table.dtype)} "
+                                     f"{tuple(block_table.shape)} on {block_table.device})"))
+        if cache_batch_idx is not None:
+            raise ValueError(_prefix("cache_batch_idx is not taken with a paged cache "
+                                     "(block_table): the table already maps each sequence"))
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        if cache_batch_idx is not None:
+            _check_int32_vector(cache_batch_idx, "cache_batch_idx", batch, device)
+        elif k_cache.shape[0] != batch:
+            raise ValueError(_prefix(f"k_cache's batch ({k_cache.shape[0]}) must equal q's "
+                                     f"({batch}) unless cache_batch_idx maps sequences to "
+                                     f"cache rows"))
+        capacity = k_cache.shape[1]
+    if cache_seqlens is not None and _reads_values(cache_seqlens):
+        longest = int(cache_seqlens.max()) + seqlen_new
+        if int(cache_seqlens.min()) < 0 or longest > capacity:
+            raise ValueError(_prefix(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] "
+                                     f"(the cache's capacity per sequence) (got up to "
+                                     f"{longest})"))
+    variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
+                      alibi_slopes=_alibi(alibi_slopes, batch, hq, device))
+    problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, "BSND", bool(causal),
+                      False, variant)
+    return CacheProblem(problem, seqlen_new, page_size)
 
 
 def key_padding_mask_as_bool(mask, batch: int, seqlen_k: int,

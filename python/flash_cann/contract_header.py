@@ -4,8 +4,9 @@ cannot drift from it.
 
 Per op (a C++ namespace named after it): namespaces ``input``, ``attr`` and ``output``,
 each with an ``Index`` enum (``k`` + the CamelCase spec name, in spec order) and
-``kCount``, e.g. ``contract::fwd::input::kKeyPaddingMask`` (attributes: those the CANN op
-has, not the autograd-only ones); for the whole spec the
+``kCount``, e.g. ``contract::fwd::input::kKeyPaddingMask`` (the CANN op's: not the
+autograd-only attributes, nor the arguments, layouts and ops of features the npu backend
+does not list); for the whole spec the
 head_dim limits and the layouts (``kLayout<NAME>``, in spec order: the value of
 ``flash_cann::Layout``) and the NPU backend's dtypes (``kDType<Name>``: the value of
 ``flash_cann::DType``). Any op, input, attribute or output added to the spec appears
@@ -55,18 +56,18 @@ def render(spec: Spec) -> str:
         f"constexpr int64_t kHeadDimMax = {spec.head_dim_max};",
         "",
         "// Values of the layout attribute, in spec order.",
-        *(f"constexpr uint32_t kLayout{name} = {i};" for i, name in enumerate(spec.layouts)),
+        *(f"constexpr uint32_t kLayout{name} = {i};" for i, name in enumerate(spec.cann_layouts)),
         "constexpr const char* kLayoutNames[] = {"
-        + ", ".join(f'"{name}"' for name in spec.layouts) + "};",
-        f"constexpr size_t kLayoutCount = {len(spec.layouts)};",
+        + ", ".join(f'"{name}"' for name in spec.cann_layouts) + "};",
+        f"constexpr size_t kLayoutCount = {len(spec.cann_layouts)};",
         "",
         "// The dtypes the NPU backend computes, in spec order.",
         *(f"constexpr uint32_t kDType{camel(name)} = {i};"
           for i, name in enumerate(spec.backends["npu"].dtypes)),
     ]
-    for op in spec.ops.values():
+    for op in spec.cann_ops:
         lines += ["", f"// {op.cann_op_type}", f"namespace {op.name} {{",
-                  *_indices("input", [t.name for t in op.inputs]),
+                  *_indices("input", [t.name for t in op.cann_inputs]),
                   *_indices("attr", [a.name for a in op.cann_attrs]),
                   *_indices("output", [t.name for t in op.outputs]),
                   f"}}  // namespace {op.name}"]

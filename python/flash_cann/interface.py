@@ -1,9 +1,12 @@
-"""The public API: flash-attn's functions, and a CANN-style ``attention``.
+"""The public API: flash-attn 2.8's functions (dense, packed, variable-length, KV cache),
+and a CANN-style ``attention``.
 
-Both are thin: they resolve defaults, refuse what is not supported yet, take
-zero-copy views, and call ``torch.ops.flash_cann.fwd`` -- whose kernel runs the shared
-checks and the backend for the tensors' device, and whose autograd calls
-``torch.ops.flash_cann.bwd``.
+All are thin: they resolve defaults, draw the dropout seed, take zero-copy views, and
+call ``torch.ops.flash_cann.fwd`` (or ``.fwd_kvcache``) -- whose kernel runs the
+shared checks and the backend for the tensors' device, and whose autograd calls
+``torch.ops.flash_cann.bwd``. What each feature computes: flash_cann.variant; which
+backend has which feature: the spec (a backend without one names itself and the
+argument in its error).
 
 Causal masking with seqlen_q != seqlen_k is aligned to the bottom-right corner of the
 attention matrix, as in flash-attn >= 2.1: query i sees key j iff
@@ -33,12 +36,7 @@ import torch
 
 from . import layout as layouts
 from .checks import key_padding_mask_as_bool, require_tensor
-
-
-def _not_supported(condition: bool, argument: str, value, supported: str) -> None:
-    if condition:
-        raise NotImplementedError(f"flash_cann: {argument}={value!r} is not supported yet "
-                                  f"(supported: {supported})")
+from .variant import Variant, keep_mask
 
 
 def _flag(value, name: str) -> bool:
@@ -60,9 +58,98 @@ def _softmax_scale(scale, q: torch.Tensor, name: str) -> float:
     return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
 
 
+def _window(window_size) -> tuple[int, int]:
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        left = right = None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (left, right)):
+        raise TypeError(f"flash_cann: window_size must be a pair of ints (left, right), -1 = "
+                        f"unbounded (got {window_size!r})")
+    return left, right
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"flash_cann: {name} must be a real number (got "
+                        f"{type(value).__name__} {value!r})")
+    return float(value)
+
+
+def _rng_state(dropout_p: float, device: torch.device, generator) -> torch.Tensor | None:
+    """The (seed, offset) of a dropout call's Philox mask, drawn from ``generator`` (default:
+    the device's default generator, so torch.manual_seed makes runs repeatable) on the
+    query's device: no host round trip, and the backward reuses it."""
+    if dropout_p == 0.0:
+        return None
+    seed = torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=device,
+                         generator=generator)
+    return torch.cat((seed, torch.zeros_like(seed)))
+
+
+def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, window_size=(-1, -1),
+               softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
+               generator=None, return_probs=False, cu_seqlens_q=None, cu_seqlens_k=None,
+               max_seqlen_q=0, max_seqlen_k=0, scale_name="softmax_scale"):
+    """Every public function's one call of torch.ops.flash_cann.fwd: (out, lse, S_dmask).
+
+    S_dmask (``return_probs`` with dropout): a debug output that materialises
+    (batch, heads_q, seqlen_q, seqlen_k) -- for TND max_seqlen_q x max_seqlen_k, zero
+    outside each sequence -- holding the softmax probabilities, negated where dropout
+    dropped them (test with torch.signbit), as flash-attn's S_dmask marks them."""
+    window_left, window_right = _window(window_size)
+    dropout_p = _real(dropout_p, "dropout_p")
+    scale = _softmax_scale(softmax_scale, q, scale_name)
+    causal = _flag(causal, "causal")
+    if alibi_slopes is not None:
+        require_tensor(alibi_slopes, "alibi_slopes")
+    rng_state = _rng_state(dropout_p, q.device, generator) if 0.0 < dropout_p < 1.0 else None
+    options = dict(scale=scale, causal=causal, layout=layout, max_seqlen_q=max_seqlen_q,
+                   max_seqlen_k=max_seqlen_k, window_left=window_left, window_right=window_right,
+                   softcap=_real(softcap, "softcap"), dropout_p=dropout_p)
+    out, lse = torch.ops.flash_cann.fwd(
+        q, k, v, key_padding_mask, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        alibi_slopes=alibi_slopes, rng_state=rng_state,
+        deterministic=_flag(deterministic, "deterministic"), **options)
+    probs = None
+    if _flag(return_probs, "return_attn_probs") and rng_state is not None:
+        probs = _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q,
+                               cu_seqlens_k, alibi_slopes, **options)
+    return out, lse, probs
+
+
+@torch.no_grad()
+def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlens_k,
+                   alibi_slopes, *, scale, causal, layout, max_seqlen_q, max_seqlen_k,
+                   window_left, window_right, softcap, dropout_p) -> torch.Tensor:
+    """S_dmask (see _attention): the oracle's probabilities, signed by the Philox mask the
+    kernels drew (flash_cann.variant.keep_mask, same counter, same seed)."""
+    from . import reference
+
+    heads_q = q.shape[-2] if layout in ("BSND", layouts.PACKED) else q.shape[1]
+    batch = len(cu_seqlens_q) - 1 if layout == layouts.PACKED else q.shape[0]
+    slopes = None if alibi_slopes is None else alibi_slopes.expand(batch, heads_q)
+    variant = Variant(window_left=window_left, window_right=window_right, softcap=softcap,
+                      alibi_slopes=slopes, dropout_p=dropout_p, rng_state=rng_state,
+                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    probs = reference.probabilities(q, k, v, key_padding_mask, scale=scale, causal=causal,
+                                    layout=layout, variant=variant)
+    b, h, i, j = (torch.arange(n, device=q.device) for n in probs.shape)
+    keep = keep_mask(rng_state.cpu(), dropout_p, b.view(-1, 1, 1, 1).cpu(),
+                     h.view(1, -1, 1, 1).cpu(), i.view(1, 1, -1, 1).cpu(),
+                     j.view(1, 1, 1, -1).cpu()).to(q.device)
+    return torch.where(keep, probs, -probs).to(q.dtype)
+
+
+def _returned(out, lse, probs, return_attn_probs):
+    """flash-attn's return convention: out, or (out, softmax_lse, S_dmask)."""
+    return (out, lse, probs) if _flag(return_attn_probs, "return_attn_probs") else out
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False):
+                    deterministic=False, return_attn_probs=False, *, generator=None):
     """dropout_p should be set to 0.0 during evaluation.
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in KV with
     fewer heads than Q. Note that the number of heads in Q must be divisible by the
@@ -72,80 +159,224 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     If causal=True, the causal mask is aligned to the bottom right corner of the
     attention matrix (see the module docstring).
 
+    If window_size != (-1, -1), implements sliding window local attention. Query at
+    position i will only attend to keys between
+    [i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q + window_size[1]]
+    inclusive.
+
     Arguments:
         q: (batch_size, seqlen, nheads, headdim), float16 / bfloat16 (float32 on CPU)
         k: (batch_size, seqlen, nheads_k, headdim)
         v: (batch_size, seqlen, nheads_k, headdim)
-        dropout_p: float. Dropout probability. Only 0.0 is supported yet.
+        dropout_p: float. Dropout probability, in [0, 1).
         softmax_scale: float. The scaling of QK^T before applying softmax.
             Default to 1 / sqrt(headdim).
         causal: bool. Whether to apply causal attention mask (e.g., for
             auto-regressive modeling).
-        window_size: (left, right). Only (-1, -1) (no sliding window) is supported yet.
-        softcap: float. Only 0.0 (no soft-capping) is supported yet.
-        alibi_slopes: Only None is supported yet.
+        window_size: (left, right). If not (-1, -1), implements sliding window local
+            attention. With causal=True, right must be -1 or 0.
+        softcap: float. Anything > 0 activates softcapping attention:
+            softcap * tanh(scores / softcap), before the ALiBi bias.
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of
+            (-alibi_slope * |i + seqlen_k - seqlen_q - j|) is added to the attention
+            score of query i and key j. Not differentiated.
         deterministic: bool. Whether the backward pass must be bitwise repeatable. The
             CPU and Triton backends always are; on the NPU it selects the Grad kernel's
             deterministic dQ accumulation (per-core partials reduced in a fixed order)
             instead of the faster fp32 atomic adds.
-        return_attn_probs: bool. Whether to also return the logsumexp (and, as
-            flash-attn does when dropout_p == 0, None for the attention probabilities).
+        return_attn_probs: bool. Whether to also return the logsumexp and the attention
+            probabilities (testing only: they may not have the right scaling).
+        generator: torch.Generator on q's device for the dropout mask's seed (flash_cann's
+            extension; default: the device's default generator, seeded by
+            torch.manual_seed). Under torch.compile leave it None.
     Return:
         out: (batch_size, seqlen, nheads, headdim).
         softmax_lse [optional, if return_attn_probs=True]: (batch_size, nheads, seqlen),
             float32. The logsumexp of each row of the matrix QK^T * scaling.
-        S_dmask [optional, if return_attn_probs=True]: None (flash-attn returns it only
-            when dropout_p > 0).
+        S_dmask [optional, if return_attn_probs=True]: with dropout_p > 0, (batch_size,
+            nheads, seqlen, seqlen_k): the softmax probabilities, negative where dropout
+            dropped them (torch.signbit; a debug path that materialises); else None.
     """
-    _not_supported(dropout_p != 0.0, "dropout_p", dropout_p, "0.0")
-    _not_supported(tuple(window_size) != (-1, -1), "window_size", window_size, "(-1, -1)")
-    _not_supported(softcap != 0.0, "softcap", softcap, "0.0")
-    _not_supported(alibi_slopes is not None, "alibi_slopes", "<tensor>", "None")
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    out, softmax_lse = torch.ops.flash_cann.fwd(
-        q, k, v, None, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
-        causal=_flag(causal, "causal"), layout="BSND",
-        deterministic=_flag(deterministic, "deterministic"))
-    return (out, softmax_lse, None) if _flag(return_attn_probs, "return_attn_probs") else out
+    return _returned(*_attention(
+        q, k, v, None, layout="BSND", softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, deterministic=deterministic, generator=generator,
+        return_probs=return_attn_probs), return_attn_probs)
+
+
+def _unpacked(packed, name: str, count: int, shape: str, dim: int):
+    packed = require_tensor(packed, name)
+    if packed.dim() != dim + 1 or packed.shape[-3] != count:
+        raise ValueError(f"flash_cann: {name} must have shape {shape} (got "
+                         f"{tuple(packed.shape)})")
+    return packed.unbind(-3)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, generator=None):
     """As :func:`flash_attn_func`, with qkv: (batch_size, seqlen, 3, nheads, headdim)."""
-    qkv = require_tensor(qkv, "qkv")
-    if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"flash_cann: qkv must have shape (batch_size, seqlen, 3, nheads, "
-                         f"headdim) (got {tuple(qkv.shape)})")
-    q, k, v = qkv.unbind(2)
+    q, k, v = _unpacked(qkv, "qkv", 3, "(batch_size, seqlen, 3, nheads, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs, generator=generator)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, generator=None):
     """As :func:`flash_attn_func`, with kv: (batch_size, seqlen_k, 2, nheads_k, headdim)."""
-    kv = require_tensor(kv, "kv")
-    if kv.dim() != 5 or kv.shape[2] != 2:
-        raise ValueError(f"flash_cann: kv must have shape (batch_size, seqlen_k, 2, nheads_k, "
-                         f"headdim) (got {tuple(kv.shape)})")
-    k, v = kv.unbind(2)
+    k, v = _unpacked(kv, "kv", 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs, generator=generator)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           generator=None):
+    """As :func:`flash_attn_func`, for a batch of sequences of different lengths packed
+    one after another (layout TND; nothing is padded).
+
+    Arguments:
+        q: (total_q, nheads, headdim), total_q = the number of query tokens in the batch.
+        k: (total_k, nheads_k, headdim); v: (total_k, nheads_k, headdim).
+        cu_seqlens_q: (batch_size + 1,), int32, on q's device: the cumulative sequence
+            lengths, used to index into q (sequence b is rows cu_seqlens_q[b] ..
+            cu_seqlens_q[b + 1] - 1).
+        cu_seqlens_k: (batch_size + 1,), int32: the same for k and v.
+        max_seqlen_q, max_seqlen_k: int. The longest query / key sequence. On an
+            accelerator they are taken on trust (reading cu_seqlens would stall the
+            device), as in flash-attn; CPU calls check them.
+        block_table: paged keys and values are not supported here yet (use
+            flash_attn_with_kvcache); must be None.
+        Causal masks, windows and ALiBi positions are per sequence (bottom-right aligned
+        to each sequence's own lengths). The rest as in flash_attn_func.
+    Return:
+        out: (total_q, nheads, headdim).
+        softmax_lse [optional, if return_attn_probs=True]: (nheads, total_q), float32.
+        S_dmask [optional, if return_attn_probs=True]: with dropout_p > 0, (batch_size,
+            nheads, max_seqlen_q, max_seqlen_k), zero outside each sequence; else None.
+    """
+    if block_table is not None:
+        raise NotImplementedError("flash_cann: block_table (paged keys and values) is not "
+                                  "supported by flash_attn_varlen_func yet; use "
+                                  "flash_attn_with_kvcache for a paged cache")
+    q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"flash_cann: {name} must be an int (got {type(value).__name__} "
+                            f"{value!r})")
+    return _returned(*_attention(
+        q, k, v, None, layout=layouts.PACKED, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, deterministic=deterministic, generator=generator,
+        return_probs=return_attn_probs, cu_seqlens_q=require_tensor(cu_seqlens_q, "cu_seqlens_q"),
+        cu_seqlens_k=require_tensor(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k), return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, generator=None):
+    """As :func:`flash_attn_varlen_func`, with qkv: (total, 3, nheads, headdim) and one
+    cu_seqlens / max_seqlen for queries and keys."""
+    q, k, v = _unpacked(qkv, "qkv", 3, "(total, 3, nheads, headdim)", 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs,
+                                  generator=generator)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, *, generator=None):
+    """As :func:`flash_attn_varlen_func`, with kv: (total_k, 2, nheads_k, headdim)."""
+    k, v = _unpacked(kv, "kv", 2, "(total_k, 2, nheads_k, headdim)", 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  generator=generator)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention over a KV cache, for decoding (forward only), as flash-attn's.
+
+    If k and v are given, they are written into k_cache and v_cache IN PLACE, after each
+    sequence's cache_seqlens entries; then q attends to the first cache_seqlens +
+    seqlen_new entries of its sequence's cache (causal and windows bottom-right aligned
+    to that length).
+
+    Arguments:
+        q: (batch_size, seqlen, nheads, headdim)
+        k_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim) without block_table,
+            or (num_blocks, page_block_size, nheads_k, headdim) with one (paged cache).
+        v_cache: the same shape as k_cache.
+        k, v [optional]: (batch_size, seqlen_new, nheads_k, headdim): the new entries.
+        rotary_cos, rotary_sin, cache_leftpad: not supported yet (apply rotary embeddings
+            to q and k before the call); must be None.
+        cache_seqlens: int, or (batch_size,) int32 on q's device: the cache's filled
+            length per sequence (None: the whole cache).
+        cache_batch_idx: (batch_size,) int32: the cache row of each sequence (default:
+            its batch index). Not with block_table.
+        block_table: (batch_size, max_num_blocks_per_seq) int32: key j of sequence b lies
+            in block block_table[b, j // page_block_size].
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
+        rotary_interleaved: only meaningful with rotary_cos/sin.
+        num_splits: a performance hint in flash-attn (split the keys among thread
+            blocks); the result does not depend on it, and flash_cann's backends choose
+            their own split. Any int >= 0 is accepted.
+        return_softmax_lse: also return the logsumexp (batch_size, nheads, seqlen), fp32.
+    Return:
+        out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
+    """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"flash_cann: {name} is not supported by "
+                                      f"flash_attn_with_kvcache yet (apply rotary embeddings "
+                                      f"to q and k before the call); pass None")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"flash_cann: num_splits must be an int >= 0 (got {num_splits!r})")
+    _flag(rotary_interleaved, "rotary_interleaved")
+    q, k_cache, v_cache = (require_tensor(t, n) for t, n in
+                           ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=q.device)
+    window_left, window_right = _window(window_size)
+    out, lse = torch.ops.flash_cann.fwd_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+        alibi_slopes=alibi_slopes, scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
+        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))
+    return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
 
 
 def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=None,
-              key_padding_mask=None, return_lse=False, deterministic=False):
+              key_padding_mask=None, return_lse=False, deterministic=False,
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+              generator=None):
     """Attention for CANN-style callers.
 
     Arguments:
         q: (batch, heads_q, seqlen_q, head_dim) for layout "BNSD",
            (batch, seqlen_q, heads_q, head_dim) for "BSND",
-           (batch, seqlen_q, heads_q * head_dim) for "BSH".
+           (batch, seqlen_q, heads_q * head_dim) for "BSH",
+           (total_q, heads_q, head_dim) for "TND" (packed sequences, as
+           npu_fusion_attention's TND with actual_seq_qlen; see cu_seqlens_q).
         k, v: the same layout with heads_kv heads and seqlen_k; heads_q must be a
            multiple of heads_kv (GQA/MQA). float16 / bfloat16 (float32 on CPU).
-        layout: "BNSD", "BSND" or "BSH". BSH is a zero-copy view of BSND.
+        layout: "BNSD", "BSND", "BSH" or "TND". BSH is a zero-copy view of BSND.
         num_heads: query heads; required for "BSH" (head_dim = hidden / num_heads,
            heads_kv = k's hidden / head_dim), optional elsewhere (checked if given).
         causal: bottom-right aligned causal mask (see the module docstring).
@@ -154,12 +385,18 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
            (seqlen_k,). **True / nonzero = ATTEND to that key**, False / 0 = padding.
            This is the flash-attn / InfiniOp polarity, the OPPOSITE of
            torch_npu.npu_fusion_attention's atten_mask (where 1 = masked out).
-           Rows with no visible key return 0 (and lse -inf), never NaN.
+           Rows with no visible key return 0 (and lse -inf), never NaN. Not with TND.
         return_lse: also return softmax_lse.
         deterministic: a bitwise repeatable backward pass (as in :func:`flash_attn_func`).
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: for "TND" only, as in
+           :func:`flash_attn_varlen_func` (cumulative offsets: [0, len_0, len_0 + len_1,
+           ...], not npu_fusion_attention's actual_seq_qlen which omits the leading 0).
+        window_size, softcap, alibi_slopes, dropout_p, generator: as in
+           :func:`flash_attn_func`.
     Return:
         out: same shape and layout as q.
-        softmax_lse [if return_lse]: (batch, heads_q, seqlen_q), float32.
+        softmax_lse [if return_lse]: (batch, heads_q, seqlen_q), float32; (heads_q,
+           total_q) for TND.
     """
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     if layout not in (*layouts.LAYOUTS, "BSH"):
@@ -178,17 +415,24 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         op_layout = "BSND"
     else:
         op_layout = layout
-    if q.dim() == 4 and k.dim() == 4:
+    if layout == layouts.PACKED:
+        if q.dim() == 3 and num_heads is not None and num_heads != q.shape[1]:
+            raise ValueError(f"flash_cann: num_heads={num_heads} does not match q's "
+                             f"{q.shape[1]} heads in layout TND")
+    elif q.dim() == 4 and k.dim() == 4:
         batch, heads_q = layouts.sizes(q, op_layout)[:2]
         if num_heads is not None and layout != "BSH" and num_heads != heads_q:
             raise ValueError(f"flash_cann: num_heads={num_heads} does not match q's "
                              f"{heads_q} heads in layout {layout}")
         key_padding_mask = key_padding_mask_as_bool(
             key_padding_mask, batch, layouts.sizes(k, op_layout)[2], q.device)
-    out, lse = torch.ops.flash_cann.fwd(
-        q, k, v, key_padding_mask, scale=_softmax_scale(scale, q, "scale"),
-        causal=_flag(causal, "causal"), layout=op_layout,
-        deterministic=_flag(deterministic, "deterministic"))
+    out, lse, _ = _attention(
+        q, k, v, key_padding_mask, layout=op_layout, softmax_scale=scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, deterministic=deterministic, generator=generator,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=0 if max_seqlen_q is None else max_seqlen_q,
+        max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, scale_name="scale")
     if layout == "BSH":
         out = out.flatten(-2)
     return (out, lse) if _flag(return_lse, "return_lse") else out

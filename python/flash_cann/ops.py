@@ -20,8 +20,9 @@ from typing import Iterator
 
 import torch
 
-from .checks import accumulator_dtype, check_bwd, check_fwd
-from .spec import BackendSpec, load
+from . import kvcache
+from .checks import accumulator_dtype, check_bwd, check_fwd, check_kvcache, lse_shape
+from .spec import BackendSpec, OpSpec, load
 
 SPEC = load()
 _LIB = torch.library.Library(SPEC.namespace, "DEF")
@@ -29,6 +30,15 @@ for _op in SPEC.ops.values():
     _LIB.define(_op.schema())
 FWD = SPEC.qualname("fwd")
 BWD = SPEC.qualname("bwd")
+KVCACHE = SPEC.qualname("fwd_kvcache")
+_FWD_OP = SPEC.ops["fwd"]
+_BWD_OP = SPEC.ops[_FWD_OP.backward]
+_KVCACHE_OP = SPEC.ops["fwd_kvcache"]
+# The arguments the checks and backends take positionally, in their order.
+_BWD_CORE = ("grad_out", "query", "key", "value", "out", "softmax_lse", "key_padding_mask",
+             "grad_softmax_lse", "scale", "causal", "layout")
+_KVCACHE_CORE = ("query", "k_cache", "v_cache", "key", "value", "cache_seqlens",
+                 "cache_batch_idx", "block_table", "scale", "causal")
 
 # device type -> name of the backend that serves it now.
 _selected: dict[str, str] = {}
@@ -122,32 +132,73 @@ def _serving(device_type: str) -> BackendSpec:
     return backend
 
 
+def _arguments(op: OpSpec, args: tuple, kwargs: dict) -> dict:
+    """The op's arguments by spec name (a kernel receives them as the schema orders them)."""
+    names = op.argument_names()
+    bound = {t.name: None for t in op.inputs if t.optional}
+    bound.update((a.name, a.default) for a in op.attrs if a.has_default)
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _features(op: OpSpec, args: dict) -> dict:
+    """The arguments of the op's features, by name (what the checks take beyond the core)."""
+    return {name: args[name] for name, _ in op.featured()}
+
+
+def _backend_call(backend: BackendSpec, device_type: str, function: str, *args, variant,
+                  **kwargs):
+    """Call a backend's function; ``variant`` reaches only backends that have features
+    (the checks refused any feature the backend lacks, so the others get plain calls)."""
+    if backend.features:
+        kwargs["variant"] = variant
+    return getattr(_module(backend, device_type), function)(*args, **kwargs)
+
+
 # deterministic (autograd_only in the spec) only reaches the backward, through autograd.
-def _fwd_kernel(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
-                deterministic=False):
-    device_type = query.device.type
+def _fwd_kernel(*args, **kwargs):
+    a = _arguments(_FWD_OP, args, kwargs)
+    device_type = a["query"].device.type
     backend = _serving(device_type)
-    check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
-    return _module(backend, device_type).forward(query, key, value, key_padding_mask,
-                                                 scale=scale, causal=causal, layout=layout)
+    p = check_fwd(a["query"], a["key"], a["value"], a["key_padding_mask"], a["scale"],
+                  a["causal"], a["layout"], backend, **_features(_FWD_OP, a))
+    return _backend_call(backend, device_type, "forward", a["query"], a["key"], a["value"],
+                         a["key_padding_mask"], scale=a["scale"], causal=a["causal"],
+                         layout=a["layout"], variant=p.variant)
 
 
-def _bwd_kernel(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
-    device_type = query.device.type
+def _bwd_kernel(*args, **kwargs):
+    a = _arguments(_BWD_OP, args, kwargs)
+    device_type = a["query"].device.type
     backend = _serving(device_type)
-    check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal, layout, backend)
-    return _module(backend, device_type).backward(
-        grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-        scale=scale, causal=causal, layout=layout, deterministic=deterministic)
+    p = check_bwd(*(a[name] for name in _BWD_CORE), backend, **_features(_BWD_OP, a))
+    return _backend_call(backend, device_type, "backward", *(a[name] for name in _BWD_CORE[:8]),
+                         scale=a["scale"], causal=a["causal"], layout=a["layout"],
+                         deterministic=a["deterministic"], variant=p.variant)
+
+
+def _fwd_kvcache_kernel(*args, **kwargs):
+    a = _arguments(_KVCACHE_OP, args, kwargs)
+    device_type = a["query"].device.type
+    backend = _serving(device_type)
+    c = check_kvcache(*(a[name] for name in _KVCACHE_CORE), backend=backend,
+                      **_features(_KVCACHE_OP, a))
+    seqlens_k = kvcache.append(a["k_cache"], a["v_cache"], a["key"], a["value"],
+                               a["cache_seqlens"], a["cache_batch_idx"], a["block_table"], c)
+    return _backend_call(backend, device_type, "kvcache_forward", a["query"], a["k_cache"],
+                         a["v_cache"], seqlens_k, a["cache_batch_idx"], a["block_table"],
+                         scale=a["scale"], causal=a["causal"], variant=c.problem.variant)
+
+
+_KERNELS = {"fwd": _fwd_kernel, "bwd": _bwd_kernel, "fwd_kvcache": _fwd_kvcache_kernel}
 
 
 def register_device(device_type: str) -> None:
     """Register the device kernels for ``device_type`` (called at import for the device
     types torch knows; the NPU shim calls it once torch_npu has named PrivateUse1)."""
-    torch.library.register_kernel(FWD, device_type, _fwd_kernel, lib=_LIB)
-    torch.library.register_kernel(BWD, device_type, _bwd_kernel, lib=_LIB)
+    for name, kernel in _KERNELS.items():
+        torch.library.register_kernel(SPEC.qualname(name), device_type, kernel, lib=_LIB)
 
 
 def _unavailable_reason(backend: BackendSpec, device_type: str) -> str:
@@ -206,30 +257,40 @@ for _op in SPEC.ops:
 
 
 @torch.library.register_fake(FWD, lib=_LIB)
-def _fwd_fake(query, key, value, key_padding_mask, scale, causal=False, layout="BNSD",
-              deterministic=False):
-    p = check_fwd(query, key, value, key_padding_mask, scale, causal, layout,
-                  backend_for(query.device.type))
-    out = query.new_empty(query.shape)
-    lse = query.new_empty((p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
-    return out, lse
+def _fwd_fake(*args, **kwargs):
+    a = _arguments(_FWD_OP, args, kwargs)
+    query = a["query"]
+    p = check_fwd(query, a["key"], a["value"], a["key_padding_mask"], a["scale"], a["causal"],
+                  a["layout"], backend_for(query.device.type), **_features(_FWD_OP, a))
+    return query.new_empty(query.shape), query.new_empty(
+        lse_shape(p), dtype=accumulator_dtype(query.dtype))
 
 
 @torch.library.register_fake(BWD, lib=_LIB)
-def _bwd_fake(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal=False, layout="BNSD", deterministic=False):
-    check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-              grad_softmax_lse, scale, causal, layout, backend_for(query.device.type))
+def _bwd_fake(*args, **kwargs):
+    a = _arguments(_BWD_OP, args, kwargs)
+    query, key, value = a["query"], a["key"], a["value"]
+    check_bwd(*(a[name] for name in _BWD_CORE), backend_for(query.device.type),
+              **_features(_BWD_OP, a))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+@torch.library.register_fake(KVCACHE, lib=_LIB)
+def _fwd_kvcache_fake(*args, **kwargs):
+    a = _arguments(_KVCACHE_OP, args, kwargs)
+    query = a["query"]
+    c = check_kvcache(*(a[name] for name in _KVCACHE_CORE),
+                      backend=backend_for(query.device.type), **_features(_KVCACHE_OP, a))
+    p = c.problem
+    return query.new_empty(query.shape), query.new_empty(
+        (p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
 
 
 # Autograd, by argument name from the spec: the backward op takes the forward's tensors
 # and attributes by name, grad_<output> for each forward output's gradient, and returns
 # grad_<input> for each forward input (spec.parse enforces the naming).
-_FWD_OP = SPEC.ops["fwd"]
-_BWD_OP = SPEC.ops[_FWD_OP.backward]
-_FWD_ARGS = [t.name for t in _FWD_OP.inputs] + [a.name for a in _FWD_OP.attrs]
-_BWD_ARGS = [t.name for t in _BWD_OP.inputs] + [a.name for a in _BWD_OP.attrs]
+_FWD_ARGS = _FWD_OP.argument_names()
+_BWD_ARGS = _BWD_OP.argument_names()
 _SAVED = [t.name for t in _FWD_OP.inputs] + [t.name for t in _FWD_OP.outputs]
 
 

@@ -76,16 +76,31 @@ class OpSpec:
     # The features the npu backend has: which arguments the CANN op takes.
     cann_features: frozenset = frozenset()
 
+    def arguments(self) -> list:
+        """Inputs and attributes in schema order: those of no feature first (inputs, then
+        attributes: the CANN op's order, so positional calls of the core op keep
+        working), then the features' (inputs, then attributes), all defaulted."""
+        core = [x for x in (*self.inputs, *self.attrs) if x.feature is None]
+        featured = [x for x in (*self.inputs, *self.attrs) if x.feature is not None]
+        return core + featured
+
+    def argument_names(self) -> list[str]:
+        return [x.name for x in self.arguments()]
+
     def schema(self) -> str:
         """The torch.library schema string, e.g. ``fwd(Tensor query, ...) -> (...)``."""
         # (type, name, default or None); optional tensors default to None.
         # Inputs written in place get alias sets a!, b!, ... in order.
         mutable = [t.name for t in self.inputs if t.mutable]
-        params = [("Tensor" + (f"({'abcdefgh'[mutable.index(t.name)]}!)" if t.mutable else "")
-                   + ("?" if t.optional else ""), t.name, "None" if t.optional else None)
-                  for t in self.inputs]
-        params += [(a.type, a.name, _schema_literal(a.type, a.default) if a.has_default else None)
-                   for a in self.attrs]
+        params = []
+        for x in self.arguments():
+            if isinstance(x, TensorArg):
+                alias = f"({'abcdefgh'[mutable.index(x.name)]}!)" if x.mutable else ""
+                params.append((f"Tensor{alias}{'?' if x.optional else ''}", x.name,
+                               "None" if x.optional else None))
+            else:
+                params.append((x.type, x.name,
+                               _schema_literal(x.type, x.default) if x.has_default else None))
         # A default is only legal when every later parameter has one too.
         required_after = False
         rendered = []
@@ -133,9 +148,10 @@ class BackendSpec:
     summary: str
     install_hint: str = ""
     backward: bool = True
-    features: tuple[str, ...] = ()
     # Further device types it serves, after their own backends -> its module there.
     also_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The optional features it computes (on every device type it serves).
+    features: tuple[str, ...] = ()
 
     @property
     def device_types(self) -> tuple[str, ...]:

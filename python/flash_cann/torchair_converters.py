@@ -74,11 +74,33 @@ def _has_npu_kernel(op: OpSpec) -> bool:
     return spec.backends["npu"].backward or op.name not in backward_ops
 
 
+def _backends_with(feature: str) -> str:
+    return ", ".join(b.name for b in load().backends.values() if feature in b.features)
+
+
+def _refuse_features(op: OpSpec, values: dict) -> None:
+    """A feature the CANN op does not take must be unused in the graph (the op's checks
+    refuse it in eager mode; here the graph would silently drop it)."""
+    cann = {x.name for x in (*op.cann_inputs, *op.cann_attrs)}
+    defaults = {a.name: a.default for a in op.attrs}
+    for name, feature in op.featured():
+        value = values.get(name)
+        if name not in cann and value is not None and value != defaults.get(name):
+            raise NotImplementedError(
+                f"flash_cann: the Ascend {op.cann_op_type} does not support {feature} yet "
+                f"({name} is set in the graph); backends with it: {_backends_with(feature)}")
+
+
 def converter_for(op: OpSpec, ge) -> Callable:
     """The converter of ``op``: FX args in, ``ge.custom_op`` outputs (a tuple) out."""
     signature = _signature(op)
 
     def convert(*args, meta_outputs=None, **kwargs):
+        if not op.on_cann:
+            raise NotImplementedError(
+                f"flash_cann: torch.ops.flash_cann.{op.name} ({op.feature}) has no Ascend "
+                f"kernel yet, so torchair cannot convert it; backends with it: "
+                f"{_backends_with(op.feature)}")
         if not _has_npu_kernel(op):
             # Refuse at graph conversion rather than fail inside GE at run time.
             raise NotImplementedError(
@@ -92,9 +114,10 @@ def converter_for(op: OpSpec, ge) -> Callable:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
+        _refuse_features(op, values)
         return ge.custom_op(
             op.cann_op_type,
-            inputs={t.name: values[t.name] for t in op.inputs},
+            inputs={t.name: values[t.name] for t in op.cann_inputs},
             outputs=[t.name for t in op.outputs],
             attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.cann_attrs},
         )

@@ -38,7 +38,7 @@ import torch
 FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Variant:
     """The op arguments beyond plain attention, as the checks normalised them.
 
@@ -71,7 +71,8 @@ class Variant:
     @property
     def plain(self) -> bool:
         """No feature is used: plain (causal, padded) attention."""
-        return self == PLAIN
+        return not (self.windowed or self.softcap or self.alibi_slopes is not None
+                    or self.dropout_p or self.varlen)
 
 
 PLAIN = Variant()

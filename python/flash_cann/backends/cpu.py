@@ -84,7 +84,7 @@ def _key_range(causal: bool, offset: int, i1: int, seqlen_k: int) -> int:
 
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+            variant=None, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
     b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
     q = _grouped(query, layout, hk)
     k = layouts.to_bnsd(key, layout)
@@ -130,7 +130,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
-             block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+             variant=None, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
     del deterministic  # this backward is always deterministic (no atomics)
     b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
     q, do = _grouped(query, layout, hk), _grouped(grad_out, layout, hk)

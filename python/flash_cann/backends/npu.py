@@ -69,7 +69,7 @@ def _load_extension():
         raise _Missing(f"flash-cann's NPU extension {spec.origin} does not load ({err}); "
                        f"rebuild it against this torch and torch_npu: {BUILD_HINT}") from err
     launchers = getattr(torch.ops, NAMESPACE)
-    for op in load().ops.values():
+    for op in load().cann_ops:
         expected = f"{NAMESPACE}::{launcher_schema(op)}"
         built = str(getattr(launchers, op.name).default._schema)
         if built != expected:

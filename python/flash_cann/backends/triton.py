@@ -274,7 +274,8 @@ def _mask_strides(mask: torch.Tensor | None) -> tuple[int, ...]:
 # The backend's entry points (called by flash_cann.ops after the shared checks)
 # ---------------------------------------------------------------------------------------
 
-def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str):
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
+            variant=None):
     q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
@@ -297,7 +298,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str, deterministic: bool = False):
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False,
+             variant=None):
     del deterministic  # this backward is always deterministic (no atomic adds)
     q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
     batch, heads_q, seqlen_q, head_dim = q.shape
