@@ -17,6 +17,7 @@ import torch
 
 import flash_cann
 from flash_cann import accuracy
+from flash_cann.variant import Variant
 
 from conftest import make_qkv, random_key_padding_mask
 
@@ -77,3 +78,83 @@ def packed_views(q, k, v):
     seqlen_q == seqlen_k and heads_q == heads_kv."""
     packed = torch.stack((q, k, v), dim=2)
     return packed.unbind(2)
+
+
+def packed_lengths(seqlens, device="cpu"):
+    """cu_seqlens_q, cu_seqlens_k (int32 on ``device``) and max lengths of a list of
+    per-sequence (seqlen_q, seqlen_k)."""
+    def cumulative(lengths):
+        return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
+
+    lengths_q, lengths_k = zip(*seqlens)
+    return (cumulative(lengths_q).to(device), cumulative(lengths_k).to(device),
+            max(lengths_q), max(lengths_k))
+
+
+def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, layout="BSND",
+                  causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout_p=0.0,
+                  masked=False, backward="full", within=contextlib.nullcontext, batch=2,
+                  scale=None):
+    """One case of the features through the public flash-attn API vs the float64 oracle.
+
+    ``layout`` "BSND" (flash_attn_func; ``seqlens`` = (seqlen_q, seqlen_k), ``batch``
+    sequences, ``masked`` adds a key padding mask through flash_cann.attention) or "TND"
+    (flash_attn_varlen_func; ``seqlens`` = one (seqlen_q, seqlen_k) per sequence).
+    ``alibi``: None, "heads" (slopes (heads_q,)) or "batch" ((batch, heads_q)).
+    With dropout the oracle is fed the mask the call returned in S_dmask (dropped =
+    negative), and the call is repeated with the same seed for the gradients."""
+    heads_q, heads_kv = heads
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    packed = layout == "TND"
+    if packed:
+        batch = len(seqlens)
+        cu_q, cu_k, max_q, max_k = packed_lengths(seqlens, device)
+        q, k, v = make_qkv(1, heads_q, heads_kv, int(cu_q[-1]), int(cu_k[-1]), head_dim, dtype,
+                           "BSND", device=device, generator=gen)
+        q, k, v = q[0], k[0], v[0]
+    else:
+        q, k, v = make_qkv(batch, heads_q, heads_kv, *seqlens, head_dim, dtype, "BSND",
+                           device=device, generator=gen)
+    mask = random_key_padding_mask(batch, seqlens[1], gen, device) if masked else None
+    slopes = None
+    if alibi is not None:
+        shape = (heads_q,) if alibi == "heads" else (batch, heads_q)
+        slopes = (torch.rand(shape, generator=gen) * 0.5).to(device)
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    features = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                    alibi_slopes=slopes, dropout_p=dropout_p, return_attn_probs=True)
+
+    def call(q_, k_, v_):
+        rng = torch.Generator(device).manual_seed(seed)  # the same dropout mask every call
+        if packed:
+            out, lse, probs = flash_cann.flash_attn_varlen_func(
+                q_, k_, v_, cu_q, cu_k, max_q, max_k, generator=rng, **features)
+        elif masked:
+            out, lse = flash_cann.attention(
+                q_, k_, v_, layout="BSND", key_padding_mask=mask, return_lse=True,
+                scale=scale, causal=causal, window_size=window, softcap=softcap,
+                alibi_slopes=slopes, dropout_p=dropout_p, generator=rng)
+            probs = None
+        else:
+            out, lse, probs = flash_cann.flash_attn_func(q_, k_, v_, generator=rng, **features)
+        return out, lse, probs
+
+    dropout_mask = None
+    if dropout_p > 0:
+        if masked:
+            raise ValueError("check_variant: dropout cases go through flash_attn_func "
+                             "(S_dmask), without a key padding mask")
+        with torch.no_grad(), within():
+            probs = call(q, k, v)[2]
+        kept = ~torch.signbit(probs)
+        dropout_mask = ([kept[b, :, :n_q, :n_k] for b, (n_q, n_k) in enumerate(seqlens)]
+                        if packed else kept)
+    variant = Variant(window_left=window[0], window_right=window[1], softcap=softcap,
+                      alibi_slopes=slopes, dropout_p=dropout_p,
+                      cu_seqlens_q=cu_q if packed else None, cu_seqlens_k=cu_k if packed else None,
+                      max_seqlen_q=max_q if packed else 0, max_seqlen_k=max_k if packed else 0)
+    with within():
+        return accuracy.check_against_oracle(
+            lambda q_, k_, v_: call(q_, k_, v_)[:2], q, k, v, scale=scale, causal=causal,
+            layout=layout, key_padding_mask=mask, generator=gen, backward=backward,
+            variant=variant, dropout_mask=dropout_mask)
