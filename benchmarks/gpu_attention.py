@@ -421,6 +421,20 @@ def merge(paths):
     return {"meta": meta, "speed": list(speed.values()), "memory": list(memory_rows.values())}
 
 
+def run_metadata(rounds: int) -> dict:
+    """Date, device, software and method of a run on the current GPU."""
+    import triton
+    props = torch.cuda.get_device_properties(0)
+    return {"date": date.today().isoformat(),
+            "device": f"{props.name} (sm_{props.major}{props.minor}, "
+                      f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)",
+            "software": f"torch {torch.__version__}, triton {triton.__version__}, "
+                        f"CUDA {torch.version.cuda}, Python {platform.python_version()}",
+            "flash_cann": flash_cann.__version__,
+            "FLASH_CANN_TRITON_TMA": os.environ.get("FLASH_CANN_TRITON_TMA", "auto"),
+            "method": METHOD + (f"; median of {rounds} interleaved rounds" if rounds > 1 else "")}
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.merge:
@@ -429,17 +443,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to measure (--merge works without one)")
         return 1
-    import triton
-    props = torch.cuda.get_device_properties(0)
-    meta = {"date": date.today().isoformat(),
-            "device": f"{props.name} (sm_{props.major}{props.minor}, "
-                      f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)",
-            "software": f"torch {torch.__version__}, triton {triton.__version__}, "
-                        f"CUDA {torch.version.cuda}, Python {platform.python_version()}",
-            "flash_cann": flash_cann.__version__,
-            "FLASH_CANN_TRITON_TMA": os.environ.get("FLASH_CANN_TRITON_TMA", "auto"),
-            "method": METHOD + (f"; median of {args.rounds} interleaved rounds"
-                                if args.rounds > 1 else "")}
+    meta = run_metadata(args.rounds)
     print(f"flash-cann GPU benchmark: {meta['device']}; {meta['software']}", flush=True)
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
     speed_rows = []

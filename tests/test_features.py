@@ -1,0 +1,374 @@
+"""flash-attn 2.8's features through the public API and torch.ops.flash_cann on the CPU
+backend: every feature alone and combined vs the float64 oracle (flash-attn's rule:
+error <= k x the same-precision baseline's), dropout's statistics and exactness, the KV
+cache's in-place append and paged reads, and the op's PyTorch citizenship with the new
+arguments (opcheck, torch.compile(fullgraph=True)) and its errors, eager and compiled.
+The Triton kernels run the same checks in test_triton_interpreter.py (CPU) and
+test_triton.py (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flash_cann
+from flash_cann import reference
+from flash_cann.variant import Variant
+
+import oracle_checks
+from oracle_checks import assert_all_ok, check_variant, packed_lengths
+
+# (id, features): each alone, then combined.
+FEATURES = [
+    ("window", dict(window=(5, 3))),
+    ("window-left-causal", dict(window=(4, -1), causal=True)),
+    ("softcap", dict(softcap=1.5)),
+    ("alibi-heads", dict(alibi="heads")),
+    ("alibi-batch-causal", dict(alibi="batch", causal=True)),
+    ("dropout", dict(dropout_p=0.3)),
+    ("all", dict(window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2)),
+]
+# (seqlen_q, seqlen_k) per sequence: an empty query sequence, rows above the diagonal,
+# one longer than a CPU block (128 x 256).
+PACKED = [(17, 40), (0, 5), (40, 17), (1, 1), (130, 300)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
+                         ids=str)
+@pytest.mark.parametrize("name, features", FEATURES, ids=[f[0] for f in FEATURES])
+def test_batched_features_match_the_oracle(name, features, dtype, gen):
+    assert_all_ok(check_variant("cpu", dtype, gen=gen, seqlens=(37, 70), heads=(4, 2),
+                                **features))
+
+
+@pytest.mark.parametrize("name, features", FEATURES, ids=[f[0] for f in FEATURES])
+def test_packed_features_match_the_oracle(name, features, gen):
+    assert_all_ok(check_variant("cpu", torch.bfloat16, gen=gen, seqlens=PACKED, heads=(6, 2),
+                                head_dim=40, layout="TND", **features))
+
+
+@pytest.mark.parametrize("masked", [True])
+def test_window_with_padding_and_rows_that_see_nothing(masked, gen):
+    """A window narrower than the padding holes leaves rows with no key: out 0, lse -inf,
+    zero gradients."""
+    assert_all_ok(check_variant("cpu", torch.float16, gen=gen, seqlens=(50, 30), heads=(2, 1),
+                                window=(0, 0), causal=False, masked=masked, softcap=3.0,
+                                alibi="heads"))
+
+
+def _dropout_call(p, seed, seqlens=(64, 96), heads=(4, 4)):
+    q, k, v = oracle_checks.make_qkv(2, *heads, *seqlens, 16, torch.float32, "BSND",
+                                     generator=torch.Generator().manual_seed(0))
+    rng = torch.Generator().manual_seed(seed)
+    return flash_cann.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True,
+                                      generator=rng)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_keeps_one_minus_p_of_the_probabilities(p):
+    """2 x 4 x 64 x 96 = 49k Bernoulli draws: the kept share within 5 sigma of 1 - p,
+    and no visible correlation between neighbouring columns."""
+    _, _, probs = _dropout_call(p, seed=123)
+    kept = (~torch.signbit(probs)).double()
+    n = kept.numel()
+    sigma = (p * (1 - p) / n) ** 0.5
+    assert abs(kept.mean().item() - (1 - p)) < 5 * sigma
+    both = (kept[..., 1:] * kept[..., :-1]).mean().item()
+    assert abs(both - (1 - p) ** 2) < 5 * (1 - p) * sigma * 2
+
+
+def test_dropout_is_repeatable_by_seed_and_varies_without_it():
+    out_a = _dropout_call(0.4, seed=7)[0]
+    out_b = _dropout_call(0.4, seed=7)[0]
+    out_c = _dropout_call(0.4, seed=8)[0]
+    assert torch.equal(out_a, out_b) and not torch.equal(out_a, out_c)
+    torch.manual_seed(3)
+    q = torch.randn(1, 16, 2, 8)
+    first = flash_cann.flash_attn_func(q, q, q, dropout_p=0.5)
+    torch.manual_seed(3)
+    assert torch.equal(flash_cann.flash_attn_func(q, q, q, dropout_p=0.5), first)
+
+
+def test_varlen_packed_functions_are_the_unpacked_one(gen):
+    cu, _, max_len, _ = packed_lengths([(5, 5), (9, 9)])
+    qkv = torch.randn(14, 3, 4, 16, generator=gen)
+    out = flash_cann.flash_attn_varlen_qkvpacked_func(qkv, cu, max_len, causal=True)
+    q, k, v = qkv.unbind(1)
+    torch.testing.assert_close(out, flash_cann.flash_attn_varlen_func(q, k, v, cu, cu, max_len,
+                                                                      max_len, causal=True))
+    kv_out = flash_cann.flash_attn_varlen_kvpacked_func(q, qkv[:, 1:], cu, cu, max_len, max_len,
+                                                        causal=True)
+    torch.testing.assert_close(kv_out, out)
+
+
+def test_attention_takes_tnd(gen):
+    """The CANN-style entry point with layout TND equals flash_attn_varlen_func."""
+    cu_q, cu_k, max_q, max_k = packed_lengths([(3, 7), (6, 2)])
+    q = torch.randn(9, 4, 16, generator=gen)
+    k, v = (torch.randn(9, 2, 16, generator=gen) for _ in range(2))
+    out, lse = flash_cann.attention(q, k, v, layout="TND", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                    max_seqlen_q=max_q, max_seqlen_k=max_k, return_lse=True)
+    ref_out, ref_lse, _ = flash_cann.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                            return_attn_probs=True)
+    torch.testing.assert_close((out, lse), (ref_out, ref_lse))
+    assert lse.shape == (4, 9)
+
+
+# --------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------
+
+def _cache_case(gen, *, paged, batch=3, seqlen_q=2, seqlen_new=2, heads=(4, 2), head_dim=16,
+                page_size=8, capacity=40, batch_idx=False):
+    """q, the caches (paged: a random block table over a shuffled pool), the new k/v,
+    cache_seqlens (one sequence empty before the append), and a dense view of each
+    sequence's cache rows for the oracle."""
+    hq, hk = heads
+    q = torch.randn(batch, seqlen_q, hq, head_dim, generator=gen)
+    k_new, v_new = (torch.randn(batch, seqlen_new, hk, head_dim, generator=gen) for _ in range(2))
+    cache_seqlens = torch.tensor([0, 17, capacity - seqlen_new][:batch], dtype=torch.int32)
+    kwargs = {}
+    if paged:
+        blocks = capacity // page_size
+        pool = batch * blocks + 3
+        table = torch.randperm(pool, generator=gen)[:batch * blocks].view(batch, blocks)
+        k_cache, v_cache = (torch.randn(pool, page_size, hk, head_dim, generator=gen)
+                            for _ in range(2))
+        kwargs["block_table"] = table.to(torch.int32)
+
+        def dense(cache, b):
+            return cache[table[b]].flatten(0, 1)
+    else:
+        rows = torch.randperm(batch + 2, generator=gen)[:batch] if batch_idx else torch.arange(batch)
+        k_cache, v_cache = (torch.randn(batch + 2, capacity, hk, head_dim, generator=gen)
+                            for _ in range(2))
+        if batch_idx:
+            kwargs["cache_batch_idx"] = rows.to(torch.int32)
+
+        def dense(cache, b):
+            return cache[rows[b]]
+    return q, k_cache, v_cache, k_new, v_new, cache_seqlens, kwargs, dense
+
+
+def _cache_oracle(q, k_cache, v_cache, seqlens_k, dense, *, causal, variant, scale):
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(seqlens_k[b])
+        k = dense(k_cache, b)[:n].unsqueeze(0).double()
+        v = dense(v_cache, b)[:n].unsqueeze(0).double()
+        slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[b:b + 1]
+        one = Variant(window_left=variant.window_left, window_right=variant.window_right,
+                      softcap=variant.softcap, alibi_slopes=slopes)
+        out, lse = reference.attention(q[b:b + 1].double(), k, v, scale=scale, causal=causal,
+                                       layout="BSND", variant=one)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize("paged, batch_idx", [(True, False), (False, False), (False, True)],
+                         ids=["paged", "dense", "cache_batch_idx"])
+@pytest.mark.parametrize("features", [
+    dict(causal=True), dict(causal=True, window_size=(6, -1), softcap=2.0, alibi=True),
+    dict(causal=False, window_size=(3, 3))], ids=["causal", "all", "window"])
+def test_kvcache_appends_in_place_and_attends_to_the_filled_cache(paged, batch_idx, features,
+                                                                   gen):
+    q, k_cache, v_cache, k_new, v_new, seqlens, kwargs, dense = _cache_case(
+        gen, paged=paged, batch_idx=batch_idx)
+    before = k_cache.clone()
+    alibi = features.pop("alibi", False)
+    slopes = torch.rand(q.shape[0], q.shape[2], generator=gen) if alibi else None
+    out, lse = flash_cann.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, alibi_slopes=slopes,
+        return_softmax_lse=True, **features, **kwargs)
+    # The new entries landed after each sequence's filled part, nothing else changed.
+    for b in range(q.shape[0]):
+        n = int(seqlens[b])
+        torch.testing.assert_close(dense(k_cache, b)[n:n + 2], k_new[b])
+        torch.testing.assert_close(dense(v_cache, b)[n:n + 2], v_new[b])
+    changed = (k_cache != before).any(dim=(-1, -2))
+    assert changed.sum() <= q.shape[0] * k_new.shape[1]
+    window = features.get("window_size", (-1, -1))
+    variant = Variant(window_left=window[0], window_right=window[1],
+                      softcap=features.get("softcap", 0.0), alibi_slopes=slopes)
+    ref_out, ref_lse = _cache_oracle(q, k_cache, v_cache, seqlens + 2, dense,
+                                     causal=features["causal"], variant=variant,
+                                     scale=q.shape[-1] ** -0.5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_kvcache_without_new_entries_reads_the_whole_given_length(gen):
+    q, k_cache, v_cache, _, _, seqlens, kwargs, dense = _cache_case(gen, paged=True)
+    out = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens + 1,
+                                             causal=True, **kwargs)
+    ref_out, _ = _cache_oracle(q, k_cache, v_cache, seqlens + 1, dense, causal=True,
+                               variant=Variant(), scale=q.shape[-1] ** -0.5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    # cache_seqlens as an int, and no cache_seqlens (the whole cache).
+    full = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, **kwargs)
+    torch.testing.assert_close(full, flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                                        **kwargs))
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch citizenship
+# --------------------------------------------------------------------------------------
+
+def _packed_inputs(gen, dtype=torch.float32, requires_grad=False):
+    cu_q, cu_k, max_q, max_k = packed_lengths([(5, 9), (3, 2), (7, 7)])
+    q = torch.randn(15, 4, 16, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    k, v = (torch.randn(18, 2, 16, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+            for _ in range(2))
+    features = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                    max_seqlen_k=max_k, alibi_slopes=torch.rand(3, 4, generator=gen),
+                    rng_state=torch.tensor([11, 0]), window_left=4, softcap=3.0,
+                    dropout_p=0.25)
+    return q, k, v, features
+
+
+def test_opcheck_with_every_feature(gen):
+    q, k, v, features = _packed_inputs(gen, requires_grad=True)
+    torch.library.opcheck(torch.ops.flash_cann.fwd.default, (q, k, v, None, 0.3),
+                          {"causal": True, "layout": "TND", **features})
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.3, True, "TND", **features)
+    torch.library.opcheck(torch.ops.flash_cann.bwd.default,
+                          (torch.randn(out.shape, generator=gen), q.detach(), k.detach(),
+                           v.detach(), out.detach(), lse.detach(), None, None, 0.3),
+                          {"causal": True, "layout": "TND", **features})
+
+
+def test_opcheck_kvcache(gen):
+    q, k_cache, v_cache, k_new, v_new, seqlens, kwargs, _ = _cache_case(gen, paged=True)
+    torch.library.opcheck(torch.ops.flash_cann.fwd_kvcache.default,
+                          (q, k_cache, v_cache, k_new, v_new, seqlens, None,
+                           kwargs["block_table"], 0.25),
+                          {"causal": True, "window_left": 5, "softcap": 1.0})
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compile_fullgraph_varlen_with_features(dynamic, gen):
+    """Packed sequences with window, softcap and ALiBi (no dropout: compiled and eager
+    draw different seeds) compile without graph breaks and match eager, with gradients."""
+    q, k, v, features = _packed_inputs(gen, requires_grad=True)
+
+    def model(q_, k_, v_):
+        return flash_cann.flash_attn_varlen_func(
+            q_, k_, v_, features["cu_seqlens_q"], features["cu_seqlens_k"],
+            features["max_seqlen_q"], features["max_seqlen_k"], causal=True,
+            window_size=(4, 0), softcap=3.0, alibi_slopes=features["alibi_slopes"])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+    eager = model(q, k, v)
+    out = compiled(q, k, v)
+    torch.testing.assert_close(out, eager)
+    for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)),
+                    torch.autograd.grad(eager.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+
+
+def test_compile_fullgraph_dropout_and_kvcache(gen):
+    """Dropout draws its seed inside the graph; the KV cache's append is a mutation the
+    graph keeps."""
+    q = torch.randn(2, 9, 4, 16, generator=gen, requires_grad=True)
+    k_cache, v_cache = torch.zeros(2, 20, 2, 16), torch.zeros(2, 20, 2, 16)
+    k_new = torch.randn(2, 1, 2, 16, generator=gen)
+
+    def model(q_, lengths):
+        a = flash_cann.flash_attn_func(q_, q_, q_, dropout_p=0.3, causal=True)
+        b = flash_cann.flash_attn_with_kvcache(q_[:, -1:].detach(), k_cache, v_cache, k_new,
+                                               k_new, cache_seqlens=lengths)
+        return a, b
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    a, b = compiled(q, torch.tensor([3, 5], dtype=torch.int32))
+    a.sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
+    assert torch.equal(k_cache[0, 3], k_new[0, 0]) and torch.equal(k_cache[1, 5], k_new[1, 0])
+    assert b.shape == (2, 1, 4, 16)
+
+
+# --------------------------------------------------------------------------------------
+# Errors (eager, and at trace time under torch.compile)
+# --------------------------------------------------------------------------------------
+
+def _varlen(q, k, v, cu_q, cu_k, max_q=9, max_k=9, **kwargs):
+    return flash_cann.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+
+
+_CU = torch.tensor([0, 4, 9], dtype=torch.int32)
+_Q3 = torch.randn(9, 2, 16)
+
+BAD_CALLS = [
+    ("window type", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=4),
+     TypeError, "window_size must be a pair of ints"),
+    ("window below -1", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=(-2, 0)),
+     ValueError, r"window_size\[0\] must be an int >= -1"),
+    ("causal right window", lambda q: flash_cann.flash_attn_func(q, q, q, causal=True,
+                                                                 window_size=(-1, 4)),
+     ValueError, r"window_size\[1\] must be -1 or 0 with causal=True"),
+    ("negative softcap", lambda q: flash_cann.flash_attn_func(q, q, q, softcap=-1.0),
+     ValueError, "softcap must be a finite number >= 0"),
+    ("dropout 1", lambda q: flash_cann.flash_attn_func(q, q, q, dropout_p=1.0),
+     ValueError, r"dropout_p must be in \[0, 1\)"),
+    ("alibi shape", lambda q: flash_cann.flash_attn_func(q, q, q, alibi_slopes=torch.ones(3)),
+     ValueError, r"alibi_slopes must be float32 of shape \(nheads,\) = \(2,\)"),
+    ("alibi dtype", lambda q: flash_cann.flash_attn_func(
+        q, q, q, alibi_slopes=torch.ones(2, dtype=torch.float64)), ValueError,
+     "alibi_slopes must be float32"),
+    ("cu_seqlens dtype", lambda q: _varlen(_Q3, _Q3, _Q3, _CU.long(), _CU), ValueError,
+     r"cu_seqlens_q must be an int32 tensor"),
+    ("cu_seqlens end", lambda q: _varlen(_Q3, _Q3, _Q3, torch.tensor([0, 4, 8], dtype=torch.int32),
+                                         _CU), ValueError,
+     r"cu_seqlens_q must rise from 0 to the number of tokens \(9\)"),
+    ("max_seqlen short", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU, max_q=4), ValueError,
+     r"max_seqlen_q=4 is smaller than the longest sequence of cu_seqlens_q \(5\)"),
+    ("cu_seqlens lengths", lambda q: _varlen(_Q3, _Q3, _Q3, _CU,
+                                             torch.tensor([0, 9], dtype=torch.int32)),
+     ValueError, r"cu_seqlens_k must be an int32 tensor of shape \(3,\)"),
+    ("varlen block_table", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU,
+                                             block_table=torch.zeros(2, 1, dtype=torch.int32)),
+     NotImplementedError, "block_table .* is not supported by flash_attn_varlen_func"),
+    ("TND with a mask", lambda q: flash_cann.attention(
+        _Q3, _Q3, _Q3, layout="TND", cu_seqlens_q=_CU, cu_seqlens_k=_CU, max_seqlen_q=5,
+        max_seqlen_k=5, key_padding_mask=torch.ones(2, 9, dtype=torch.bool)),
+     ValueError, "key_padding_mask is not taken with layout TND"),
+    ("cu_seqlens without TND", lambda q: flash_cann.attention(q, q, q, layout="BSND",
+                                                              cu_seqlens_q=_CU),
+     ValueError, "cu_seqlens_q is only taken with layout TND"),
+    ("rotary", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, rotary_cos=q),
+     NotImplementedError, "rotary_cos is not supported by flash_attn_with_kvcache"),
+    ("k without v", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q, cache_seqlens=1),
+     ValueError, "k and v must be given together"),
+    ("cache overflow", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q[:, :2],
+                                                                    v=q[:, :2], cache_seqlens=7),
+     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+    ("paged with batch idx", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, block_table=torch.zeros(2, 1, dtype=torch.int32),
+        cache_batch_idx=torch.zeros(2, dtype=torch.int32)),
+     ValueError, "cache_batch_idx is not taken with a paged cache"),
+]
+
+
+@pytest.mark.parametrize("name, call, exc, pattern", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_feature_arguments_are_named(name, call, exc, pattern):
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises(exc, match=pattern):
+        call(q)
+
+
+# Those decided from shapes, dtypes and attributes (tensor values are not known while
+# tracing: cu_seqlens' and cache_seqlens' contents are checked at run time only).
+TRACEABLE = [c for c in BAD_CALLS if c[2] is ValueError
+             and c[0] not in ("cu_seqlens end", "max_seqlen short", "cache overflow")]
+
+
+@pytest.mark.parametrize("name, call, exc, pattern", TRACEABLE, ids=[c[0] for c in TRACEABLE])
+def test_bad_feature_arguments_fail_at_trace_time(name, call, exc, pattern):
+    """The same errors from the fake kernels, while torch.compile traces."""
+    torch._dynamo.reset()
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises(Exception, match=pattern):
+        torch.compile(call, fullgraph=True)(q)
