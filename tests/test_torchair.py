@@ -263,3 +263,27 @@ def test_enable_torchair_registers_every_spec_op(torchair):
     for name in RAW_OPS:
         converter = getattr(torch.ops.flash_cann, name).default._ge_converter
         assert converter.require_meta
+
+
+@pytest.mark.parametrize("feature, kwargs", [
+    ("softcap", dict(softcap=30.0)), ("window", dict(window_left=128)),
+    ("dropout", dict(dropout_p=0.1)), ("varlen", dict(max_seqlen_q=8)),
+])
+def test_features_the_ascend_op_lacks_are_refused_at_conversion(registered, feature, kwargs):
+    """The CANN op has only the npu backend's features: a graph that uses another must not
+    be converted into an op that silently drops it."""
+    ge = registered.ge
+    args = (*_ge_inputs(registered, ["q", "k", "v"]), None, 0.25)
+    converter = torch.ops.flash_cann.fwd.default._ge_converter
+    with pytest.raises(NotImplementedError, match=f"does not support {feature} yet .* backends "
+                                                  f"with it: cpu, triton"):
+        converter(*args, **kwargs, meta_outputs=[None, None])
+    assert not any(n.type == "FlashCannAttention" for n in ge.GRAPH.nodes)
+
+
+def test_an_op_without_an_ascend_kernel_is_refused_at_conversion(registered):
+    converter = torch.ops.flash_cann.fwd_kvcache.default._ge_converter
+    with pytest.raises(NotImplementedError, match=r"fwd_kvcache \(kvcache\) has no Ascend "
+                                                  r"kernel yet"):
+        converter(*_ge_inputs(registered, ["q", "kc", "vc"]), None, None, None, None, None,
+                  0.25, meta_outputs=[None, None])
