@@ -427,10 +427,10 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
     else:
         if cache_batch_idx is not None:
             _check_int32_vector(cache_batch_idx, "cache_batch_idx", batch, device)
-        elif k_cache.shape[0] != batch:
-            raise ValueError(_prefix(f"k_cache's batch ({k_cache.shape[0]}) must equal q's "
-                                     f"({batch}) unless cache_batch_idx maps sequences to "
-                                     f"cache rows"))
+        elif k_cache.shape[0] < batch:
+            raise ValueError(_prefix(f"k_cache holds {k_cache.shape[0]} sequences, fewer than "
+                                     f"q's batch ({batch}): sequence b uses cache row b unless "
+                                     f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
     if cache_seqlens is not None and _reads_values(cache_seqlens):
         longest = int(cache_seqlens.max()) + seqlen_new

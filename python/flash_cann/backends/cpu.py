@@ -3,33 +3,43 @@
 The algorithm is FA2's (Dao, 2023), vectorised over batch and heads:
 
 forward, per query block:   m = -inf, l = 0, acc = 0        (fp32 running state)
-    per key block:          S = scale * Q Kᵀ, masked
+    per visible key block:  S = scores(Q Kᵀ), masked        (see "scores" below)
                             m' = max(m, rowmax S);  P = exp(S - m')
                             l = l * exp(m - m') + rowsum P
-                            acc = acc * exp(m - m') + P V
+                            acc = acc * exp(m - m') + (P ∘ Z) V
     epilogue:               out = acc / l,  lse = m + log l
 
 backward, per key block:    (dK, dV accumulated for the block)
-    per query block:        P = exp(S - lse)                  (recomputed, never stored)
-                            dV += Pᵀ dO;  dP = dO Vᵀ
-                            dS = P * (dP - D),  D = rowsum(dO * O) - dLSE
+    per visible query block: P = exp(S - lse)                (recomputed, never stored)
+                            dV += (P ∘ Z)ᵀ dO;  dP = (dO Vᵀ) ∘ Z
+                            dS = P * (dP - D) * S',  D = rowsum(dO * O) - dLSE
                             dQ += scale * dS K;  dK += scale * dSᵀ Q
+
+scores (flash_cann.variant states each feature): S = scale * Q Kᵀ, softcapped
+(c * tanh(S / c); S' = 1 - tanh² is its derivative, else 1), minus the ALiBi distance
+penalty, -inf where the key is hidden (causal / sliding window / padding). Z = the
+dropout keep mask / (1 - p) (1 without dropout), drawn per tile from the counter-based
+Philox of variant.keep_mask, so the backward regenerates it. Key blocks a query block
+cannot see (and query blocks that cannot see a key block) are never visited: the cost of
+a causal or windowed call follows the visible band.
 
 Extra memory is O(seqlen): the outputs, the fp32 dQ accumulator and one
 (block_q x block_k) score tile per (batch, head); the seqlen_q x seqlen_k matrix is
 never formed. GQA folds the query heads of a group into the rows of a tile, so K and
 V are read, never copied per head. Rows that see no key keep m = -inf and produce
-out = 0, lse = -inf and zero gradients.
+out = 0, lse = -inf and zero gradients. Packed variable-length sequences (layout TND)
+and KV caches run the same code one sequence at a time, on views (nothing is padded).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
 from .. import layout as layouts
 from ..checks import accumulator_dtype
+from ..variant import PLAIN, Variant, dropout_threshold, philox
 
 BLOCK_Q = 128
 BLOCK_K = 256
@@ -45,140 +55,322 @@ def _grouped(t: torch.Tensor, layout: str, heads_kv: int) -> torch.Tensor:
     return layouts.to_bnsd(t, layout).unflatten(1, (heads_kv, -1))
 
 
-def _block_mask(key_padding_mask, causal: bool, offset: int,
-                i0: int, i1: int, j0: int, j1: int) -> torch.Tensor | None:
-    """Boolean 'masked out' tile broadcastable to (batch, heads_kv, group, bq, bk),
-    or None when every score of the tile is visible."""
-    masked = None
-    if causal and j1 - 1 > i0 + offset:  # the tile crosses the causal diagonal
-        rows = torch.arange(i0, i1).unsqueeze(1)
-        cols = torch.arange(j0, j1).unsqueeze(0)
-        masked = cols > rows + offset
-    if key_padding_mask is not None:
-        padded = ~key_padding_mask[:, j0:j1].view(-1, 1, 1, 1, j1 - j0)
-        masked = padded if masked is None else masked | padded
-    return masked
+# ---------------------------------------------------------------------------------------
+# The score pipeline of one call (one sequence or one batch of equal-length sequences)
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Scores:
+    """Everything a tile's scores depend on besides Q and K.
+
+    ``batch_ids``: the batch (or sequence) index of each batch row, for ALiBi and the
+    dropout counter; ``slopes``: ALiBi slopes (batch, heads_kv, group) or None; ``left``
+    / ``right``: the window's bounds (-1 = none; causal makes right 0)."""
+
+    scale: float
+    seqlen_q: int
+    seqlen_k: int
+    heads_kv: int
+    group: int
+    left: int
+    right: int
+    softcap: float
+    slopes: torch.Tensor | None
+    key_padding_mask: torch.Tensor | None
+    dropout_p: float
+    seed: int
+    rng_offset: int
+    batch_ids: torch.Tensor
+
+    @property
+    def diagonal(self) -> int:
+        return self.seqlen_k - self.seqlen_q
+
+    def key_span(self, i0: int, i1: int) -> tuple[int, int]:
+        """Keys [lo, hi) that some query row of [i0, i1) may see."""
+        lo = max(0, i0 + self.diagonal - self.left) if self.left >= 0 else 0
+        hi = min(self.seqlen_k, i1 + self.diagonal + self.right) if self.right >= 0 \
+            else self.seqlen_k
+        return lo, hi
+
+    def query_span(self, j0: int, j1: int) -> tuple[int, int]:
+        """Query rows [lo, hi) that may see some key of [j0, j1)."""
+        lo = max(0, j0 - self.diagonal - self.right) if self.right >= 0 else 0
+        hi = min(self.seqlen_q, j1 - self.diagonal + self.left) if self.left >= 0 \
+            else self.seqlen_q
+        return lo, hi
+
+    def _hidden(self, i0, i1, j0, j1) -> torch.Tensor | None:
+        """Boolean 'hidden' tile broadcastable to (batch, heads_kv, group, bq, bk), or
+        None when the tile is wholly visible."""
+        hidden = None
+        # A key's distance right of its row's diagonal: j - (i + diagonal).
+        widest_right = (j1 - 1) - (i0 + self.diagonal)
+        widest_left = j0 - (i1 - 1 + self.diagonal)
+        if (self.right >= 0 and widest_right > self.right) or \
+                (self.left >= 0 and widest_left < -self.left):
+            distance = (torch.arange(j0, j1).unsqueeze(0)
+                        - torch.arange(i0, i1).unsqueeze(1) - self.diagonal)
+            hidden = torch.zeros(i1 - i0, j1 - j0, dtype=torch.bool)
+            if self.right >= 0:
+                hidden |= distance > self.right
+            if self.left >= 0:
+                hidden |= distance < -self.left
+        if self.key_padding_mask is not None:
+            padded = ~self.key_padding_mask[:, j0:j1].view(-1, 1, 1, 1, j1 - j0)
+            hidden = padded if hidden is None else hidden | padded
+        return hidden
+
+    def tile(self, q_tile, k_tile, i0, i1, j0, j1):
+        """(S, S') of a tile: the scores (batch, heads_kv, group * bq, bk), hidden ones
+        -inf, and the softcap's derivative (None without softcap)."""
+        s = torch.matmul(q_tile, k_tile.transpose(-1, -2)).mul_(self.scale)
+        slope = None
+        if self.softcap > 0:
+            s = s.div_(self.softcap).tanh_()
+            slope = 1.0 - s * s
+            s = s.mul_(self.softcap)
+        view = s.view(s.shape[0], self.heads_kv, self.group, i1 - i0, j1 - j0)
+        if self.slopes is not None:
+            rows = torch.arange(i0, i1, dtype=s.dtype).unsqueeze(1)
+            cols = torch.arange(j0, j1, dtype=s.dtype).unsqueeze(0)
+            penalty = (rows + self.diagonal - cols).abs_()
+            view.sub_(self.slopes.to(s.dtype)[..., None, None] * penalty)
+        hidden = self._hidden(i0, i1, j0, j1)
+        if hidden is not None:
+            view.masked_fill_(hidden, _NEG_INF)
+        return s, slope
+
+    def keep(self, i0, i1, j0, j1, dtype) -> torch.Tensor | None:
+        """Z of a tile: keep / (1 - p), (batch, heads_kv, group * bq, bk); None without
+        dropout. The counter is (column, row, query head, batch index + offset)."""
+        if self.dropout_p == 0:
+            return None
+        heads = torch.arange(self.heads_kv * self.group).view(1, self.heads_kv, self.group, 1, 1)
+        draw = philox(self.seed, torch.arange(j0, j1).view(1, 1, 1, 1, -1),
+                      torch.arange(i0, i1).view(1, 1, 1, -1, 1), heads,
+                      self.batch_ids.view(-1, 1, 1, 1, 1) + self.rng_offset)[0]
+        kept = (draw >= dropout_threshold(self.dropout_p)).to(dtype) / (1 - self.dropout_p)
+        return kept.flatten(2, 3)
 
 
-class _Sizes(NamedTuple):
-    b: int       # batch
-    hq: int      # query heads
-    hk: int      # key/value heads
-    g: int       # query heads per key/value head
-    sq: int      # query rows
-    sk: int      # keys
-    d: int       # head_dim
-    offset: int  # sk - sq: query i sees key j iff j <= i + offset (causal)
-    acc: torch.dtype
+def _scores(scale, causal, variant: Variant, seqlen_q, seqlen_k, heads_kv, group,
+            key_padding_mask, batch_ids, slopes) -> _Scores:
+    seed, offset = (variant.rng_state.tolist() if variant.rng_state is not None else (0, 0))
+    if slopes is not None:
+        slopes = slopes.reshape(-1, heads_kv, group)
+    return _Scores(scale, seqlen_q, seqlen_k, heads_kv, group, variant.window_left,
+                   0 if causal else variant.window_right, variant.softcap, slopes,
+                   key_padding_mask, variant.dropout_p, int(seed), int(offset), batch_ids)
 
 
-def _sizes(query, key, layout: str) -> _Sizes:
-    b, hq, sq, d = layouts.sizes(query, layout)
-    hk, sk = layouts.sizes(key, layout)[1:3]
-    return _Sizes(b, hq, hk, hq // hk, sq, sk, d, sk - sq, accumulator_dtype(query.dtype))
+# ---------------------------------------------------------------------------------------
+# Forward and backward of one batch of equal-length sequences (BNSD views)
+# ---------------------------------------------------------------------------------------
 
-
-def _key_range(causal: bool, offset: int, i1: int, seqlen_k: int) -> int:
-    """End of the keys visible to query rows < i1 (bottom-right aligned causal)."""
-    return min(seqlen_k, i1 + offset) if causal else seqlen_k
-
-
-def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            variant=None, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
-    q = _grouped(query, layout, hk)
-    k = layouts.to_bnsd(key, layout)
-    v = layouts.to_bnsd(value, layout)
-    out = torch.zeros_like(query, memory_format=torch.contiguous_format)
-    lse = torch.full((b, hq, sq), _NEG_INF, dtype=acc_dtype)
-    out_g, lse_g = _grouped(out, layout, hk), lse.view(b, hk, g, sq)
-
+def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int) -> None:
+    """q, out_g: (batch, heads_kv, group, seqlen_q, head_dim); k, v: (batch, heads_kv,
+    seqlen_k, head_dim); lse_g: (batch, heads_kv, group, seqlen_q). Writes out and lse."""
+    b, hk, g, sq, d = q.shape
+    acc_dtype = lse_g.dtype
     for i0 in range(0, sq, block_q):
         i1 = min(i0 + block_q, sq)
         bq = i1 - i0
-        k_end = _key_range(causal, offset, i1, sk)
-        if k_end <= 0:
+        lo, hi = sc.key_span(i0, i1)
+        if hi <= lo:
+            out_g[:, :, :, i0:i1] = 0
+            lse_g[:, :, :, i0:i1] = _NEG_INF
             continue  # no query row of this block sees a key: out 0, lse -inf
         # Stage: load the query tile once, heads of a group folded into rows.
         q_tile = q[:, :, :, i0:i1].to(acc_dtype).reshape(b, hk, g * bq, d)
         m = torch.full((b, hk, g * bq), _NEG_INF, dtype=acc_dtype)
         l = torch.zeros(b, hk, g * bq, dtype=acc_dtype)
         acc = torch.zeros(b, hk, g * bq, d, dtype=acc_dtype)
-        for j0 in range(0, k_end, block_k):
-            j1 = min(j0 + block_k, k_end)
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
             v_tile = v[:, :, j0:j1].to(acc_dtype)
-            # Stage: scores S = scale * Q Kᵀ, masked in place.
-            s = torch.matmul(q_tile, k[:, :, j0:j1].to(acc_dtype).transpose(-1, -2)).mul_(scale)
-            masked = _block_mask(key_padding_mask, causal, offset, i0, i1, j0, j1)
-            if masked is not None:
-                s.view(b, hk, g, bq, j1 - j0).masked_fill_(masked, _NEG_INF)
+            # Stage: scores, masked in place.
+            s, _ = sc.tile(q_tile, k[:, :, j0:j1].to(acc_dtype), i0, i1, j0, j1)
             # Stage: online softmax; a row with no visible key so far keeps m = -inf.
             m_new = torch.maximum(m, s.amax(dim=-1))
             m_safe = torch.where(m_new == _NEG_INF, 0.0, m_new)
             p = s.sub_(m_safe.unsqueeze(-1)).exp_()
             alpha = torch.exp(m - m_safe)
             l.mul_(alpha).add_(p.sum(dim=-1))
-            acc.mul_(alpha.unsqueeze(-1)).add_(torch.matmul(p, v_tile))
+            keep = sc.keep(i0, i1, j0, j1, acc_dtype)
+            acc.mul_(alpha.unsqueeze(-1)).add_(torch.matmul(p if keep is None else p * keep,
+                                                            v_tile))
             m = m_new
         # Epilogue: normalise once; rows with l == 0 saw no key.
         seen = l > 0
         acc.div_(torch.where(seen, l, 1.0).unsqueeze(-1))
         out_g[:, :, :, i0:i1] = acc.view(b, hk, g, bq, d)
         lse_g[:, :, :, i0:i1] = torch.where(seen, m + torch.log(l), _NEG_INF).view(b, hk, g, bq)
-    return out, lse
 
 
-def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str, deterministic: bool = False,
-             variant=None, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    del deterministic  # this backward is always deterministic (no atomics)
-    b, hq, hk, g, sq, sk, d, offset, acc_dtype = _sizes(query, key, layout)
-    q, do = _grouped(query, layout, hk), _grouped(grad_out, layout, hk)
-    k = layouts.to_bnsd(key, layout)
-    v = layouts.to_bnsd(value, layout)
-    # Preprocess: D = rowsum(dO * O) - dLSE, and an lse that turns unseen rows' P into 0.
-    delta = (grad_out.to(acc_dtype) * out.to(acc_dtype)).sum(-1)
-    delta = layouts.to_bnsd(delta.unsqueeze(-1), layout).squeeze(-1)  # (b, hq, sq)
-    if grad_softmax_lse is not None:
-        delta = delta - grad_softmax_lse
-    lse = torch.where(softmax_lse == _NEG_INF, float("inf"), softmax_lse)
-    delta, lse = delta.reshape(b, hk, g, sq), lse.reshape(b, hk, g, sq)
-
-    dq = torch.zeros(b, hk, g, sq, d, dtype=acc_dtype)
-    dk = torch.empty_like(key, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(value, memory_format=torch.contiguous_format)
-    dk_h, dv_h = layouts.to_bnsd(dk, layout), layouts.to_bnsd(dv, layout)
-
+def _backward_core(q, k, v, do, lse, delta, dq, dk_h, dv_h, sc: _Scores, block_q: int,
+                   block_k: int) -> None:
+    """q, do: (batch, heads_kv, group, seqlen_q, head_dim); lse (+inf for rows that saw
+    no key), delta: (batch, heads_kv, group, seqlen_q); dq: fp32 like q (accumulated);
+    dk_h, dv_h: (batch, heads_kv, seqlen_k, head_dim) (written)."""
+    b, hk, g, sq, d = q.shape
+    sk = k.shape[2]
+    acc_dtype = dq.dtype
     for j0 in range(0, sk, block_k):
         j1 = min(j0 + block_k, sk)
         k_tile, v_tile = k[:, :, j0:j1].to(acc_dtype), v[:, :, j0:j1].to(acc_dtype)
         dk_acc = torch.zeros(b, hk, j1 - j0, d, dtype=acc_dtype)
         dv_acc = torch.zeros(b, hk, j1 - j0, d, dtype=acc_dtype)
-        # Causal: query rows i < j0 - offset see none of these keys.
-        first_q = max(0, j0 - offset) if causal else 0
-        for i0 in range(first_q - first_q % block_q, sq, block_q):
-            i1 = min(i0 + block_q, sq)
+        lo, hi = sc.query_span(j0, j1)
+        for i0 in range(lo, hi, block_q):
+            i1 = min(i0 + block_q, hi)
             bq = i1 - i0
             q_tile = q[:, :, :, i0:i1].to(acc_dtype).reshape(b, hk, g * bq, d)
             # contiguous(): dO is often an expanded (stride-0) gradient, which bmm
             # would otherwise walk element by element.
             do_tile = do[:, :, :, i0:i1].to(acc_dtype).contiguous().view(b, hk, g * bq, d)
-            # Stage: recompute P = exp(scale * Q Kᵀ - lse) from the saved lse.
-            s = torch.matmul(q_tile, k_tile.transpose(-1, -2)).mul_(scale)
-            masked = _block_mask(key_padding_mask, causal, offset, i0, i1, j0, j1)
-            if masked is not None:
-                s.view(b, hk, g, bq, j1 - j0).masked_fill_(masked, _NEG_INF)
+            # Stage: recompute P = exp(S - lse) from the saved lse.
+            s, cap_slope = sc.tile(q_tile, k_tile, i0, i1, j0, j1)
             p = s.sub_(lse[:, :, :, i0:i1].reshape(b, hk, g * bq, 1)).exp_()
-            # Stage: dV += Pᵀ dO (the group's rows sum into the shared kv head).
-            dv_acc.add_(torch.matmul(p.transpose(-1, -2), do_tile))
-            # Stage: dS = P * (dO Vᵀ - D).
+            keep = sc.keep(i0, i1, j0, j1, acc_dtype)
+            # Stage: dV += (P ∘ Z)ᵀ dO (the group's rows sum into the shared kv head).
+            dv_acc.add_(torch.matmul((p if keep is None else p * keep).transpose(-1, -2),
+                                     do_tile))
+            # Stage: dS = P * ((dO Vᵀ) ∘ Z - D) * S'.
             dp = torch.matmul(do_tile, v_tile.transpose(-1, -2))
+            if keep is not None:
+                dp.mul_(keep)
             ds = p.mul_(dp.sub_(delta[:, :, :, i0:i1].reshape(b, hk, g * bq, 1)))
+            if cap_slope is not None:
+                ds.mul_(cap_slope)
             # Stage: dQ += scale * dS K;  dK += scale * dSᵀ Q.
-            dq[:, :, :, i0:i1] += torch.matmul(ds, k_tile).view(b, hk, g, bq, d).mul_(scale)
-            dk_acc.add_(torch.matmul(ds.transpose(-1, -2), q_tile), alpha=scale)
+            dq[:, :, :, i0:i1] += torch.matmul(ds, k_tile).view(b, hk, g, bq, d).mul_(sc.scale)
+            dk_acc.add_(torch.matmul(ds.transpose(-1, -2), q_tile), alpha=sc.scale)
         dk_h[:, :, j0:j1] = dk_acc
         dv_h[:, :, j0:j1] = dv_acc
-    dq_out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    _grouped(dq_out, layout, hk).copy_(dq)
-    return dq_out, dk, dv
+
+
+# ---------------------------------------------------------------------------------------
+# The backend's entry points (called by flash_cann.ops after the shared checks)
+# ---------------------------------------------------------------------------------------
+
+def _sequences(variant: Variant):
+    """(index, query rows, key rows) of each packed sequence (layout TND)."""
+    starts_q = variant.cu_seqlens_q.tolist()
+    starts_k = variant.cu_seqlens_k.tolist()
+    for b in range(len(starts_q) - 1):
+        yield b, slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+
+
+def _as_batch(t: torch.Tensor) -> torch.Tensor:
+    """A (tokens, heads, head_dim) slice as a batch of one, BSND."""
+    return t.unsqueeze(0)
+
+
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
+            variant: Variant = PLAIN, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    acc_dtype = accumulator_dtype(query.dtype)
+    if layout == layouts.PACKED:
+        lse = torch.empty(query.shape[1], query.shape[0], dtype=acc_dtype)
+        for b, rows, keys in _sequences(variant):
+            _forward_batch(_as_batch(query[rows]), _as_batch(key[keys]), _as_batch(value[keys]),
+                           _as_batch(out[rows]), lse[:, rows].unsqueeze(0), None, scale, causal,
+                           "BSND", variant, torch.tensor([b]), block_q, block_k)
+        return out, lse
+    batch, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=acc_dtype)
+    _forward_batch(query, key, value, out, lse, key_padding_mask, scale, causal, layout, variant,
+                   torch.arange(batch), block_q, block_k)
+    return out, lse
+
+
+def _forward_batch(query, key, value, out, lse, key_padding_mask, scale, causal, layout,
+                   variant, batch_ids, block_q, block_k):
+    """One batch of equal-length sequences in ``layout``; out and lse (batch, heads_q,
+    seqlen_q) are written."""
+    _, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
+    heads_kv, seqlen_k = layouts.sizes(key, layout)[1:3]
+    slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[batch_ids]
+    sc = _scores(scale, causal, variant, seqlen_q, seqlen_k, heads_kv, heads_q // heads_kv,
+                 key_padding_mask, batch_ids, slopes)
+    _forward_core(_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
+                  layouts.to_bnsd(value, layout), _grouped(out, layout, heads_kv),
+                  lse.unflatten(1, (heads_kv, -1)), sc, block_q, block_k)
+
+
+def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False,
+             variant: Variant = PLAIN, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    del deterministic  # this backward is always deterministic (no atomics)
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                  for t in (query, key, value))
+    if layout == layouts.PACKED:
+        for b, rows, keys in _sequences(variant):
+            dlse = None if grad_softmax_lse is None else grad_softmax_lse[:, rows].unsqueeze(0)
+            _backward_batch(
+                *(_as_batch(t[rows]) for t in (grad_out, query)),
+                *(_as_batch(t[keys]) for t in (key, value)), _as_batch(out[rows]),
+                softmax_lse[:, rows].unsqueeze(0), None, dlse,
+                _as_batch(grads[0][rows]), *(_as_batch(t[keys]) for t in grads[1:]),
+                scale, causal, "BSND", variant, torch.tensor([b]), block_q, block_k)
+        return grads
+    _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                    grad_softmax_lse, *grads, scale, causal, layout, variant,
+                    torch.arange(query.shape[0]), block_q, block_k)
+    return grads
+
+
+def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                    grad_softmax_lse, grad_query, grad_key, grad_value, scale, causal, layout,
+                    variant, batch_ids, block_q, block_k):
+    """One batch of equal-length sequences in ``layout``; the gradients are written."""
+    _, heads_q, seqlen_q, d = layouts.sizes(query, layout)
+    heads_kv, seqlen_k = layouts.sizes(key, layout)[1:3]
+    group = heads_q // heads_kv
+    acc_dtype = accumulator_dtype(query.dtype)
+    b = query.shape[0]
+    # Preprocess: D = rowsum(dO * O) - dLSE, and an lse that turns unseen rows' P into 0.
+    delta = layouts.to_bnsd((grad_out.to(acc_dtype) * out.to(acc_dtype)).sum(-1, keepdim=True),
+                            layout).squeeze(-1)  # (b, hq, sq)
+    if grad_softmax_lse is not None:
+        delta = delta - grad_softmax_lse
+    lse = torch.where(softmax_lse == _NEG_INF, float("inf"), softmax_lse)
+    slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[batch_ids]
+    sc = _scores(scale, causal, variant, seqlen_q, seqlen_k, heads_kv, group, key_padding_mask,
+                 batch_ids, slopes)
+    dq = torch.zeros(b, heads_kv, group, seqlen_q, d, dtype=acc_dtype)
+    dk_h, dv_h = (layouts.to_bnsd(t, layout) for t in (grad_key, grad_value))
+    _backward_core(_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
+                   layouts.to_bnsd(value, layout), _grouped(grad_out, layout, heads_kv),
+                   lse.reshape(b, heads_kv, group, seqlen_q),
+                   delta.reshape(b, heads_kv, group, seqlen_q), dq, dk_h, dv_h, sc, block_q,
+                   block_k)
+    _grouped(grad_query, layout, heads_kv).copy_(dq)
+
+
+def _cached_keys(cache, b: int, length: int, cache_batch_idx, block_table) -> torch.Tensor:
+    """The first ``length`` entries of sequence b's cache, (1, length, heads_kv, head_dim)
+    (a view without paging, a gather of its blocks with)."""
+    if block_table is None:
+        row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        return cache[row, :length].unsqueeze(0)
+    page = cache.shape[1]
+    blocks = block_table[b, :(length + page - 1) // page].long()
+    return cache[blocks].flatten(0, 1)[:length].unsqueeze(0)
+
+
+def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+                    scale: float, causal: bool, variant: Variant = PLAIN,
+                    block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """Attention of query (batch, seqlen_q, heads_q, head_dim) to the first seqlens_k[b]
+    entries of each sequence's cache, one sequence at a time."""
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    batch, seqlen_q, heads_q = query.shape[:3]
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=accumulator_dtype(query.dtype))
+    for b, length in enumerate(seqlens_k.tolist()):
+        keys, values = (_cached_keys(cache, b, length, cache_batch_idx, block_table)
+                        for cache in (k_cache, v_cache))
+        _forward_batch(query[b:b + 1], keys, values, out[b:b + 1], lse[b:b + 1], None, scale,
+                       causal, "BSND", variant, torch.tensor([b]), block_q, block_k)
+    return out, lse
