@@ -378,15 +378,18 @@ def test_bad_feature_arguments_fail_at_trace_time(name, call, exc, pattern):
 def test_gradcheck_float64_with_every_feature(layout, gen):
     """torch.autograd.gradcheck through the op: window, softcap, ALiBi and dropout (a fixed
     rng_state, so every evaluation draws the same mask), GQA, causal."""
-    if layout == "TND":
-        q, k, v, features = _packed_inputs(gen, dtype=torch.float64, requires_grad=True)
-    else:
-        q = torch.randn(2, 6, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
-        k, v = (torch.randn(2, 9, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
-                for _ in range(2))
-        features = dict(alibi_slopes=torch.rand(4, generator=gen), rng_state=torch.tensor([5, 1]),
-                        window_left=3, softcap=2.0, dropout_p=0.3)
+    def leaf(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
 
+    features = dict(rng_state=torch.tensor([5, 1]), window_left=3, softcap=2.0, dropout_p=0.3)
+    if layout == "TND":  # sequences (3, 4), (2, 2), (4, 3) over the grid of (6, 3) below
+        cu_q, cu_k, max_q, max_k = packed_lengths([(3, 4), (2, 2), (4, 3)])
+        q, k, v = leaf(9, 4, 6), leaf(9, 2, 6), leaf(9, 2, 6)
+        features.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                        max_seqlen_k=max_k, alibi_slopes=torch.rand(3, 4, generator=gen))
+    else:
+        q, k, v = leaf(2, 5, 4, 6), leaf(2, 7, 2, 6), leaf(2, 7, 2, 6)
+        features["alibi_slopes"] = torch.rand(4, generator=gen)
     def attend(q_, k_, v_):
         out, lse = torch.ops.flash_cann.fwd(q_, k_, v_, None, 0.35, True, layout, **features)
         return out, lse.masked_fill(lse.isinf(), 0.0)  # rows that see no key: lse -inf
