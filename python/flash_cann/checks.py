@@ -83,9 +83,10 @@ _API_NAMES = {"window_left": "window_size[0]", "window_right": "window_size[1]",
               "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
 
 
-def _check_features(op: str, given: dict, layout: str | None,
-                    backend: BackendSpec | None) -> None:
-    """A backend without a feature refuses its arguments (unless at their defaults)."""
+def _check_features(op: str, given: dict, layout: str | None, backend: BackendSpec | None,
+                    device_type: str) -> None:
+    """A backend without a feature (on this device type) refuses its arguments (unless at
+    their defaults)."""
     if backend is None:
         return
     spec = load()
@@ -104,12 +105,11 @@ def _check_features(op: str, given: dict, layout: str | None,
         shown = "<tensor>" if isinstance(value, torch.Tensor) else repr(value)
         used.append((feature, f"{_API_NAMES.get(name, name)}={shown}"))
     for feature, argument in used:
-        if feature not in backend.features:
+        if feature not in backend.features_on(device_type):
             able = [b.name for b in spec.backends.values() if feature in b.features]
             raise NotImplementedError(_prefix(
-                f"backend '{backend.name}' (device type '{backend.device_type}') does not "
-                f"support {feature} yet ({argument}); backends that do: "
-                f"{', '.join(able) or 'none'}"))
+                f"backend '{backend.name}' (device type '{device_type}') does not support "
+                f"{feature} yet ({argument}); backends that do: {', '.join(able) or 'none'}"))
 
 
 def _check_int32_vector(t, name: str, length: int | None, device) -> None:
@@ -259,7 +259,8 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                              alibi_slopes=alibi_slopes, rng_state=rng_state,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              window_left=window_left, window_right=window_right,
-                             softcap=softcap, dropout_p=dropout_p), layout, backend)
+                             softcap=softcap, dropout_p=dropout_p), layout, backend,
+                    query.device.type)
     _check_scores(scale, causal, window_left, window_right, softcap)
     if key_padding_mask is not None:
         tensors["key_padding_mask"] = require_tensor(key_padding_mask, "key_padding_mask")
@@ -372,7 +373,7 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
     _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
                                         window_right=window_right, softcap=softcap),
-                    None, backend)
+                    None, backend, query.device.type)
     _check_scores(scale, causal, window_left, window_right, softcap)
     tensors = {n: require_tensor(t, n) for n, t in
                (("query", query), ("k_cache", k_cache), ("v_cache", v_cache))}

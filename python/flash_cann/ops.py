@@ -149,9 +149,10 @@ def _features(op: OpSpec, args: dict) -> dict:
 
 def _backend_call(backend: BackendSpec, device_type: str, function: str, *args, variant,
                   **kwargs):
-    """Call a backend's function; ``variant`` reaches only backends that have features
-    (the checks refused any feature the backend lacks, so the others get plain calls)."""
-    if backend.features:
+    """Call a backend's function; ``variant`` reaches only backends that have features on
+    this device type (the checks refused any feature the backend lacks there, so the
+    others get plain calls)."""
+    if backend.features_on(device_type):
         kwargs["variant"] = variant
     return getattr(_module(backend, device_type), function)(*args, **kwargs)
 

@@ -150,8 +150,14 @@ class BackendSpec:
     backward: bool = True
     # Further device types it serves, after their own backends -> its module there.
     also_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # The optional features it computes (on every device type it serves).
+    # The optional features it computes on its own device type ...
     features: tuple[str, ...] = ()
+    # ... and on the device types of also_on (those listed; default: all of them).
+    also_on_features: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def features_on(self, device_type: str) -> tuple[str, ...]:
+        """The features it computes on ``device_type``."""
+        return tuple(self.also_on_features.get(device_type, self.features))
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -316,7 +322,7 @@ def parse(doc: Any) -> Spec:
     backends = {}
     for name, node in doc["backends"].items():
         node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
-                     {"install_hint", "backward", "also_on", "features"})
+                     {"install_hint", "backward", "also_on", "features", "also_on_features"})
         unknown = set(node.get("features", ())) - set(FEATURES)
         if unknown:
             raise SpecError(f"backends.{name}.features: unknown {sorted(unknown)} (features: "
@@ -326,11 +332,18 @@ def parse(doc: Any) -> Spec:
                 isinstance(m, str) and m.isidentifier() for m in also_on.values()):
             raise SpecError(f"backends.{name}.also_on: expected {{other device type: module "
                             f"name}}, got {also_on!r}")
+        also_on_features = {device: tuple(names) for device, names in
+                            node.get("also_on_features", {}).items()}
+        if not set(also_on_features) <= set(also_on) or any(
+                set(names) - set(node.get("features", ())) for names in also_on_features.values()):
+            raise SpecError(f"backends.{name}.also_on_features: expected a subset of its "
+                            f"features per device type of also_on, got {also_on_features!r}")
         backends[name] = BackendSpec(name, node["device_type"], tuple(node["dtypes"]),
                                      " ".join(node["summary"].split()),
                                      " ".join(node.get("install_hint", "").split()),
                                      bool(node.get("backward", True)),
-                                     dict(also_on), tuple(node.get("features", ())))
+                                     dict(also_on), tuple(node.get("features", ())),
+                                     also_on_features)
     layout_nodes = {name: _keys(node, f"layouts.{name}", {"dims"}, {"feature"})
                     for name, node in doc["layouts"].items()}
     layouts = {name: tuple(node["dims"]) for name, node in layout_nodes.items()}

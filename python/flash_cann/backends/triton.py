@@ -32,6 +32,7 @@ import torch
 import triton
 
 from .. import layout as layouts
+from ..variant import PLAIN, Variant, dropout_threshold
 from . import triton_kernels as kernels
 from .triton_buffers import empty
 
@@ -116,7 +117,8 @@ DQ_TILES = ((64, 32), (64, 64), (128, 64))
 DKDV_TILES = ((32, 64), (64, 64), (32, 128), (64, 128))
 
 _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
-                 "USE_TMA"]
+                 "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
+                 "PAGED", "BATCH_IDX"]
 
 
 class _Kernel:
@@ -274,44 +276,92 @@ def _mask_strides(mask: torch.Tensor | None) -> tuple[int, ...]:
 # The backend's entry points (called by flash_cann.ops after the shared checks)
 # ---------------------------------------------------------------------------------------
 
+def _feature_arguments(variant: Variant, causal: bool) -> dict:
+    """The kernels' feature arguments (triton_kernels.attn_fwd's docstring): the window
+    as CAUSAL (a right bound) + window_right and LEFT_BOUNDED + window_left, softcap,
+    ALiBi slopes, dropout; each constexpr flag off unless the call uses it, so a plain
+    call compiles the plain kernel."""
+    right_bounded = causal or variant.window_right >= 0
+    args = dict(CAUSAL=right_bounded, window_right=0 if causal else max(variant.window_right, 0),
+                LEFT_BOUNDED=variant.window_left >= 0, window_left=max(variant.window_left, 0),
+                SOFTCAP=variant.softcap > 0, softcap=variant.softcap or 1.0,
+                ALIBI=variant.alibi_slopes is not None, DROPOUT=variant.dropout_p > 0)
+    if variant.alibi_slopes is not None:
+        slopes = variant.alibi_slopes  # (batch, heads_q), maybe a stride-0 expansion
+        if slopes.stride(1) != 1:
+            slopes = slopes.contiguous()
+        args.update(Alibi=slopes, alibi_stride_b=slopes.stride(0))
+    if variant.dropout_p > 0:
+        args.update(Rng=variant.rng_state, dropout_threshold=dropout_threshold(variant.dropout_p),
+                    dropout_scale=1.0 / (1.0 - variant.dropout_p))
+    return args
+
+
+def _packed_views(variant: Variant, *tensors):
+    """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
+    it); the kernels' sequence geometry comes from cu_seqlens."""
+    return tuple(layouts.to_bnsd(t.unsqueeze(0), "BSND") for t in tensors)
+
+
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            variant=None):
-    q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv, seqlen_k = k.shape[1:3]
+            variant: Variant = PLAIN):
+    packed = layout == layouts.PACKED
     out = empty(query.shape, query.dtype, query.device)
-    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
-    o = layouts.to_bnsd(out, layout)
-    use_tma = _use_tma(q, k, v, o)
+    if packed:
+        q, k, v, o = _packed_views(variant, query, key, value, out)
+        batch = variant.cu_seqlens_q.shape[0] - 1
+        rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
+    else:
+        q, k, v, o = (layouts.to_bnsd(t, layout) for t in (query, key, value, out))
+        batch = q.shape[0]
+        rows_q, rows_k = q.shape[2], k.shape[2]
+    _, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
+    use_tma = not packed and _use_tma(q, k, v, o)
+    features = _feature_arguments(variant, causal)
+    if packed:
+        features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
+                        max_seqlen_q=rows_q)
     with _launching_on(query.device, use_tma):
-        FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+        FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
                    q, k, v, o, lse, key_padding_mask,
                    *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                    *_mask_strides(key_padding_mask),
                    batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
-                   _bucket(seqlen_q), _bucket(seqlen_k),
-                   scores=batch * heads_q * seqlen_q * seqlen_k,
-                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), CAUSAL=causal,
+                   _bucket(rows_q), _bucket(rows_k),
+                   scores=batch * heads_q * rows_q * rows_k,
+                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
                    HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
-                   USE_TMA=use_tma, PERSISTENT=False)
-    return out, lse
+                   USE_TMA=use_tma, PERSISTENT=False, **features)
+    return out, (lse[0] if packed else lse)
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
-             variant=None):
+             variant: Variant = PLAIN):
     del deterministic  # this backward is always deterministic (no atomic adds)
-    q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv, seqlen_k = k.shape[1:3]
-    block_d = _block_d(head_dim)
+    packed = layout == layouts.PACKED
     device = query.device
-    delta = empty((batch, heads_q, seqlen_q), torch.float32, device)
     grad_query = empty(query.shape, query.dtype, device)
     grad_key = empty(key.shape, key.dtype, device)
     grad_value = empty(value.shape, value.dtype, device)
-    dq, dk, dv = (layouts.to_bnsd(t, layout) for t in (grad_query, grad_key, grad_value))
-    use_tma = _use_tma(q, k, v, do, dq, dk, dv)
+    tensors = (query, key, value, out, grad_out, grad_query, grad_key, grad_value)
+    if packed:
+        q, k, v, o, do, dq, dk, dv = _packed_views(variant, *tensors)
+        batch = variant.cu_seqlens_q.shape[0] - 1
+        rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
+        softmax_lse = softmax_lse.unsqueeze(0)
+        grad_softmax_lse = None if grad_softmax_lse is None else grad_softmax_lse.unsqueeze(0)
+    else:
+        q, k, v, o, do, dq, dk, dv = (layouts.to_bnsd(t, layout) for t in tensors)
+        batch = q.shape[0]
+        rows_q, rows_k = q.shape[2], k.shape[2]
+    _, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    block_d = _block_d(head_dim)
+    delta = empty((q.shape[0], heads_q, seqlen_q), torch.float32, device)
+    use_tma = not packed and _use_tma(q, k, v, do, dq, dk, dv)
     # The (batch, heads, seqlen) fp32 vectors are read contiguous (a strided one, e.g. an
     # expanded lse gradient, costs a copy of batch * heads * seqlen floats).
     lse = softmax_lse.contiguous()
@@ -319,22 +369,55 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     inputs = (q, k, v, do, lse, delta, key_padding_mask)
     input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
-               seqlen_k, scale, scale * math.log2(math.e), _bucket(seqlen_q), _bucket(seqlen_k))
-    shared = dict(scores=batch * heads_q * seqlen_q * seqlen_k, HEAD_DIM=head_dim,
-                  BLOCK_D=block_d, CAUSAL=causal, HAS_MASK=key_padding_mask is not None,
-                  USE_TMA=use_tma, PERSISTENT=False)
+               seqlen_k, scale, scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k))
+    features = _feature_arguments(variant, causal)
+    shared = dict(scores=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
+                  BLOCK_D=block_d, HAS_MASK=key_padding_mask is not None,
+                  USE_TMA=use_tma, PERSISTENT=False, **features)
+    varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
+        if packed else {}
     with _launching_on(device, use_tma):
-        # Stage: D = rowsum(dO ∘ O) - dLSE.
+        # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
         rows = max(16, PREPROCESS_TILE // block_d)
-        kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, batch)](
-            o, do, dlse, delta, *o.stride(), *do.stride(), batch, heads_q, seqlen_q,
+        kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, q.shape[0])](
+            o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
             BLOCK_M=rows)
         # Stage: dK, dV per key block.
-        DKDV.launch(lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch),
+        DKDV.launch(lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
                     *inputs, dk, dv, *input_strides, *dk.stride(), *dv.stride(), *scalars,
-                    **shared)
+                    **shared, **varlen, **({"max_seqlen_k": rows_k} if packed else {}))
         # Stage: dQ per query block.
-        DQ.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
-                  *inputs, dq, *input_strides, *dq.stride(), *scalars, **shared)
+        DQ.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
+                  *inputs, dq, *input_strides, *dq.stride(), *scalars, **shared, **varlen,
+                  **({"max_seqlen_q": rows_q} if packed else {}))
     return grad_query, grad_key, grad_value
+
+
+def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+                    scale: float, causal: bool, variant: Variant = PLAIN):
+    """The forward kernel reading each sequence's first seqlens_k[b] cache entries
+    (SEQUSED_K) in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer
+    loads through the block table); never a gathered copy of the cache."""
+    out = empty(query.shape, query.dtype, query.device)
+    q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv = k.shape[1]
+    capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
+    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
+    features = _feature_arguments(variant, causal)
+    features.update(SEQUSED_K=True, SeqUsedK=seqlens_k)
+    if block_table is not None:
+        features.update(PAGED=True, BlockTable=block_table,
+                        block_table_stride=block_table.stride(0), page_size=k.shape[2])
+    if cache_batch_idx is not None:
+        features.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
+    with _launching_on(query.device, False):
+        FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+                   q, k, v, o, lse, None, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                   0, 0, batch, heads_q, heads_q // heads_kv, seqlen_q, capacity,
+                   scale * math.log2(math.e), _bucket(seqlen_q), _bucket(capacity),
+                   scores=batch * heads_q * seqlen_q * capacity,
+                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=False,
+                   NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False, **features)
+    return out, lse
