@@ -1,8 +1,10 @@
 """GPU benchmark of the flash-attn features on the Triton backend against the peers that
-support them, in one run: packed variable-length sequences and a sliding window.
+support them, in one run: packed variable-length sequences, a sliding window, and
+decoding with a KV cache.
 
-    python benchmarks/gpu_features.py [--cases varlen,window] [--modes fwd,fwd+bwd]
-        [--dtypes bfloat16] [--rounds N] [--out DIR] [--tag NAME]
+    python benchmarks/gpu_features.py [--cases varlen,window,decode] [--modes fwd,fwd+bwd]
+        [--dtypes bfloat16] [--caches 4096,8192,16384,32768] [--rounds N] [--out DIR]
+        [--tag NAME]
 
 varlen: 16k tokens of documents with random lengths in [256, 4096] (fixed seed), 16
     heads, head_dim 128, causal within each document. flash_cann: flash_attn_varlen_func
@@ -12,6 +14,13 @@ window: Mistral's sliding window, causal with 4096 keys to the left, seqlen 16k,
     1, 16 heads, head_dim 128. flash_cann: flash_attn_func(window_size=(4096, 0));
     FlexAttention: the same band as a block mask; SDPA (efficient, cuDNN): an explicit
     boolean mask (they compute every block).
+
+decode: one new token per sequence, batch 64, 32 query heads over 8 kv heads (GQA) and
+    32 over 32 (caches up to 8k: 32k would not fit twice), head_dim 128, bf16, cache
+    lengths --caches (every sequence full). flash_cann: flash_attn_with_kvcache on a
+    contiguous cache and on a paged one (256-entry pages, a shuffled block table); SDPA
+    (FLASH, cuDNN, efficient; enable_gqa) and FlexAttention on the contiguous cache.
+    Speed as GB/s of K and V read (each cache entry once), the bound of decoding.
 
 TFLOP/s count the visible (query, key) pairs only: 4 * heads * head_dim * pairs for the
 forward, 3.5x that for fwd+bwd, so that the numbers measure how well an
@@ -128,6 +137,85 @@ def _window_impls():
                    "sdpa-effic": sdpa("EFFICIENT_ATTENTION"), "sdpa-cudnn": sdpa("CUDNN_ATTENTION")}
 
 
+DECODE_BATCH, DECODE_HEADS_Q, PAGE = 64, 32, 256
+
+
+def _decode_impls(heads_kv, cache):
+    """(inputs, impls) of one decode shape: q (batch, 1, heads_q, d) and the caches, dense
+    (batch, cache, heads_kv, d) and paged; every impl is a closure over them."""
+    dtype = torch.bfloat16
+    q = torch.randn(DECODE_BATCH, 1, DECODE_HEADS_Q, HEAD_DIM, device="cuda", dtype=dtype)
+    k, v = (torch.randn(DECODE_BATCH, cache, heads_kv, HEAD_DIM, device="cuda", dtype=dtype)
+            for _ in range(2))
+    blocks = cache // PAGE
+    order = torch.randperm(DECODE_BATCH * blocks, device="cuda")
+    table = order.view(DECODE_BATCH, blocks).to(torch.int32)
+    paged_k, paged_v = (torch.empty_like(t).view(-1, PAGE, heads_kv, HEAD_DIM) for t in (k, v))
+    paged_k[order] = k.view(-1, PAGE, heads_kv, HEAD_DIM)
+    paged_v[order] = v.view(-1, PAGE, heads_kv, HEAD_DIM)
+    lengths = torch.full((DECODE_BATCH,), cache, dtype=torch.int32, device="cuda")
+    q_h, k_h, v_h = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, d)
+
+    def sdpa(backend_name):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def run():
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                return F.scaled_dot_product_attention(q_h, k_h, v_h, enable_gqa=True)
+        return run
+
+    def flex():
+        common._flex(False, cache)
+        return common._flex_compiled(q_h, k_h, v_h, enable_gqa=True)
+
+    return {
+        OURS: lambda: flash_cann.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths),
+        OURS + "-paged": lambda: flash_cann.flash_attn_with_kvcache(
+            q, paged_k, paged_v, cache_seqlens=lengths, block_table=table),
+        "sdpa-flash": sdpa("FLASH_ATTENTION"), "sdpa-cudnn": sdpa("CUDNN_ATTENTION"),
+        "sdpa-effic": sdpa("EFFICIENT_ATTENTION"), "flex": flex}
+
+
+def measure_decode(heads_kv, cache, rounds):
+    from triton.testing import do_bench
+
+    rows = []
+    impls = _decode_impls(heads_kv, cache)
+    gigabytes = 2 * DECODE_BATCH * cache * heads_kv * HEAD_DIM * 2 / 1e9
+    times = {name: [] for name in impls}
+    errors = {}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            try:
+                times[name].append(do_bench(fn, **common.DO_BENCH))
+            except Exception as e:  # a peer that cannot run this shape: recorded
+                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    for name in impls:
+        row = dict(case="decode", impl=name, dtype="bfloat16", mode="fwd", heads=DECODE_HEADS_Q,
+                   heads_kv=heads_kv, head_dim=HEAD_DIM, batch=DECODE_BATCH, cache=cache,
+                   ms=float("nan"), gbps=float("nan"))
+        if times[name]:
+            row["ms"] = statistics.median(times[name])
+            row["gbps"] = gigabytes / row["ms"] * 1e3
+        elif name in errors:
+            row["error"] = errors[name]
+        rows.append(row)
+    torch.cuda.empty_cache()
+    return rows
+
+
+def decode_table(rows):
+    lines = [f"{'heads':<7} {'cache':>6} {'impl':<18} {'ms':>8} {'GB/s':>7} {'best peer/ours':>14}"]
+    for r in rows:
+        peers = [p["ms"] for p in rows if p["cache"] == r["cache"] and p["heads_kv"] ==
+                 r["heads_kv"] and not p["impl"].startswith(OURS) and "error" not in p]
+        best = min(peers) if peers else float("nan")
+        shown = r.get("error") or (f"{r['ms']:8.3f} {r['gbps']:7.0f} "
+                                   f"{best / r['ms']:14.2f}")
+        lines.append(f"{DECODE_HEADS_Q}/{r['heads_kv']:<4} {r['cache']:>6} {r['impl']:<18} {shown}")
+    return lines
+
+
 def measure(case, impl, make, shape, dtype, mode, pairs):
     row = dict(case=case, impl=impl, dtype=str(dtype).removeprefix("torch."), mode=mode,
                heads=HEADS, head_dim=HEAD_DIM, tokens=TOKENS, pairs=pairs, ms=float("nan"),
@@ -161,7 +249,8 @@ def table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=common._list(str), default=["varlen", "window"])
+    p.add_argument("--cases", type=common._list(str), default=["varlen", "window", "decode"])
+    p.add_argument("--caches", type=common._list(int), default=[4096, 8192, 16384, 32768])
     p.add_argument("--modes", type=common._list(str), default=["fwd", "fwd+bwd"])
     p.add_argument("--dtypes", type=common._list(common._dtype), default=[torch.bfloat16])
     p.add_argument("--rounds", type=int, default=1)
@@ -177,7 +266,15 @@ def main(argv=None):
     lengths = document_lengths()
     meta["varlen_lengths"] = lengths
     rows = []
-    for case in args.cases:
+    decode_rows = []
+    if "decode" in args.cases:
+        for heads_kv in (8, 32):
+            for cache in args.caches:
+                if heads_kv == 32 and cache > 8192:
+                    continue
+                decode_rows += measure_decode(heads_kv, cache, args.rounds)
+                print("\n".join("  " + line for line in decode_table(decode_rows)[-6:]), flush=True)
+    for case in [c for c in args.cases if c != "decode"]:
         shape, impls = _varlen_impls(lengths) if case == "varlen" else _window_impls()
         pairs = visible_pairs(case, lengths)
         for dtype in args.dtypes:
@@ -196,9 +293,11 @@ def main(argv=None):
                     print("  " + table([row])[1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / (f"features-{args.tag}.json" if args.tag else "features.json")
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    path.write_text(json.dumps({"meta": meta, "rows": rows, "decode": decode_rows}, indent=1))
     print(f"\nwrote {path}\n{meta['device']}; {meta['software']}; {meta['date']}\n")
     print("\n".join(table(rows)))
+    if decode_rows:
+        print("\n".join(decode_table(decode_rows)))
     return 0
 
 

@@ -21,6 +21,7 @@ from conftest import make_qkv, random_key_padding_mask
 from test_accuracy import HEAD_DIMS, HEADS, SEQLENS
 import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
+from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
@@ -188,3 +189,39 @@ def test_memory_is_linear_in_seqlen():
     score_matrix = 8 * 16384 * 16384 * 2  # heads x seqlen^2 x bf16
     assert large < score_matrix / 16, (small, large)
     assert large <= 4.5 * small, f"4x the seqlen grew the peak {large / small:.1f}x"
+
+
+GPU_FEATURES = [  # (id, check_variant's arguments)
+    ("window", dict(seqlens=(300, 700), window=(64, 17))),
+    ("window-left-causal", dict(seqlens=(700, 700), window=(200, -1), causal=True)),
+    ("softcap", dict(seqlens=(300, 700), softcap=1.5, causal=True)),
+    ("alibi", dict(seqlens=(300, 700), alibi="batch", causal=True)),
+    ("dropout", dict(seqlens=(300, 700), dropout_p=0.17)),
+    ("varlen-all", dict(seqlens=[(170, 400), (0, 5), (400, 170), (1, 1), (700, 1000)],
+                        layout="TND", window=(100, 0), causal=True, softcap=2.0, alibi="batch",
+                        dropout_p=0.2)),
+    ("varlen", dict(seqlens=[(1000, 1000), (1, 1), (333, 333), (2049, 2049)], layout="TND",
+                    causal=True)),
+    ("padding-window", dict(seqlens=(500, 300), window=(0, 0), masked=True, softcap=3.0,
+                            alibi="heads")),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("name, features", GPU_FEATURES, ids=[c[0] for c in GPU_FEATURES])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_features_match_oracle(name, features, head_dim, dtype, gen):
+    assert_all_ok(oracle_checks.check_variant("cuda", dtype, gen=gen, heads=(8, 2),
+                                              head_dim=head_dim,
+                                              within=oracle_checks.triton_poisoning, **features))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("seqlen_q", [1, 5])
+@pytest.mark.parametrize("features", CACHE_FEATURES, ids=["causal", "all", "window"])
+@pytest.mark.parametrize("paged, batch_idx", CACHE_LAYOUTS, ids=CACHE_IDS)
+def test_kvcache_matches_oracle(paged, batch_idx, features, seqlen_q, dtype, gen):
+    with oracle_checks.triton_poisoning():
+        check_kvcache("cuda", dtype, gen, paged=paged, batch_idx=batch_idx, features=features,
+                      batch=6, seqlen_q=seqlen_q, seqlen_new=seqlen_q, heads=(8, 2),
+                      head_dim=128, page_size=64, capacity=1024)

@@ -25,6 +25,7 @@ import torch
 
 import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
+from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -178,3 +179,37 @@ def test_npu_host_matches_oracle(case, triton_npu_on_cpu, gen):
     causal, masked, heads, head_dim, seqlens = case
     assert_all_ok(check("cpu", torch.float16, causal=causal, masked=masked, heads=heads,
                         head_dim=head_dim, seqlens=seqlens, layout="BSND", gen=gen))
+
+
+FEATURE_CASES = [  # (id, check_variant's arguments): each feature, then all combined
+    ("window", dict(seqlens=(37, 70), window=(5, 3))),
+    ("window-left-causal", dict(seqlens=(37, 70), window=(20, -1), causal=True)),
+    ("softcap", dict(seqlens=(37, 70), softcap=1.5)),
+    ("alibi", dict(seqlens=(37, 70), alibi="batch", causal=True)),
+    ("dropout", dict(seqlens=(37, 70), dropout_p=0.3)),
+    # Packed sequences: an empty one, rows above the diagonal, several blocks.
+    ("varlen-all", dict(seqlens=[(17, 40), (0, 5), (40, 17), (1, 1), (70, 100)], layout="TND",
+                        window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2)),
+    # A window narrower than the padding holes: rows that see no key.
+    ("padding-window", dict(seqlens=(50, 30), window=(0, 0), masked=True, softcap=3.0,
+                            alibi="heads")),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("name, features", FEATURE_CASES, ids=[c[0] for c in FEATURE_CASES])
+def test_features_match_oracle(name, features, triton_on_cpu, gen):
+    """flash-attn's features through the Triton kernels (dropout: bit-exact with the
+    mask S_dmask returns, which variant.keep_mask draws)."""
+    assert_all_ok(oracle_checks.check_variant("cpu", torch.float16, gen=gen, heads=(4, 2),
+                                              within=oracle_checks.triton_poisoning, **features))
+
+
+@in_interpreter
+@pytest.mark.parametrize("paged, batch_idx", CACHE_LAYOUTS, ids=CACHE_IDS)
+def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
+    """The forward kernel over a KV cache: pages through the block table, cache rows,
+    filled lengths; window, softcap and ALiBi."""
+    with oracle_checks.triton_poisoning():
+        check_kvcache("cpu", torch.float16, gen, paged=paged, batch_idx=batch_idx,
+                      features=CACHE_FEATURES[1])

@@ -115,6 +115,7 @@ def _source(step, backend):
 
     kernel = step.kernel
     bound = inspect.signature(kernel.fn).bind(*step.args, **step.constexprs)
+    bound.apply_defaults()  # the features' arguments, off unless a launch sets them
     values = list(bound.arguments.values())
     attrs = backend.get_attrs_descriptor(kernel.params, values)
     specialised = attrs.get_constants()

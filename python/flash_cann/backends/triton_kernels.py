@@ -565,9 +565,12 @@ def _dkdv_query_blocks(dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stri
     bound (the causal diagonal among them). Rows past seqlen_q (this sequence's) load as
     q = dO = 0 with lse2 = +inf: they add nothing."""
     blocks = tl.cdiv(tl.maximum(end - start, 0), BLOCK_M)
+    # Never a division by zero, even where the pipeliner computes a first iteration's
+    # addresses ahead of an empty loop's trip-count check (an illegal access on sm_90).
+    divisor = tl.maximum(blocks, 1)
     for i in range(group * blocks):
-        g = i // blocks
-        m0 = tl.multiple_of(start + (i - g * blocks) * BLOCK_M, BLOCK_M)
+        g = i // divisor
+        m0 = tl.multiple_of(start + (i - g * divisor) * BLOCK_M, BLOCK_M)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         q = _load_rows(q_view, stride_qh, stride_qs, stride_qd, g, m0, seqlen_q, HEAD_DIM,
                        BLOCK_M, BLOCK_D, USE_TMA)
@@ -644,13 +647,14 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
         # whole key block, then those crossing the left bound.
         lo, mid, hi, end = _query_block_range(n0, len_q, diagonal, window_left, window_right,
                                               BLOCK_M, BLOCK_N, LEFT_BOUNDED, CAUSAL)
-        dk, dv = _dkdv_query_blocks(
-            dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd, stride_doh,
-            stride_dos, stride_dod, Lse, Delta, tensor_b, seqlen_q, q_start, b, h0, group,
-            offs_n, lo, mid, heads_q, len_q, diagonal, qk_scale, window_left, window_right,
-            softcap, Alibi, alibi_stride_b, seed, rng_offset, dropout_threshold, dropout_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, True, USE_TMA, CAUSAL, LEFT_BOUNDED, SOFTCAP, ALIBI,
-            DROPOUT)
+        if CAUSAL:
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd, stride_doh,
+                stride_dos, stride_dod, Lse, Delta, tensor_b, seqlen_q, q_start, b, h0, group,
+                offs_n, lo, mid, heads_q, len_q, diagonal, qk_scale, window_left, window_right,
+                softcap, Alibi, alibi_stride_b, seed, rng_offset, dropout_threshold,
+                dropout_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True, USE_TMA, CAUSAL, LEFT_BOUNDED,
+                SOFTCAP, ALIBI, DROPOUT)
         dk, dv = _dkdv_query_blocks(
             dk, dv, k, v, q_view, do_view, stride_qh, stride_qs, stride_qd, stride_doh,
             stride_dos, stride_dod, Lse, Delta, tensor_b, seqlen_q, q_start, b, h0, group,

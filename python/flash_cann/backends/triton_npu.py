@@ -24,6 +24,7 @@ import sys
 import torch
 
 from .. import layout as layouts
+from ..variant import PLAIN, Variant
 from .triton_buffers import empty
 
 # (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
@@ -119,9 +120,21 @@ def launch(step: Launch) -> None:
     step.kernel[step.grid](*step.args, **step.constexprs)
 
 
-def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str):
+def _plain_only(variant: Variant) -> None:
+    """The spec gives this host no feature (backends.triton.also_on_features), so the
+    checks refuse them before a call gets here; a caller that bypasses the checks gets
+    the same refusal, not a plain result."""
+    if not variant.plain:
+        raise NotImplementedError("flash_cann: the triton backend on NPUs (triton-ascend) "
+                                  "runs plain attention only so far: no window, softcap, "
+                                  "ALiBi, dropout or packed sequences")
+
+
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
+            variant: Variant = PLAIN):
     from . import triton_kernels as kernels
 
+    _plain_only(variant)
     query, key, value = (_unit_last_stride(t) for t in (query, key, value))
     q, k, v = (layouts.to_bnsd(t, layout) for t in (query, key, value))
     batch, heads_q, seqlen_q, head_dim = q.shape
@@ -140,10 +153,12 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str, deterministic: bool = False):
+             *, scale: float, causal: bool, layout: str, deterministic: bool = False,
+             variant: Variant = PLAIN):
     del deterministic  # this backward is always deterministic (no atomic adds)
     from . import triton_kernels as kernels
 
+    _plain_only(variant)
     grad_out, query, key, value, out = (_unit_last_stride(t)
                                         for t in (grad_out, query, key, value, out))
     q, k, v, o, do = (layouts.to_bnsd(t, layout) for t in (query, key, value, out, grad_out))
