@@ -90,7 +90,7 @@ def _varlen_impls(lengths):
 
         def run(q, k, v):
             packed = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-            return common._flex_compiled(*packed, block_mask=mask)
+            return common._flex_compiled(*packed, block_mask=mask)[0].transpose(0, 1)
         return run
 
     def sdpa_jagged(q, k, v):
@@ -98,7 +98,7 @@ def _varlen_impls(lengths):
         nested = [torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
                   for t in (q, k, v)]
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(*nested, is_causal=True).values()
+            return F.scaled_dot_product_attention(*nested, is_causal=True).transpose(1, 2).values()
 
     shape = (TOKENS, HEADS, HEAD_DIM)
     return shape, {OURS: lambda: ours, "flex": flex, "sdpa-flash-jagged": lambda: sdpa_jagged}

@@ -118,7 +118,7 @@ DKDV_TILES = ((32, 64), (64, 64), (32, 128), (64, 128))
 
 _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
                  "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
-                 "PAGED", "BATCH_IDX"]
+                 "PAGED", "BATCH_IDX", "PACK_GQA"]
 
 
 class _Kernel:
@@ -398,7 +398,8 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
                     scale: float, causal: bool, variant: Variant = PLAIN):
     """The forward kernel reading each sequence's first seqlens_k[b] cache entries
     (SEQUSED_K) in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer
-    loads through the block table); never a gathered copy of the cache."""
+    loads through the block table); never a gathered copy of the cache. With GQA the
+    group's query heads share a tile (PACK_GQA)."""
     out = empty(query.shape, query.dtype, query.device)
     q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
     batch, heads_q, seqlen_q, head_dim = q.shape
@@ -412,12 +413,17 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
                         block_table_stride=block_table.stride(0), page_size=k.shape[2])
     if cache_batch_idx is not None:
         features.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
+    # Decoding with GQA: a tile holds the group's heads, so K/V are read once per group.
+    group = heads_q // heads_kv
+    pack = group > 1
+    rows, heads = (group * seqlen_q, heads_kv) if pack else (seqlen_q, heads_q)
     with _launching_on(query.device, False):
-        FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+        FWD.launch(lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), heads, batch),
                    q, k, v, o, lse, None, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                    0, 0, batch, heads_q, heads_q // heads_kv, seqlen_q, capacity,
                    scale * math.log2(math.e), _bucket(seqlen_q), _bucket(capacity),
                    scores=batch * heads_q * seqlen_q * capacity,
                    HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=False,
-                   NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False, **features)
+                   NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False, PACK_GQA=pack,
+                   **features)
     return out, lse
