@@ -39,7 +39,7 @@ import torch
 
 from .. import layout as layouts
 from ..checks import accumulator_dtype
-from ..variant import PLAIN, Variant, dropout_threshold, philox
+from ..variant import PLAIN, Variant, keep_mask
 
 BLOCK_Q = 128
 BLOCK_K = 256
@@ -78,8 +78,7 @@ class _Scores:
     slopes: torch.Tensor | None
     key_padding_mask: torch.Tensor | None
     dropout_p: float
-    seed: int
-    rng_offset: int
+    rng_state: torch.Tensor | None
     batch_ids: torch.Tensor
 
     @property
@@ -147,21 +146,19 @@ class _Scores:
         if self.dropout_p == 0:
             return None
         heads = torch.arange(self.heads_kv * self.group).view(1, self.heads_kv, self.group, 1, 1)
-        draw = philox(self.seed, torch.arange(j0, j1).view(1, 1, 1, 1, -1),
-                      torch.arange(i0, i1).view(1, 1, 1, -1, 1), heads,
-                      self.batch_ids.view(-1, 1, 1, 1, 1) + self.rng_offset)[0]
-        kept = (draw >= dropout_threshold(self.dropout_p)).to(dtype) / (1 - self.dropout_p)
-        return kept.flatten(2, 3)
+        kept = keep_mask(self.rng_state, self.dropout_p, self.batch_ids.view(-1, 1, 1, 1, 1),
+                         heads, torch.arange(i0, i1).view(1, 1, 1, -1, 1),
+                         torch.arange(j0, j1).view(1, 1, 1, 1, -1))
+        return (kept.to(dtype) / (1 - self.dropout_p)).flatten(2, 3)
 
 
 def _scores(scale, causal, variant: Variant, seqlen_q, seqlen_k, heads_kv, group,
             key_padding_mask, batch_ids, slopes) -> _Scores:
-    seed, offset = (variant.rng_state.tolist() if variant.rng_state is not None else (0, 0))
     if slopes is not None:
         slopes = slopes.reshape(-1, heads_kv, group)
     return _Scores(scale, seqlen_q, seqlen_k, heads_kv, group, variant.window_left,
                    0 if causal else variant.window_right, variant.softcap, slopes,
-                   key_padding_mask, variant.dropout_p, int(seed), int(offset), batch_ids)
+                   key_padding_mask, variant.dropout_p, variant.rng_state, batch_ids)
 
 
 # ---------------------------------------------------------------------------------------
