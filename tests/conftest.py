@@ -21,7 +21,14 @@ FAST_MODULES = {"test_api.py", "test_errors.py", "test_ops.py", "test_spec.py",
                 "test_reference.py", "test_accuracy.py"}
 
 
+# Tests of other modules in the fast tier, by name prefix: cheap and central.
+FAST_TESTS = {"test_features.py": ("test_bad_feature_arguments_are_named",
+                                   "test_batched_features_match_the_oracle")}
+
+
 def _is_fast(item) -> bool:
+    if item.path.name in FAST_TESTS:
+        return item.name.startswith(FAST_TESTS[item.path.name])
     if item.path.name not in FAST_MODULES:
         return False
     params = getattr(item, "callspec", None)
