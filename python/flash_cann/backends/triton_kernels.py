@@ -326,6 +326,8 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stri
     bound (the causal diagonal among them) or the key tail; without it only padding
     (HAS_MASK) is masked."""
     CHECK: tl.constexpr = MASKED or HAS_MASK
+    # triton-ascend 3.2 takes no chained boolean operators (A or B or C).
+    SCORE_MOD: tl.constexpr = SOFTCAP or ALIBI
     for n0 in range(start, end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -334,7 +336,7 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stri
                        page_size, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, PAGED)
         s = tl.dot(q, tl.trans(k))
         # Stage: the new running max of the scores (log2 units), and P.
-        if CHECK or SOFTCAP or ALIBI:
+        if CHECK or SCORE_MOD:
             # Scale before masking, so that a hidden score is -inf whatever the scale's
             # sign. A row that has seen no key yet keeps m = -inf and subtracts 0
             # instead, so that exp2 gives 0, not NaN.
@@ -564,7 +566,7 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     (BATCH_IDX)."""
     _assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
     if PACK_GQA:
-        tl.static_assert(SEQUSED_K and not (VARLEN or DROPOUT or HAS_MASK or PERSISTENT),
+        tl.static_assert(SEQUSED_K and not ((VARLEN or DROPOUT) or (HAS_MASK or PERSISTENT)),
                          "PACK_GQA serves KV-cache decoding only")
         _fwd_group_tile(Q, K, V, Out, Lse, tl.program_id(0), tl.program_id(1),
                         tl.program_id(2), stride_qb, stride_qh, stride_qs, stride_qd, stride_kb,
