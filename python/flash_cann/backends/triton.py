@@ -297,7 +297,7 @@ def _feature_arguments(variant: Variant, causal: bool) -> dict:
     return args
 
 
-def _packed_views(variant: Variant, *tensors):
+def _packed_views(*tensors):
     """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
     it); the kernels' sequence geometry comes from cu_seqlens."""
     return tuple(layouts.to_bnsd(t.unsqueeze(0), "BSND") for t in tensors)
@@ -308,7 +308,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     packed = layout == layouts.PACKED
     out = empty(query.shape, query.dtype, query.device)
     if packed:
-        q, k, v, o = _packed_views(variant, query, key, value, out)
+        q, k, v, o = _packed_views(query, key, value, out)
         batch = variant.cu_seqlens_q.shape[0] - 1
         rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
     else:
@@ -348,7 +348,7 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     grad_value = empty(value.shape, value.dtype, device)
     tensors = (query, key, value, out, grad_out, grad_query, grad_key, grad_value)
     if packed:
-        q, k, v, o, do, dq, dk, dv = _packed_views(variant, *tensors)
+        q, k, v, o, do, dq, dk, dv = _packed_views(*tensors)
         batch = variant.cu_seqlens_q.shape[0] - 1
         rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
         softmax_lse = softmax_lse.unsqueeze(0)
