@@ -79,8 +79,7 @@ def _check_dtype(query: torch.Tensor, backend: BackendSpec | None) -> None:
 
 
 # The op arguments of each feature, as the public API spells them (for messages).
-_API_NAMES = {"window_left": "window_size[0]", "window_right": "window_size[1]",
-              "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
+_API_NAMES = {"window_left": "window_size[0]", "window_right": "window_size[1]"}
 
 
 def _check_features(op: str, given: dict, layout: str | None, backend: BackendSpec | None,
