@@ -119,10 +119,11 @@ def test_attention_takes_tnd(gen):
 # --------------------------------------------------------------------------------------
 
 def _cache_case(gen, *, paged, batch=3, seqlen_q=2, seqlen_new=2, heads=(4, 2), head_dim=16,
-                page_size=8, capacity=40, batch_idx=False, dtype=torch.float32, device="cpu"):
+                page_size=8, capacity=72, batch_idx=False, dtype=torch.float32, device="cpu"):
     """q, the caches (paged: a random block table over a shuffled pool), the new k/v,
-    cache_seqlens (one sequence empty before the append, one filled to the end), and a
-    dense view of each sequence's cache rows for the oracle."""
+    cache_seqlens (one sequence empty before the append; one of 63 + seqlen_new entries,
+    one past a multiple of every key block size when seqlen_new is 2; one filled to the
+    end), and a dense view of each sequence's cache rows for the oracle."""
     hq, hk = heads
 
     def rand(*shape):
@@ -130,7 +131,7 @@ def _cache_case(gen, *, paged, batch=3, seqlen_q=2, seqlen_new=2, heads=(4, 2), 
 
     q = rand(batch, seqlen_q, hq, head_dim)
     k_new, v_new = rand(batch, seqlen_new, hk, head_dim), rand(batch, seqlen_new, hk, head_dim)
-    filled = [0, 17, capacity - seqlen_new] + [int(x) for x in torch.randint(
+    filled = [0, 63, capacity - seqlen_new] + [int(x) for x in torch.randint(
         capacity - seqlen_new + 1, (max(0, batch - 3),), generator=gen)]
     cache_seqlens = torch.tensor(filled[:batch], dtype=torch.int32, device=device)
     kwargs = {}
@@ -226,7 +227,7 @@ def test_kvcache_without_new_entries_reads_the_whole_given_length(gen):
                                variant=Variant(), scale=q.shape[-1] ** -0.5)
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
     # cache_seqlens as an int, and no cache_seqlens (the whole cache).
-    full = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, **kwargs)
+    full = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=72, **kwargs)
     torch.testing.assert_close(full, flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache,
                                                                         **kwargs))
 
