@@ -4,9 +4,10 @@
 
 A tiny problem (batch 1, 2 heads, seqlen 128, head_dim 64, bf16) so that the GPU work
 never makes the host wait: each row times N calls of one layer of the call path (CPU
-wall clock, perf_counter_ns, after a warm-up that compiles and tunes), from the public
-function down to the bare Triton launch. A stage's cost is the difference between its
-row and the next. Writes host_overhead.json under --out and prints the table.
+wall clock, perf_counter_ns, after a warm-up that compiles and plans), from the public
+function down to the recorded launch, for the forward and the backward; the unplanned
+rows are what a call cost before plans (checks, Triton's launcher with its autotune
+lookup). Writes host_overhead.json under --out and prints the table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,39 +26,55 @@ import gpu_attention as common  # noqa: E402  (run metadata; puts python/ on the
 import flash_cann  # noqa: E402
 from flash_cann import checks, ops  # noqa: E402
 from flash_cann.backends import triton as triton_backend  # noqa: E402
-
-
-def _per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter_ns() - start
-    torch.cuda.synchronize()
-    return elapsed / calls / 1e3
+from flash_cann.backends.triton_launch import current_stream  # noqa: E402
 
 
 def stages(q, k, v):
-    """(name, what it runs): each layer of a forward call, outermost first."""
+    """(name, what it runs): each layer of a forward and of a backward call, outermost
+    first; a stage's own cost is its row less the next one's."""
     scale = 1 / math.sqrt(q.shape[-1])
     backend = ops.backend_for(q.device)
+    attrs = dict(scale=scale, causal=True, layout="BSND")
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, scale, True, "BSND")
+    grad = torch.randn_like(out)
+    bwd_args = (grad, q, k, v, out, lse, None, None)
+    fwd_plan = ops._fwd_plans[(*map(ops._tensor_signature, (q, k, v, None)), scale, True,
+                               "BSND")]
+    # The triton plan's recorded launch: out and lse are the outputs of the call above.
     return [
-        ("flash_attn_func", lambda: flash_cann.flash_attn_func(q, k, v, causal=True)),
-        ("torch.ops.flash_cann.fwd", lambda: torch.ops.flash_cann.fwd(
-            q, k, v, None, scale, True, "BSND")),
-        ("device kernel (checks + backend)", lambda: ops._fwd_kernel(
-            q, k, v, None, scale, True, "BSND")),
-        ("checks", lambda: checks.check_fwd(q, k, v, None, scale, True, "BSND", backend)),
-        ("triton backend forward", lambda: triton_backend.forward(
-            q, k, v, None, scale=scale, causal=True, layout="BSND")),
+        ("fwd: flash_attn_func, no grad (eager shortcut)",
+         lambda: flash_cann.flash_attn_func(q, k, v, causal=True)),
+        ("fwd: flash_attn_func, inputs require grad",
+         lambda: flash_cann.flash_attn_func(qg, kg, vg, causal=True)),
+        ("fwd: torch.ops.flash_cann.fwd, inputs require grad (op + autograd)",
+         lambda: torch.ops.flash_cann.fwd(qg, kg, vg, None, scale, True, "BSND")),
+        ("fwd: torch.ops.flash_cann.fwd, no grad (op)",
+         lambda: torch.ops.flash_cann.fwd(q, k, v, None, scale, True, "BSND")),
+        ("fwd: ops.plain_forward (planned)",
+         lambda: ops.plain_forward(q, k, v, None, scale, True, "BSND")),
+        ("fwd: triton plan (allocate, replay)", lambda: fwd_plan(q, k, v, None)),
+        ("fwd: recorded launch alone",
+         lambda: fwd_plan.launch(q, k, v, out, lse, None, stream=current_stream(0))),
+        ("fwd: checks (unplanned)", lambda: checks.check_fwd(q, k, v, None, scale, True, "BSND",
+                                                             backend)),
+        ("fwd: triton backend, unplanned (Triton's launcher, autotune lookup)",
+         lambda: triton_backend.forward(q, k, v, None, **attrs)),
+        ("fwd+bwd: flash_attn_func + backward",
+         lambda: flash_cann.flash_attn_func(qg, kg, vg, causal=True).backward(grad)),
+        ("bwd: torch.ops.flash_cann.bwd (op)",
+         lambda: torch.ops.flash_cann.bwd(*bwd_args, scale, True, "BSND")),
+        ("bwd: ops.plain_backward (planned)",
+         lambda: ops.plain_backward(*bwd_args, scale, True, "BSND", False)),
+        ("bwd: triton backend, unplanned",
+         lambda: triton_backend.backward(*bwd_args, **attrs)),
     ]
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--calls", type=int, default=common.HOST_CALLS,
+                   help="calls per timing (the median of several timings is kept)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -66,17 +82,18 @@ def main(argv=None):
         return 1
     q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
-    rows = [{"stage": name, "us_per_call": _per_call_us(fn, args.calls)}
+    rows = [{"stage": name, "us_per_call": common.per_call_us(fn, args.calls)}
             for name, fn in stages(q, k, v)]
     meta = common.run_metadata(1)
-    meta["method"] = (f"perf_counter_ns over {args.calls} calls after 20 warm-up calls; "
-                      f"bf16 (1, 128, 2, 64) BSND causal forward; GPU work never waited on")
+    meta["method"] = (f"median of {common.HOST_REPEATS} perf_counter_ns timings of "
+                      f"{args.calls} calls after 50 warm-up calls; bf16 (1, 128, 2, 64) BSND "
+                      f"causal; GPU work never waited on")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "host_overhead.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"{meta['device']}; {meta['software']}; {meta['date']}")
     for row in rows:
-        print(f"  {row['stage']:<34} {row['us_per_call']:8.1f} us/call")
+        print(f"  {row['stage']:<70} {row['us_per_call']:8.1f} us/call")
     print(f"wrote {path}")
     return 0
 

@@ -4,7 +4,8 @@ and a CANN-style ``attention``.
 All are thin: they resolve defaults, draw the dropout seed, take zero-copy views, and
 call ``torch.ops.flash_cann.fwd`` (or ``.fwd_kvcache``) -- whose kernel runs the
 shared checks and the backend for the tensors' device, and whose autograd calls
-``torch.ops.flash_cann.bwd``. What each feature computes: flash_cann.variant; which
+``torch.ops.flash_cann.bwd``. A plain call in eager mode takes a shortcut to the same
+kernel functions (flash_cann.eager: no dispatcher, same results). What each feature computes: flash_cann.variant; which
 backend has which feature: the spec (a backend without one names itself and the
 argument in its error).
 
@@ -34,6 +35,7 @@ import numbers
 
 import torch
 
+from . import eager
 from . import layout as layouts
 from .checks import key_padding_mask_as_bool, require_tensor
 from .variant import Variant, keep_mask
@@ -97,6 +99,16 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
     (batch, heads_q, seqlen_q, seqlen_k) -- for TND max_seqlen_q x max_seqlen_k, zero
     outside each sequence -- holding the softmax probabilities, negated where dropout
     dropped them (test with torch.signbit), as flash-attn's S_dmask marks them."""
+    # A plain call (every feature argument its default, strict types) in eager mode:
+    # straight to the op's kernel functions (flash_cann.eager), before any other work.
+    if (type(causal) is bool and type(deterministic) is bool and window_size == (-1, -1)
+            and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float
+            and dropout_p == 0.0 and alibi_slopes is None and cu_seqlens_q is None
+            and cu_seqlens_k is None and not (max_seqlen_q or max_seqlen_k)
+            and eager.applies(q, k, v, key_padding_mask)):
+        return (*eager.attention(q, k, v, key_padding_mask,
+                                 _softmax_scale(softmax_scale, q, scale_name), causal, layout,
+                                 deterministic), None)
     window_left, window_right = _window(window_size)
     dropout_p = _real(dropout_p, "dropout_p")
     scale = _softmax_scale(softmax_scale, q, scale_name)

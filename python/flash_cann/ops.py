@@ -10,13 +10,18 @@ Layers, as PyTorch's custom-op guide lays them out:
   4. device kernels: one per torch device type; each runs the shared checks, then the
      backend selected for that device type (the spec's first by default, see
      :func:`use_backend`).
+
+A plain call (no features) is planned once per signature (:func:`plain_forward`): the
+checks run on the first call of a signature and the backend's call for it is kept, so a
+repeated shape costs a dict lookup before the backend (benchmarks/NOTES.md, step H2).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -34,7 +39,10 @@ KVCACHE = SPEC.qualname("fwd_kvcache")
 _FWD_OP = SPEC.ops["fwd"]
 _BWD_OP = SPEC.ops[_FWD_OP.backward]
 _KVCACHE_OP = SPEC.ops["fwd_kvcache"]
+_FWD_PLAIN = _FWD_OP.feature_defaults()
+_BWD_PLAIN = _BWD_OP.feature_defaults()
 # The arguments the checks and backends take positionally, in their order.
+_FWD_CORE = ("query", "key", "value", "key_padding_mask", "scale", "causal", "layout")
 _BWD_CORE = ("grad_out", "query", "key", "value", "out", "softmax_lse", "key_padding_mask",
              "grad_softmax_lse", "scale", "causal", "layout")
 _KVCACHE_CORE = ("query", "k_cache", "v_cache", "key", "value", "cache_seqlens",
@@ -76,12 +84,14 @@ def use_backend(name: str) -> Iterator[None]:
     previous = dict(_selected)
     _selected.update(dict.fromkeys(SPEC.backends[name].device_types, name))
     _blocks.append(name)
+    forget_plans()
     try:
         yield
     finally:
         _blocks.pop()
         _selected.clear()
         _selected.update(previous)
+        forget_plans()
 
 
 def _module(backend: BackendSpec, device_type: str | None = None):
@@ -157,9 +167,106 @@ def _backend_call(backend: BackendSpec, device_type: str, function: str, *args, 
     return getattr(_module(backend, device_type), function)(*args, **kwargs)
 
 
+# ---------------------------------------------------------------------------------------
+# Plain calls: checked once per signature
+# ---------------------------------------------------------------------------------------
+
+# signature -> the backend call that passed the checks for it (see plain_forward).
+_fwd_plans: dict[tuple, Callable] = {}
+_bwd_plans: dict[tuple, Callable] = {}
+# Enough for every shape of a model's training and inference; a workload that keeps
+# changing shapes starts over when full rather than growing without bound.
+MAX_PLANS = 1024
+
+
+def forget_plans() -> None:
+    """Drop every plan: the backend selection or a backend's settings changed."""
+    _fwd_plans.clear()
+    _bwd_plans.clear()
+
+
+def _tensor_signature(t):
+    """What a plan may depend on: sizes, strides, dtype, device, and whether the data is
+    16-byte aligned (Triton specialises pointers on it)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
+def _remember(plans: dict, signature: tuple, plan: Callable) -> None:
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    plans[signature] = plan
+
+
+def _planned(module, function: str, *args, **kwargs):
+    """Run the backend's ``function`` once and return (its result, a callable that repeats
+    it for tensors of the same signature): the backend's own ``<function>_planned`` where
+    it has one (it may return no plan), else the function with its attributes bound."""
+    planner = getattr(module, f"{function}_planned", None)
+    if planner is not None:
+        result, plan = planner(*args, **kwargs)
+        if plan is not None:
+            return result, plan
+    else:
+        result = getattr(module, function)(*args, **kwargs)
+    return result, functools.partial(getattr(module, function), **kwargs)
+
+
+def plain_forward(query, key, value, key_padding_mask, scale: float, causal: bool,
+                  layout: str):
+    """fwd without features, as its kernel runs it: the first call of a signature runs the
+    checks and the backend, later ones only the backend's plan (checks passed before
+    cannot fail now: they read nothing the signature does not fix)."""
+    signature = (_tensor_signature(query), _tensor_signature(key), _tensor_signature(value),
+                 _tensor_signature(key_padding_mask), scale, causal, layout)
+    plan = _fwd_plans.get(signature)
+    if plan is not None:
+        return plan(query, key, value, key_padding_mask)
+    device_type = query.device.type
+    backend = _serving(device_type)
+    check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
+    result, plan = _planned(_module(backend, device_type), "forward", query, key, value,
+                            key_padding_mask, scale=scale, causal=causal, layout=layout)
+    _remember(_fwd_plans, signature, plan)
+    return result
+
+
+def plain_backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                   grad_softmax_lse, scale: float, causal: bool, layout: str,
+                   deterministic: bool):
+    """bwd without features, planned as :func:`plain_forward`."""
+    tensors = (grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+               grad_softmax_lse)
+    signature = (*map(_tensor_signature, tensors), scale, causal, layout, deterministic)
+    plan = _bwd_plans.get(signature)
+    if plan is not None:
+        return plan(*tensors)
+    device_type = query.device.type
+    backend = _serving(device_type)
+    check_bwd(*tensors, scale, causal, layout, backend)
+    result, plan = _planned(_module(backend, device_type), "backward", *tensors, scale=scale,
+                            causal=causal, layout=layout, deterministic=deterministic)
+    _remember(_bwd_plans, signature, plan)
+    return result
+
+
+def _is_plain(defaults: dict, args: dict) -> bool:
+    """Whether every feature argument has its default (``defaults``: the op's
+    feature_defaults()): a plain call."""
+    return all(args[name] is None if default is None else args[name] == default
+               for name, default in defaults.items())
+
+
+# ---------------------------------------------------------------------------------------
+# Device kernels
+# ---------------------------------------------------------------------------------------
+
 # deterministic (autograd_only in the spec) only reaches the backward, through autograd.
 def _fwd_kernel(*args, **kwargs):
     a = _arguments(_FWD_OP, args, kwargs)
+    if _is_plain(_FWD_PLAIN, a):
+        return plain_forward(*(a[name] for name in _FWD_CORE))
     device_type = a["query"].device.type
     backend = _serving(device_type)
     p = check_fwd(a["query"], a["key"], a["value"], a["key_padding_mask"], a["scale"],
@@ -171,6 +278,8 @@ def _fwd_kernel(*args, **kwargs):
 
 def _bwd_kernel(*args, **kwargs):
     a = _arguments(_BWD_OP, args, kwargs)
+    if _is_plain(_BWD_PLAIN, a):
+        return plain_backward(*(a[name] for name in _BWD_CORE), a["deterministic"])
     device_type = a["query"].device.type
     backend = _serving(device_type)
     p = check_bwd(*(a[name] for name in _BWD_CORE), backend, **_features(_BWD_OP, a))
@@ -195,11 +304,16 @@ def _fwd_kvcache_kernel(*args, **kwargs):
 _KERNELS = {"fwd": _fwd_kernel, "bwd": _bwd_kernel, "fwd_kvcache": _fwd_kvcache_kernel}
 
 
+# The device types whose kernels are registered.
+REGISTERED: set[str] = set()
+
+
 def register_device(device_type: str) -> None:
     """Register the device kernels for ``device_type`` (called at import for the device
     types torch knows; the NPU shim calls it once torch_npu has named PrivateUse1)."""
     for name, kernel in _KERNELS.items():
         torch.library.register_kernel(SPEC.qualname(name), device_type, kernel, lib=_LIB)
+    REGISTERED.add(device_type)
 
 
 def _unavailable_reason(backend: BackendSpec, device_type: str) -> str:

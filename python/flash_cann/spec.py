@@ -139,6 +139,11 @@ class OpSpec:
         """(argument name, feature) of every input and attribute that belongs to one."""
         return [(x.name, x.feature) for x in (*self.inputs, *self.attrs) if x.feature]
 
+    def feature_defaults(self) -> dict[str, Any]:
+        """Each feature argument's value in a call that uses no feature (inputs: None)."""
+        return {x.name: getattr(x, "default", None) for x in (*self.inputs, *self.attrs)
+                if x.feature}
+
 
 @dataclass(frozen=True)
 class BackendSpec:

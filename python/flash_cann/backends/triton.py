@@ -15,6 +15,8 @@ needs no atomics; the price is recomputing S and dP in both kernels (7 matmuls p
 tile pair instead of 5).
 
 Outputs are contiguous in the input's layout; inputs are read through their strides.
+A plain call (no features) is also planned: its launches are recorded and later calls of
+its signature replay them (``forward_planned`` / ``backward_planned``, triton_launch.py).
 ``FLASH_CANN_TRITON_TMA``: ``auto`` (default; descriptors on sm90+), ``1`` (wherever
 the strides allow, including the interpreter), ``0`` (never).
 """
@@ -32,9 +34,11 @@ import torch
 import triton
 
 from .. import layout as layouts
+from .. import ops
 from ..variant import PLAIN, Variant, dropout_threshold
 from . import triton_kernels as kernels
 from .triton_buffers import empty
+from .triton_launch import Launch, current_stream, launch_and_record
 
 # Tune only calls with at least this many scores (batch * heads * seqlen_q * seqlen_k,
 # ~0.1 ms on an H100): below it a search costs more than it can save, and the
@@ -172,14 +176,26 @@ class _Kernel:
         budget = _smem_budget(named_args["Q"].device)
         return [c for c in configs if self.keep(c, kwargs["BLOCK_D"], budget)]
 
-    def launch(self, grid, *args, scores: int, **constexprs) -> None:
+    def launch(self, grid, *args, scores: int, record: int = 0, **constexprs):
+        """Launch (tuned, pinned, or the default config for a small problem). With
+        ``record`` = n, return the launch as a triton_launch.Launch that replays it with
+        new tensors in the first n arguments (or None where it cannot)."""
         pinned = _pinned.get(self.name)
         if pinned is None and scores < TUNE_MIN_SCORES:
             pinned = self.default(constexprs["BLOCK_D"], _smem_budget(args[0].device))
-        if pinned is None:
-            self.tuned[grid](*args, **constexprs)
-        else:
-            self.fn[grid](*args, **constexprs, **pinned.all_kwargs())
+        launcher = self.tuned if pinned is None else self.fn
+        if pinned is not None:
+            constexprs.update(pinned.all_kwargs())
+        return _launch(launcher, grid, record, *args, **constexprs)
+
+
+def _launch(launcher, grid, record: int, *args, **kwargs) -> Launch | None:
+    """``launcher[grid](*args, **kwargs)``; with ``record`` = n > 0, the launch as a Launch
+    replaying it with new tensors in the first n arguments (None where it cannot)."""
+    if record:
+        return launch_and_record(launcher, grid, record, _tma_scratch, *args, **kwargs)
+    launcher[grid](*args, **kwargs)
+    return None
 
 
 FWD = _Kernel("fwd", kernels.attn_fwd, FWD_TILES, True, _registers_fwd, _smem_fwd)
@@ -201,20 +217,36 @@ def pinned_configs(**configs: triton.Config) -> Iterator[None]:
         raise ValueError(f"unknown kernel(s) {sorted(unknown)}; choose from {sorted(KERNELS)}")
     previous = dict(_pinned)
     _pinned.update(configs)
+    ops.forget_plans()  # plans made before would replay other configs
     try:
         yield
     finally:
         _pinned.clear()
         _pinned.update(previous)
+        ops.forget_plans()
 
 
 # ---------------------------------------------------------------------------------------
 # Buffers, devices, tensor descriptors
 # ---------------------------------------------------------------------------------------
 
+# (device, stream) -> the descriptor scratch last handed out there. Kernels on one
+# stream run one after another, so each may reuse the previous one's scratch instead of
+# allocating its own per launch (~5 µs of host time on the lent H100's host).
+_scratch: dict[tuple[int, int], torch.Tensor] = {}
+
+
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global memory for the tensor descriptors the kernels build on the device."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    """Global memory for the tensor descriptors the kernels build on the device (torch
+    aligns to 512 bytes, more than any descriptor needs). While a CUDA graph is captured
+    each launch gets its own, from the graph's pool."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+    key = (torch.cuda.current_device(), stream)  # (stream 0 is every device's default)
+    buffer = _scratch.get(key)
+    if buffer is None or buffer.numel() < size:
+        buffer = _scratch[key] = torch.empty(size, dtype=torch.int8, device="cuda")
+    return buffer
 
 
 def _tma_compatible(t: torch.Tensor) -> bool:
@@ -226,8 +258,12 @@ def _tma_compatible(t: torch.Tensor) -> bool:
             and b % 16 == 0 and h % 16 == 0 and s % 16 == 0)
 
 
+def _tma_setting() -> str:
+    return os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
+
+
 def _use_tma(*bnsd_views: torch.Tensor) -> bool:
-    setting = os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
+    setting = _tma_setting()
     if setting not in ("auto", "0", "1"):
         raise ValueError(f"FLASH_CANN_TRITON_TMA must be auto, 0 or 1 (got {setting!r})")
     device = bnsd_views[0].device
@@ -305,6 +341,23 @@ def _packed_views(*tensors):
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             variant: Variant = PLAIN):
+    out, lse, _ = _forward(query, key, value, key_padding_mask, scale, causal, layout, variant)
+    return out, lse
+
+
+def forward_planned(query, key, value, key_padding_mask, *, scale: float, causal: bool,
+                    layout: str):
+    """A plain forward, and its plan for later calls of the signature (ops.plain_forward):
+    the same launch replayed with the new tensors (None where Triton's cannot be)."""
+    out, lse, launch = _forward(query, key, value, key_padding_mask, scale, causal, layout,
+                                PLAIN, record=True)
+    attrs = dict(scale=scale, causal=causal, layout=layout)
+    return (out, lse), launch and _ForwardPlan(launch, lse.shape, query.device, attrs)
+
+
+def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant,
+             record=False):
+    """(out, lse, the kernel's Launch if ``record`` and it can be replayed)."""
     packed = layout == layouts.PACKED
     out = empty(query.shape, query.dtype, query.device)
     if packed:
@@ -324,23 +377,48 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
     with _launching_on(query.device, use_tma):
-        FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
-                   q, k, v, o, lse, key_padding_mask,
-                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-                   *_mask_strides(key_padding_mask),
-                   batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k, scale * math.log2(math.e),
-                   _bucket(rows_q), _bucket(rows_k),
-                   scores=batch * heads_q * rows_q * rows_k,
-                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-                   HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
-                   USE_TMA=use_tma, PERSISTENT=False, **features)
-    return out, (lse[0] if packed else lse)
+        # The first six arguments are the tensors a replay supplies (same data pointers
+        # as these views).
+        launch = FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
+                            q, k, v, o, lse, key_padding_mask,
+                            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                            *_mask_strides(key_padding_mask),
+                            batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
+                            scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k),
+                            scores=batch * heads_q * rows_q * rows_k, record=6 * record,
+                            HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+                            HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
+                            USE_TMA=use_tma, PERSISTENT=False, **features)
+    return out, (lse[0] if packed else lse), launch
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
              variant: Variant = PLAIN):
-    del deterministic  # this backward is always deterministic (no atomic adds)
+    grads, _ = _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                         grad_softmax_lse, scale, causal, layout, deterministic, variant)
+    return grads
+
+
+def backward_planned(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                     grad_softmax_lse, *, scale: float, causal: bool, layout: str,
+                     deterministic: bool):
+    """A plain backward, and its plan (as forward_planned)."""
+    grads, launches = _backward(grad_out, query, key, value, out, softmax_lse,
+                                key_padding_mask, grad_softmax_lse, scale, causal, layout,
+                                deterministic, PLAIN, record=True)
+    attrs = dict(scale=scale, causal=causal, layout=layout, deterministic=deterministic)
+    plan = None
+    if all(launches.values()):
+        plan = _BackwardPlan(launches, softmax_lse.shape, query.device, attrs)
+    return grads, plan
+
+
+def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+              grad_softmax_lse, scale, causal, layout, deterministic, variant, record=False):
+    """((dq, dk, dv), {stage: its Launch if ``record`` and replayable}). Always
+    deterministic: no atomic adds (NOTES.md, step 9: an atomic dQ was slower)."""
+    del deterministic
     packed = layout == layouts.PACKED
     device = query.device
     grad_query = empty(query.shape, query.dtype, device)
@@ -376,22 +454,84 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
                   USE_TMA=use_tma, PERSISTENT=False, **features)
     varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
         if packed else {}
+    launches = {}
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
         rows = max(16, PREPROCESS_TILE // block_d)
-        kernels.attn_bwd_preprocess[(triton.cdiv(seqlen_q, rows), heads_q, q.shape[0])](
+        launches["preprocess"] = _launch(
+            kernels.attn_bwd_preprocess, lambda meta: (triton.cdiv(seqlen_q, rows), heads_q,
+                                                       q.shape[0]), 4 * record,
             o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
             BLOCK_M=rows)
         # Stage: dK, dV per key block.
-        DKDV.launch(lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
-                    *inputs, dk, dv, *input_strides, *dk.stride(), *dv.stride(), *scalars,
-                    **shared, **varlen, **({"max_seqlen_k": rows_k} if packed else {}))
+        launches["dkdv"] = DKDV.launch(
+            lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
+            *inputs, dk, dv, *input_strides, *dk.stride(), *dv.stride(), *scalars,
+            record=9 * record, **shared, **varlen,
+            **({"max_seqlen_k": rows_k} if packed else {}))
         # Stage: dQ per query block.
-        DQ.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
-                  *inputs, dq, *input_strides, *dq.stride(), *scalars, **shared, **varlen,
-                  **({"max_seqlen_q": rows_q} if packed else {}))
-    return grad_query, grad_key, grad_value
+        launches["dq"] = DQ.launch(
+            lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
+            *inputs, dq, *input_strides, *dq.stride(), *scalars, record=8 * record,
+            **shared, **varlen, **({"max_seqlen_q": rows_q} if packed else {}))
+    return (grad_query, grad_key, grad_value), launches
+
+
+class _ForwardPlan:
+    """A plain forward's recorded launch, for later calls of its signature: allocate the
+    outputs, launch. FLASH_CANN_TRITON_TMA changed since: the full path."""
+
+    def __init__(self, launch: Launch, lse_shape, device: torch.device, attrs: dict):
+        self.launch, self.lse_shape, self.device, self.attrs = launch, lse_shape, device, attrs
+        self.tma_setting = _tma_setting()
+
+    def __call__(self, query, key, value, key_padding_mask):
+        if _tma_setting() != self.tma_setting:
+            return forward(query, key, value, key_padding_mask, **self.attrs)
+        out = empty(query.shape, query.dtype, self.device)
+        lse = empty(self.lse_shape, torch.float32, self.device)
+        with _replaying_on(self.device):
+            self.launch(query, key, value, out, lse, key_padding_mask,
+                        stream=current_stream(self.device.index))
+        return out, lse
+
+
+class _BackwardPlan:
+    """A plain backward's recorded launches (as _ForwardPlan)."""
+
+    def __init__(self, launches: dict, lse_shape, device: torch.device, attrs: dict):
+        self.launches, self.lse_shape, self.device, self.attrs = launches, lse_shape, device, attrs
+        self.tma_setting = _tma_setting()
+
+    def __call__(self, grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                 grad_softmax_lse):
+        if _tma_setting() != self.tma_setting:
+            return backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
+                            grad_softmax_lse, **self.attrs)
+        device = self.device
+        grad_query = empty(query.shape, query.dtype, device)
+        grad_key = empty(key.shape, key.dtype, device)
+        grad_value = empty(value.shape, value.dtype, device)
+        delta = empty(self.lse_shape, torch.float32, device)
+        lse = softmax_lse.contiguous()
+        dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
+        inputs = (query, key, value, grad_out, lse, delta, key_padding_mask)
+        launches = self.launches
+        with _replaying_on(device):
+            stream = current_stream(device.index)
+            launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
+            launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
+            launches["dq"](*inputs, grad_query, stream=stream)
+        return grad_query, grad_key, grad_value
+
+
+def _replaying_on(device: torch.device):
+    """What _launching_on sets up, for replays (their launches allocate their own
+    descriptor scratch): the device, if it is not the current one."""
+    if device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
