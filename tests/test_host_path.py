@@ -93,13 +93,24 @@ def test_compiled_calls_trace_the_op(shortcut_calls, gen):
     assert len(shortcut_calls) == 1  # the eager call only
 
 
-def test_double_backward_is_refused(gen):
+@pytest.mark.parametrize("path", ["shortcut", "op"])
+def test_double_backward_is_refused(path, gen):
+    """First derivatives with create_graph=True are right; a second one raises, through
+    the eager shortcut and through the op, also for a gradient penalty (the upstream
+    gradient needs no grad: once_differentiable alone would let it pass as zero)."""
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 8, 8, 16, torch.float32,
                                                     "BSND", generator=gen))
-    out = flash_cann.flash_attn_func(q, k, v)
+    if path == "op":
+        out, _ = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, False, "BSND")
+    else:
+        out = flash_cann.flash_attn_func(q, k, v)
     (grad_q,) = torch.autograd.grad(out.sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
-        grad_q.sum().backward()
+    (want,) = torch.autograd.grad(flash_cann.flash_attn_func(q, k, v).sum(), q)
+    assert torch.equal(grad_q, want)
+    assert grad_q.requires_grad
+    penalty = grad_q.square().sum() + out.sum()
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        penalty.backward()
 
 
 def test_a_repeated_signature_is_checked_once_and_bad_calls_still_fail(monkeypatch, gen):

@@ -21,7 +21,6 @@ Nothing can observe the difference when:
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import ops
 
@@ -50,8 +49,7 @@ def attention(query, key, value, key_padding_mask, scale: float, causal: bool, l
 
 class _Attention(torch.autograd.Function):
     """The op's autograd formula (ops._backward), for the fast path: the backward runs the
-    bwd op's kernel. Differentiable once: a second derivative raises (the op has none
-    either)."""
+    bwd op's kernel. Differentiable once, as the op (ops.differentiable_once)."""
 
     @staticmethod
     def forward(ctx, query, key, value, key_padding_mask, scale, causal, layout,
@@ -65,7 +63,7 @@ class _Attention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
+    @ops.differentiable_once
     def backward(ctx, grad_out, grad_lse):
         query, key, value, key_padding_mask, out, lse = ctx.saved_tensors
         if grad_out is None:

@@ -430,4 +430,26 @@ def _backward(ctx, *grads):
     return tuple(by_name.get(f"grad_{name}") for name in _FWD_ARGS)
 
 
-torch.library.register_autograd(FWD, _backward, setup_context=_setup_context, lib=_LIB)
+def differentiable_once(backward):
+    """An autograd backward that runs without a graph and whose results raise if they are
+    differentiated (a second derivative of attention is not implemented). As
+    torch.autograd.function.once_differentiable, except that saved inputs requiring grad
+    count too: a gradient penalty on dL/dq (create_graph=True with an upstream gradient
+    that needs none) raises instead of silently contributing zero."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            results = backward(ctx, *grads)
+        if not torch.is_grad_enabled() or not any(
+                t is not None and t.requires_grad for t in (*grads, *ctx.saved_tensors)):
+            return results
+        refuse = torch._C._functions.DelayedError(
+            b"flash_cann: attention is differentiable once; a second derivative (backward "
+            b"through gradients computed with create_graph=True) is not implemented",
+            len(results))
+        return refuse(*(None if r is None else r.detach().requires_grad_() for r in results))
+    return wrapper
+
+
+torch.library.register_autograd(FWD, differentiable_once(_backward),
+                                setup_context=_setup_context, lib=_LIB)
