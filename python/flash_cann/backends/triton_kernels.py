@@ -68,6 +68,21 @@ def _heads_view(T, stride_b, stride_h, stride_s, b, h0, heads, seqlen, HEAD_DIM:
 
 
 @triton.jit
+def _key_value_views(K, V, k_start, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
+                     stride_vs, b, h_kv, len_k, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """The views of one sequence's keys and values (or their gradients), as every tile
+    reads or writes them: kv head h_kv of batch row b, the sequence's rows starting at
+    k_start (packed sequences)."""
+    k_offset = k_start.to(tl.int64)
+    k_view = _heads_view(K + k_offset * stride_ks, stride_kb, stride_kh, stride_ks, b, h_kv, 1,
+                         len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    v_view = _heads_view(V + k_offset * stride_vs, stride_vb, stride_vh, stride_vs, b, h_kv, 1,
+                         len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    return k_view, v_view
+
+
+@triton.jit
 def _tile_offsets(view, stride_h, stride_s, stride_d, head, row0, seqlen, HEAD_DIM: tl.constexpr,
                   BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Pointers and in-bounds mask of a tile (pointer path). Offsets in int64: rows x
@@ -410,12 +425,10 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
         cache_b = tl.load(CacheBatchIdx + b) if BATCH_IDX else tensor_b
         q_view = _heads_view(Q + q_start.to(tl.int64) * stride_qs, stride_qb, stride_qh,
                              stride_qs, tensor_b, h, 1, len_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-        k_view = _heads_view(K + k_start.to(tl.int64) * stride_ks, stride_kb, stride_kh,
-                             stride_ks, cache_b * 0 if PAGED else cache_b, h_kv, 1, len_k, HEAD_DIM,
-                             BLOCK_N, BLOCK_D, USE_TMA)
-        v_view = _heads_view(V + k_start.to(tl.int64) * stride_vs, stride_vb, stride_vh,
-                             stride_vs, cache_b * 0 if PAGED else cache_b, h_kv, 1, len_k, HEAD_DIM,
-                             BLOCK_N, BLOCK_D, USE_TMA)
+        k_view, v_view = _key_value_views(K, V, k_start, stride_kb, stride_kh, stride_ks,
+                                          stride_vb, stride_vh, stride_vs,
+                                          cache_b * 0 if PAGED else cache_b, h_kv, len_k,
+                                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
         table_row = BlockTable + b.to(tl.int64) * block_table_stride if PAGED else BlockTable
         keep_row = Keep  # batch b's row of the key padding mask (None without one)
         if HAS_MASK:
@@ -702,12 +715,10 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
         diagonal = len_k - len_q
         offs_n = n0 + tl.arange(0, BLOCK_N)
         q_offset = q_start.to(tl.int64)
-        k_offset = k_start.to(tl.int64)
         # Stage: K and V of the block are loaded once; fp32 accumulators.
-        k_view = _heads_view(K + k_offset * stride_ks, stride_kb, stride_kh, stride_ks, tensor_b,
-                             h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
-        v_view = _heads_view(V + k_offset * stride_vs, stride_vb, stride_vh, stride_vs, tensor_b,
-                             h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        k_view, v_view = _key_value_views(K, V, k_start, stride_kb, stride_kh, stride_ks,
+                                          stride_vb, stride_vh, stride_vs, tensor_b, h_kv, len_k,
+                                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
         k = _load_rows(k_view, 0, stride_ks, stride_kd, 0, n0, len_k, HEAD_DIM, BLOCK_N,
                        BLOCK_D, USE_TMA)
         v = _load_rows(v_view, 0, stride_vs, stride_vd, 0, n0, len_k, HEAD_DIM, BLOCK_N,
@@ -755,10 +766,9 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
             keep = tl.load(keep_row + offs_n * keep_stride_s, mask=offs_n < len_k, other=0) != 0
             dk = tl.where(keep[:, None], dk, 0.0)
             dv = tl.where(keep[:, None], dv, 0.0)
-        dk_view = _heads_view(DK + k_offset * stride_dks, stride_dkb, stride_dkh, stride_dks,
-                              tensor_b, h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
-        dv_view = _heads_view(DV + k_offset * stride_dvs, stride_dvb, stride_dvh, stride_dvs,
-                              tensor_b, h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        dk_view, dv_view = _key_value_views(DK, DV, k_start, stride_dkb, stride_dkh, stride_dks,
+                                            stride_dvb, stride_dvh, stride_dvs, tensor_b, h_kv,
+                                            len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
         _store_rows(dk_view, 0, stride_dks, stride_dkd, 0, n0, dk * scale, len_k, HEAD_DIM,
                     BLOCK_N, BLOCK_D, USE_TMA)
         _store_rows(dv_view, 0, stride_dvs, stride_dvd, 0, n0, dv, len_k, HEAD_DIM, BLOCK_N,
@@ -866,16 +876,14 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, Keep, DQ, block, h, b, blocks,
         diagonal = len_k - len_q
         offs_m = m0 + tl.arange(0, BLOCK_M)
         q_offset = q_start.to(tl.int64)
-        k_offset = k_start.to(tl.int64)
         # Stage: Q, dO, lse and D of the block are loaded once.
         q_view = _heads_view(Q + q_offset * stride_qs, stride_qb, stride_qh, stride_qs, tensor_b,
                              h, 1, len_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
         do_view = _heads_view(DOut + q_offset * stride_dos, stride_dob, stride_doh, stride_dos,
                               tensor_b, h, 1, len_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-        k_view = _heads_view(K + k_offset * stride_ks, stride_kb, stride_kh, stride_ks, tensor_b,
-                             h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
-        v_view = _heads_view(V + k_offset * stride_vs, stride_vb, stride_vh, stride_vs, tensor_b,
-                             h_kv, 1, len_k, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+        k_view, v_view = _key_value_views(K, V, k_start, stride_kb, stride_kh, stride_ks,
+                                          stride_vb, stride_vh, stride_vs, tensor_b, h_kv, len_k,
+                                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
         q = _load_rows(q_view, 0, stride_qs, stride_qd, 0, m0, len_q, HEAD_DIM, BLOCK_M,
                        BLOCK_D, USE_TMA)
         do = _load_rows(do_view, 0, stride_dos, stride_dod, 0, m0, len_q, HEAD_DIM, BLOCK_M,
