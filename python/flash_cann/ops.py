@@ -193,12 +193,6 @@ def _tensor_signature(t):
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
 
 
-def _remember(plans: dict, signature: tuple, plan: Callable) -> None:
-    if len(plans) >= MAX_PLANS:
-        plans.clear()
-    plans[signature] = plan
-
-
 def _planned(module, function: str, *args, **kwargs):
     """Run the backend's ``function`` once and return (its result, a callable that repeats
     it for tensors of the same signature): the backend's own ``<function>_planned`` where
@@ -213,6 +207,21 @@ def _planned(module, function: str, *args, **kwargs):
     return result, functools.partial(getattr(module, function), **kwargs)
 
 
+def _plan_and_run(plans: dict, signature: tuple, check, function: str, query, tensors: tuple,
+                  scale: float, causal: bool, layout: str, **attrs):
+    """The first call of a plain signature: the checks, the backend's ``function``, and its
+    plan kept for the next calls."""
+    device_type = query.device.type
+    backend = _serving(device_type)
+    check(*tensors, scale, causal, layout, backend)
+    result, plan = _planned(_module(backend, device_type), function, *tensors, scale=scale,
+                            causal=causal, layout=layout, **attrs)
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    plans[signature] = plan
+    return result
+
+
 def plain_forward(query, key, value, key_padding_mask, scale: float, causal: bool,
                   layout: str):
     """fwd without features, as its kernel runs it: the first call of a signature runs the
@@ -223,13 +232,8 @@ def plain_forward(query, key, value, key_padding_mask, scale: float, causal: boo
     plan = _fwd_plans.get(signature)
     if plan is not None:
         return plan(query, key, value, key_padding_mask)
-    device_type = query.device.type
-    backend = _serving(device_type)
-    check_fwd(query, key, value, key_padding_mask, scale, causal, layout, backend)
-    result, plan = _planned(_module(backend, device_type), "forward", query, key, value,
-                            key_padding_mask, scale=scale, causal=causal, layout=layout)
-    _remember(_fwd_plans, signature, plan)
-    return result
+    return _plan_and_run(_fwd_plans, signature, check_fwd, "forward", query,
+                         (query, key, value, key_padding_mask), scale, causal, layout)
 
 
 def plain_backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
@@ -242,13 +246,8 @@ def plain_backward(grad_out, query, key, value, out, softmax_lse, key_padding_ma
     plan = _bwd_plans.get(signature)
     if plan is not None:
         return plan(*tensors)
-    device_type = query.device.type
-    backend = _serving(device_type)
-    check_bwd(*tensors, scale, causal, layout, backend)
-    result, plan = _planned(_module(backend, device_type), "backward", *tensors, scale=scale,
-                            causal=causal, layout=layout, deterministic=deterministic)
-    _remember(_bwd_plans, signature, plan)
-    return result
+    return _plan_and_run(_bwd_plans, signature, check_bwd, "backward", query, tensors, scale,
+                         causal, layout, deterministic=deterministic)
 
 
 def _is_plain(defaults: dict, args: dict) -> bool:

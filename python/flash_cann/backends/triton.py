@@ -273,6 +273,14 @@ def _use_tma(*bnsd_views: torch.Tensor) -> bool:
     return all(_tma_compatible(t) for t in bnsd_views)
 
 
+def _on_device(device: torch.device):
+    """A CUDA device guard that costs nothing when ``device`` is the current one (plan
+    replays allocate their descriptor scratch themselves and need no more)."""
+    if device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 @contextlib.contextmanager
 def _launching_on(device: torch.device, use_tma: bool) -> Iterator[None]:
     """Kernels launch on the tensors' GPU (not the current one); descriptor kernels get
@@ -280,7 +288,7 @@ def _launching_on(device: torch.device, use_tma: bool) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    with torch.cuda.device(device):
+    with _on_device(device):
         if use_tma:
             triton.set_allocator(_tma_scratch)
         yield
@@ -491,7 +499,7 @@ class _ForwardPlan:
             return forward(query, key, value, key_padding_mask, **self.attrs)
         out = empty(query.shape, query.dtype, self.device)
         lse = empty(self.lse_shape, torch.float32, self.device)
-        with _replaying_on(self.device):
+        with _on_device(self.device):
             self.launch(query, key, value, out, lse, key_padding_mask,
                         stream=current_stream(self.device.index))
         return out, lse
@@ -518,20 +526,12 @@ class _BackwardPlan:
         dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
         inputs = (query, key, value, grad_out, lse, delta, key_padding_mask)
         launches = self.launches
-        with _replaying_on(device):
+        with _on_device(device):
             stream = current_stream(device.index)
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
             launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
             launches["dq"](*inputs, grad_query, stream=stream)
         return grad_query, grad_key, grad_value
-
-
-def _replaying_on(device: torch.device):
-    """What _launching_on sets up, for replays (their launches allocate their own
-    descriptor scratch): the device, if it is not the current one."""
-    if device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
