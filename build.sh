@@ -135,7 +135,7 @@ build_host_only() {
   command -v flock > /dev/null || die "flock (util-linux) is needed"
   if [[ $clean == yes ]]; then rm -rf -- "$host_build"; fi
   mkdir -p -- "$host_build"
-  # python/flash_cann/native.py builds the same directory on first use (tests, CLI): take its lock,
+  # python/flash_cann/ascend/native.py builds the same directory on first use (tests, CLI): take its lock,
   # and its configuration.
   exec {lock}> "$host_build/.build.lock"
   flock "$lock"

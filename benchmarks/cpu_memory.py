@@ -4,7 +4,7 @@ PyTorch's fused CPU attention (scaled_dot_product_attention).
     python benchmarks/cpu_memory.py [--out benchmarks/results/cpu.json] [--quick]
 
 Part 1, memory: peak extra resident memory of forward + backward, each measurement in a
-fresh process (flash_cann.memory), flash_cann vs the materialising path, seqlen 1k..16k,
+fresh process (flash_cann.tools.memory), flash_cann vs the materialising path, seqlen 1k..16k,
 batch 1, 1 head, head_dim 64, float32, causal.
 Part 2, speed: median wall time of forward and forward + backward at seqlen 4096,
 batch 1, 8 heads, head_dim 64, float32 and bfloat16, causal and not, flash_cann vs
@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import flash_cann  # noqa: E402
-from flash_cann import memory, reference  # noqa: E402
-from flash_cann.timing import median_seconds  # noqa: E402
+from flash_cann.tools import memory  # noqa: E402
+from flash_cann.contract import reference  # noqa: E402
+from flash_cann.tools.timing import median_seconds  # noqa: E402
 
 
 def make_inputs(batch, heads, seqlen, head_dim, dtype, requires_grad):

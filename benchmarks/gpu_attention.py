@@ -17,7 +17,7 @@ call. TFLOP/s: fwd = 4 * batch * heads * seqlen^2 * head_dim, halved for causal;
 bwd = 2.5 x fwd; fwd+bwd = 3.5 x fwd. Ratios are the peer's time over flash_cann's
 (> 1: flash_cann is faster).
 Memory: peak extra CUDA memory of forward + backward (batch 1, 16 heads, head_dim 128,
-bf16, causal) for flash_cann and the materialising path (flash_cann.reference), which
+bf16, causal) for flash_cann and the materialising path (flash_cann.contract.reference), which
 is expected to run out of memory.
 
 Host: each implementation's host time per call (fwd, fwd+bwd) on a tiny problem whose
@@ -47,7 +47,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import flash_cann  # noqa: E402
-from flash_cann import memory, reference  # noqa: E402
+from flash_cann.tools import memory  # noqa: E402
+from flash_cann.contract import reference  # noqa: E402
 
 TOTAL_TOKENS = 16384
 HIDDEN = 2048

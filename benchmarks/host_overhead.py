@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_attention as common  # noqa: E402  (run metadata; puts python/ on the path)
 
 import flash_cann  # noqa: E402
-from flash_cann import checks, ops  # noqa: E402
-from flash_cann.backends import triton as triton_backend  # noqa: E402
-from flash_cann.backends.triton_launch import current_stream  # noqa: E402
+from flash_cann.contract import checks, ops  # noqa: E402
+from flash_cann.backends.triton import cuda as triton_backend  # noqa: E402
+from flash_cann.backends.triton.launch import current_stream  # noqa: E402
 
 
 def stages(q, k, v):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from flash_cann import planner  # noqa: E402
+from flash_cann.ascend import planner  # noqa: E402
 
 # torch_npu fused attention (the incumbent, FlashAttentionScore) measured on a 910B2:
 # batch 1, 1 head, fp16, head_dim 128, non-causal, TFLOP/s by seqlen

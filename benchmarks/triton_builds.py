@@ -75,7 +75,7 @@ def main(argv=None):
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    from flash_cann.backends import triton as backend
+    from flash_cann.backends.triton import cuda as backend
 
     driver.set_active(_TargetDriver(GPUTarget("cuda", args.arch, 32)))
     built = {}

@@ -32,7 +32,7 @@ def _flash_cann():
                  f"a checkout of the repository (pip >= 21.3 builds in place)")
     sys.path.insert(0, str(sources))
     import flash_cann
-    import flash_cann.aclnn
+    import flash_cann.backends.npu.aclnn
     return flash_cann
 
 
@@ -56,7 +56,7 @@ def main() -> None:
 
     flash_cann = _flash_cann()
     generated = BUILD / "generated"
-    flash_cann.aclnn.write_headers(generated)
+    flash_cann.backends.npu.aclnn.write_headers(generated)
     setup(
         name="flash-cann-npu",
         version=flash_cann.__version__,

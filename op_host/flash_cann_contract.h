@@ -1,4 +1,4 @@
-// Generated from op_project/flash_cann_ops.yaml by `python -m flash_cann.contract_header`;
+// Generated from op_project/flash_cann_ops.yaml by `python -m flash_cann.ascend.contract_header`;
 // do not edit (tests/test_contract.py fails while this file is out of date).
 #ifndef FLASH_CANN_CONTRACT_H
 #define FLASH_CANN_CONTRACT_H

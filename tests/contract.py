@@ -1,5 +1,5 @@
 """The op spec as the tests read it: the raw YAML document of op_project/flash_cann_ops.yaml,
-not flash_cann.spec's derivation of it, so that a test comparing an artefact with the
+not flash_cann.contract.spec's derivation of it, so that a test comparing an artefact with the
 contract cannot share a mistake with the code that produced the artefact. The one
 place tests read the YAML."""
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from flash_cann import native
+from flash_cann.ascend import native
 
 # cmake (>= 3.16) and a C++17 compiler build the planner, the twin and the stand-ins;
 # gcc builds the C stand-in libraries of the NPU extension's tests.

@@ -1,7 +1,7 @@
 """The one oracle harness every backend's tests call (CPU, Triton on a GPU or in the
 interpreter, the twin, and the twin's backward): build a case's fresh random inputs,
 run a backend forward (and backward) and judge every result against the float64
-oracle with flash_cann.accuracy's tolerances.
+oracle with flash_cann.tools.accuracy's tolerances.
 
 ``attention`` is any callable with a backend module's forward signature,
 ``attention(q, k, v, key_padding_mask, *, scale, causal, layout) -> (out, lse)``:
@@ -16,8 +16,8 @@ import math
 import torch
 
 import flash_cann
-from flash_cann import accuracy
-from flash_cann.variant import Variant
+from flash_cann.tools import accuracy
+from flash_cann.contract.variant import Variant
 
 from conftest import make_qkv, random_key_padding_mask
 
@@ -32,7 +32,7 @@ def triton_poisoning():
     """Context for :func:`check`'s ``within``: every buffer the Triton kernels (CUDA and
     NPU hosts) must write starts as NaN, so that an element no kernel wrote fails the
     comparison."""
-    from flash_cann.backends import triton_buffers
+    from flash_cann.backends.triton import buffers as triton_buffers
 
     return triton_buffers.poisoned_outputs()
 

@@ -1,5 +1,5 @@
 """Forward and backward of torch.ops.flash_cann on the CPU backend against the float64
-oracle, over the issue's grid. Tolerances: flash_cann.accuracy (one place)."""
+oracle, over the issue's grid. Tolerances: flash_cann.tools.accuracy (one place)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann.backends import cpu
+from flash_cann.backends.cpu import attention as cpu
 
 from conftest import DTYPES, make_qkv, random_key_padding_mask
 from oracle_checks import assert_all_ok, check

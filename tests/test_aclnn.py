@@ -1,5 +1,5 @@
 """The generated aclnn API as the NPU extension calls it, checked against the YAML op spec
-(read here independently of flash_cann.spec) and CANN's generation rules; and the aclnn
+(read here independently of flash_cann.contract.spec) and CANN's generation rules; and the aclnn
 status table, in Python and in its generated C++ twin."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from flash_cann import aclnn, aclnn_status
-from flash_cann.spec import parse
+from flash_cann.backends.npu import aclnn, aclnn_status
+from flash_cann.contract.spec import parse
 
 import contract
 from contract import RAW

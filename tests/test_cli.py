@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from flash_cann import cli, native, ops
+from flash_cann.tools import cli
+from flash_cann.ascend import native
+from flash_cann.contract import ops
 
 
 def test_demo_runs_and_passes_its_accuracy_check():

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import reference
-from flash_cann.variant import Variant
+from flash_cann.contract import reference
+from flash_cann.contract.variant import Variant
 
 import oracle_checks
 from oracle_checks import assert_all_ok, check_variant, packed_lengths

@@ -1,4 +1,4 @@
-"""The host path of a plain call (flash_cann.eager, ops.plain_forward/plain_backward):
+"""The host path of a plain call (flash_cann.contract.eager, ops.plain_forward/plain_backward):
 the eager shortcut is taken exactly where nothing can tell it from the op, gives the
 op's results bit for bit, and the checks planned once per signature still refuse every
 bad call. (The Triton launch replays: test_triton.py, on a GPU.)"""
@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flash_cann
-from flash_cann import eager, ops
+from flash_cann.contract import eager, ops
 
 from conftest import make_qkv, random_key_padding_mask
 
@@ -114,7 +114,7 @@ def test_double_backward_is_refused(path, gen):
 
 
 def test_a_repeated_signature_is_checked_once_and_bad_calls_still_fail(monkeypatch, gen):
-    from flash_cann import checks
+    from flash_cann.contract import checks
 
     q, k, v = make_qkv(1, 2, 2, 8, 8, 16, torch.float32, "BSND", generator=gen)
     checked = []
@@ -142,7 +142,7 @@ def test_a_repeated_signature_is_checked_once_and_bad_calls_still_fail(monkeypat
 
 def test_plans_follow_the_backend_selection(monkeypatch, gen):
     """A call planned on the cpu backend runs on the twin inside use_backend("twin")."""
-    from flash_cann.backends import twin
+    from flash_cann.backends.twin import launcher as twin
 
     q, k, v = make_qkv(1, 2, 2, 8, 8, 16, torch.float16, "BSND", generator=gen)
     flash_cann.flash_attn_func(q, k, v)

@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import flash_cann
-from flash_cann import reference
+from flash_cann.contract import reference
 
 
 def _largest_allocation(fn, seqlen):

@@ -28,8 +28,8 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
-from flash_cann import aclnn
-from flash_cann.opp_paths import LIBRARY
+from flash_cann.backends.npu import aclnn
+from flash_cann.backends.npu.opp_paths import LIBRARY
 
 from native_build import needs
 from torch_npu_wheel import torch_npu_wheel

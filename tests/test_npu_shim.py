@@ -1,7 +1,7 @@
 """The NPU shim on a machine without an NPU: `import torch` and `import flash_cann` work
 with torch_npu absent, broken, or autoloaded by torch; nothing NPU-related is imported
 until asked for; and what is missing is named with how to install it. Also where the
-op package's library is looked for (flash_cann.opp_paths)."""
+op package's library is looked for (flash_cann.backends.npu.opp_paths)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flash_cann import opp_paths
-from flash_cann.backends import npu
+from flash_cann.backends.npu import opp_paths
+from flash_cann.backends.npu import launcher as npu
 
 from contract import RAW
 
@@ -28,8 +28,8 @@ PROBE = """
 import json, sys
 import torch
 import flash_cann
-from flash_cann import ops
-from flash_cann.backends import npu
+from flash_cann.contract import ops
+from flash_cann.backends.npu import launcher as npu
 state = {"imported": sorted(m for m in ("torch_npu", "torchair", "flash_cann_npu")
                             if m in sys.modules)}
 state["reason"] = npu.unavailable_reason()

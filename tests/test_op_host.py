@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_cann import planner
+from flash_cann.ascend import planner
 
 import contract
 from contract import RAW

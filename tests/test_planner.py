@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_cann import planner
+from flash_cann.ascend import planner
 
 from native_build import built, run
 
@@ -130,7 +130,7 @@ def test_cli_prints_the_plan():
 
 def test_cli_prints_the_backward_plan(capsys):
     """In-process (the subprocess tests above cover the entry point)."""
-    from flash_cann import cli
+    from flash_cann.tools import cli
 
     built("planner/libflash_cann_planner.so")
     shape = ["plan", "--shape", "1,16,8192,128"]

@@ -1,4 +1,4 @@
-"""The oracle's features against their definitions (flash_cann.variant), by identities
+"""The oracle's features against their definitions (flash_cann.contract.variant), by identities
 that need no backend: a feature at its neutral value is plain attention, causal is the
 window (-1, 0), packed sequences are batched ones, and dropout with every entry kept
 scales the output by 1 / (1 - p)."""
@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from flash_cann import reference
-from flash_cann.variant import Variant
+from flash_cann.contract import reference
+from flash_cann.contract.variant import Variant
 
 from conftest import make_qkv
 

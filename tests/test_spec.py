@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import flash_cann  # noqa: F401  (registers torch.ops.flash_cann)
-from flash_cann import contract_header, spec
-from flash_cann.checks import check_fwd
+from flash_cann.ascend import contract_header
+from flash_cann.contract import spec
+from flash_cann.contract.checks import check_fwd
 
 from contract import OPS as RAW_OPS
 from contract import PATH, RAW
@@ -46,7 +47,7 @@ def test_generated_contract_header_is_up_to_date():
     """op_host/flash_cann_contract.h (the OpDef indices, layouts, dtypes and head_dim
     limits the C++ uses) is what the generator makes of the spec now."""
     assert contract_header.HEADER.read_text() == contract_header.render(spec.load()), (
-        "regenerate with: python -m flash_cann.contract_header")
+        "regenerate with: python -m flash_cann.ascend.contract_header")
 
 
 def test_contract_header_follows_the_spec():

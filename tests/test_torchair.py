@@ -2,7 +2,7 @@
 stand-in of torchair's converter interface (tests/npu_standins/torchair_ge; torchair
 itself needs torch_npu and CANN). The stand-in checks what torchair checks, plus what GE
 checks against the op proto -- which the tests build from the YAML op spec, read here
-independently of flash_cann.spec. Each layout, GQA/MQA, and both ops through
+independently of flash_cann.contract.spec. Each layout, GQA/MQA, and both ops through
 torch.compile (forward and backward graphs)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann.spec import load
-from flash_cann import torchair_converters
+from flash_cann.contract.spec import load
+from flash_cann.integrations import torchair as torchair_converters
 
 import contract
 from conftest import make_qkv, random_key_padding_mask

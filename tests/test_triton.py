@@ -2,7 +2,7 @@
 against the float64 oracle over test_accuracy's grid (float16/bfloat16), long sequences,
 every autotuning candidate, both load paths, strided and expanded inputs, determinism,
 torch.compile, opcheck and O(N) memory. Outputs are poisoned with NaN before every run
-(oracle_checks.triton_poisoning), inputs are fresh per case. Tolerances: flash_cann.accuracy.
+(oracle_checks.triton_poisoning), inputs are fresh per case. Tolerances: flash_cann.tools.accuracy.
 Skipped without a CUDA GPU and triton (test_triton_interpreter.py runs a few cases on
 the CPU)."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import memory
+from flash_cann.tools import memory
 
 from conftest import make_qkv, random_key_padding_mask
 from test_accuracy import HEAD_DIMS, HEADS, SEQLENS
@@ -66,7 +66,7 @@ def test_long_sequences(case, gen):
 def test_every_candidate_config(kernel, head_dim, gen):
     """Each config the autotuner may pick gives the right answer (causal, padding, GQA,
     tails in several blocks)."""
-    from flash_cann.backends import triton as triton_backend
+    from flash_cann.backends.triton import cuda as triton_backend
 
     block_d = max(16, 1 << (head_dim - 1).bit_length())
     for config in triton_backend.KERNELS[kernel].candidates(block_d):
@@ -143,8 +143,8 @@ def test_repeated_calls_replay_their_plans(gen):
     """A plain call's later calls replay its recorded launches (forward and backward)
     with the new tensors: every call matches the oracle, outputs poisoned each time; an
     unaligned copy of the inputs is a signature of its own."""
-    from flash_cann import ops
-    from flash_cann.backends import triton as triton_backend
+    from flash_cann.contract import ops
+    from flash_cann.backends.triton import cuda as triton_backend
 
     ops.forget_plans()
     for inputs in (None, None, None, _unaligned, _unaligned):

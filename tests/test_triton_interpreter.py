@@ -64,7 +64,7 @@ def test_kernels_in_interpreter():
 @needs_triton
 def test_poisoned_outputs_fill_every_buffer():
     """The seam the poisoning tests rely on: buffers the kernels must write start as NaN."""
-    from flash_cann.backends import triton_buffers
+    from flash_cann.backends.triton import buffers as triton_buffers
 
     with triton_buffers.poisoned_outputs():
         poisoned = triton_buffers.empty((3, 5), torch.float16, torch.device("cpu"))
@@ -77,7 +77,7 @@ check = functools.partial(oracle_checks.check, within=oracle_checks.triton_poiso
 @pytest.fixture
 def triton_on_cpu(monkeypatch):
     """CPU tensors go to the triton backend (the interpreter runs its kernels)."""
-    from flash_cann import ops
+    from flash_cann.contract import ops
     from triton.runtime import interpreter
 
     # Triton 3.6's interpreter turns a tensor loop bound into a Python int with
@@ -138,7 +138,7 @@ def test_every_candidate_tile(kernel, triton_on_cpu, gen):
     """Each tile the autotuner may pick (head_dim 64) gives the right answer, with
     causal masking, padding, GQA and tails in several blocks. (The interpreter ignores
     warps and pipeline stages, so one config per tile; test_triton.py runs them all.)"""
-    from flash_cann.backends import triton as triton_backend
+    from flash_cann.backends.triton import cuda as triton_backend
 
     tiles = {}
     for config in triton_backend.KERNELS[kernel].candidates(block_d=64):
@@ -154,8 +154,8 @@ def test_every_candidate_tile(kernel, triton_on_cpu, gen):
 def triton_npu_on_cpu(triton_on_cpu, monkeypatch):
     """CPU tensors go to the NPU host of the triton backend (persistent grid over 3
     "cores", the NPU tile table, no descriptors); the interpreter runs its launches."""
-    from flash_cann import ops
-    from flash_cann.backends import triton_npu
+    from flash_cann.contract import ops
+    from flash_cann.backends.triton import npu as triton_npu
 
     monkeypatch.setattr(ops, "_module", lambda backend, device_type=None: triton_npu)
     monkeypatch.setattr(triton_npu, "ai_cores", lambda device: 3)

@@ -60,8 +60,8 @@ def test_an_environment_that_cannot_be_built_fails_ci_else_skips(ci, outcome, tm
 
 
 def lower(env_path: str, out: Path, *args: str) -> list[dict]:
-    """Run flash_cann.ascend_lowering; its results, one dict per lowering."""
-    done = subprocess.run([sys.executable, "-m", "flash_cann.ascend_lowering", "--out", str(out),
+    """Run flash_cann.backends.triton.ascend_lowering; its results, one dict per lowering."""
+    done = subprocess.run([sys.executable, "-m", "flash_cann.backends.triton.ascend_lowering", "--out", str(out),
                            *args], env=dict(os.environ, PYTHONPATH=env_path),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -72,7 +72,7 @@ def lower(env_path: str, out: Path, *args: str) -> list[dict]:
 def every_variant(ascend_env, tmp_path_factory):
     """All variants for both targets: two processes (CI's two cores), each lowering half
     the variants for both targets (the front end runs once per launch)."""
-    from flash_cann.ascend_lowering import VARIANTS
+    from flash_cann.backends.triton.ascend_lowering import VARIANTS
 
     out = tmp_path_factory.mktemp("ascend")
     half = len(VARIANTS) // 2  # by dtype: each (dtype, head_dim) preprocess lowered once
@@ -119,8 +119,8 @@ def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
 def test_the_next_larger_tile_overflows(ascend_env, tmp_path):
     """The check can fail: the search's candidate just above the table's forward tile
     (float16, head_dim 128) in area is reported as an overflow of the 910B2's buffers."""
-    from flash_cann.ascend_lowering import SEARCH_TILES
-    from flash_cann.backends.triton_npu import TILES
+    from flash_cann.backends.triton.ascend_lowering import SEARCH_TILES
+    from flash_cann.backends.triton.npu import TILES
 
     m, n = TILES[("fwd", 128, "float16")]
     larger = [t for t in SEARCH_TILES if t[0] * t[1] > m * n][-1]  # the smallest larger area
@@ -133,7 +133,7 @@ def test_the_next_larger_tile_overflows(ascend_env, tmp_path):
 def test_units_reads_the_core_type_of_each_call():
     """units() and misplaced() on a HIVM module in the form bishengir-compile writes, and
     on mutations: the matmul in the vector half, a forward without its row max and sum."""
-    from flash_cann.ascend_lowering import units
+    from flash_cann.backends.triton.ascend_lowering import units
 
     def module(mma_core, mma_caller):
         return f"""module {{
@@ -230,7 +230,7 @@ def test_npu_without_a_backend_names_what_to_install(fake_torch_npu, tmp_path):
 def test_npu_default_is_the_cann_package_then_triton(runnable, expected, monkeypatch):
     """NPU tensors go to the CANN package when it can run, else to Triton (triton-ascend),
     else to the first (whose error _serving reports with every candidate's reason)."""
-    from flash_cann import ops
+    from flash_cann.contract import ops
 
     monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
                         backend.name in runnable)
@@ -239,7 +239,7 @@ def test_npu_default_is_the_cann_package_then_triton(runnable, expected, monkeyp
 
 
 def test_use_backend_triton_selects_it_on_cuda_and_npu(monkeypatch):
-    from flash_cann import ops
+    from flash_cann.contract import ops
 
     monkeypatch.setattr(ops, "is_available", lambda backend, device_type=None:
                         backend.name == "npu")

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy, planner
-from flash_cann.backends import twin
-from flash_cann import layout as layouts
+from flash_cann.tools import accuracy
+from flash_cann.ascend import planner
+from flash_cann.backends.twin import launcher as twin
+from flash_cann.contract import layout as layouts
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -125,7 +126,7 @@ def test_core_counts(cores, gen):
 
 
 def _tiling(sq, sk, d, causal, masked, cores, heads=(2, 1)):
-    from flash_cann import planner
+    from flash_cann.ascend import planner
     return planner.plan("Ascend910B2", 1, heads[0], sq, d, heads_kv=heads[1], seqlen_k=sk,
                         causal=causal, has_mask=masked, aic_cores=cores)["tiling"]
 

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann import accuracy, planner
-from flash_cann import layout as layouts
-from flash_cann.backends import cpu, twin
+from flash_cann.tools import accuracy
+from flash_cann.ascend import planner
+from flash_cann.contract import layout as layouts
+from flash_cann.backends.cpu import attention as cpu
+from flash_cann.backends.twin import launcher as twin
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_cann import native
-from flash_cann.backends import cpu, twin
+from flash_cann.ascend import native
+from flash_cann.backends.cpu import attention as cpu
+from flash_cann.backends.twin import launcher as twin
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flash_cann.backends import twin
+from flash_cann.backends.twin import launcher as twin
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built

@@ -1,5 +1,5 @@
-// What an aclnn status means, from the table generated out of flash_cann.aclnn_status
-// (flash_cann_aclnn_status.h). Walks the rows as flash_cann.aclnn_status.describe does.
+// What an aclnn status means, from the table generated out of flash_cann.backends.npu.aclnn_status
+// (flash_cann_aclnn_status.h). Walks the rows as flash_cann.backends.npu.aclnn_status.describe does.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // the op package's generated aclnn API on NPU (PrivateUse1) tensors, and load_opapi,
 // which picks that library.
 //
-// The public ops torch.ops.flash_cann.* stay in Python (flash_cann.ops): the shared
+// The public ops torch.ops.flash_cann.* stay in Python (flash_cann.contract.ops): the shared
 // argument checks run first, then flash_cann.backends.npu allocates the outputs and calls
 // these launchers. Their schemas and kernels are generated from the op spec
 // (flash_cann_aclnn_ops.h, written by framework/setup.py).

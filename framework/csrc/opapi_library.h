@@ -1,7 +1,7 @@
 // The op package's aclnn library (libcust_opapi.so), loaded once per process.
 //
 // The Python backend lists the candidate files in torch_npu's search order
-// (flash_cann.opp_paths). The first candidate that exports every symbol we call is used;
+// (flash_cann.backends.npu.opp_paths). The first candidate that exports every symbol we call is used;
 // one that does not is skipped, as torch_npu skips it, because several vendors' op
 // packages can be installed side by side.
 #pragma once

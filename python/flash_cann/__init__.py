@@ -5,7 +5,14 @@
     out = flash_cann.attention(q, k, v, layout="BNSD", key_padding_mask=mask)
 
 Both call ``torch.ops.flash_cann.fwd`` (and, through autograd, ``.bwd``), which runs on
-the backend for the tensors' device: see ``flash_cann.ops``.
+the backend for the tensors' device: see ``flash_cann.contract.ops``.
+
+The package, top down (docs/architecture.md): ``api`` (the functions above), ``contract``
+(the op spec, checks, feature semantics, the torch.ops registration and the eager path),
+``backends`` (one package per backend), ``ascend`` (the CANN package's host side: planner
+bindings, plan reports, the generated contract header, the native build),
+``integrations`` (transformers, torchair) and ``tools`` (the ``flash-cann`` CLI, demo,
+accuracy and memory probes). Arrows point down; tests/test_layering.py keeps them so.
 """
 
 import os
@@ -20,12 +27,12 @@ import sys
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
-                        flash_attn_qkvpacked_func, flash_attn_varlen_func,
-                        flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
-                        flash_attn_with_kvcache)
-from .ops import backend_for, use_backend
-from .torchair_converters import enable_torchair, register_if_loaded
+from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
+                            flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                            flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+                            flash_attn_with_kvcache)
+from .contract.ops import backend_for, use_backend
+from .integrations.torchair import enable_torchair, register_if_loaded
 
 register_if_loaded()  # torchair imported before flash_cann: register the converters now
 

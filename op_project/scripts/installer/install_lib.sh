@@ -91,7 +91,7 @@ trimmed() {  # S
 
 # Writes CONFIG_INI (a missing file reads as empty) to OUT with VENDOR put first in (add), or taken out
 # of (remove), the list on the first `load_priority=` line (blanks around the key allowed, as CANN's
-# installer and python/flash_cann/opp_paths.py read it). Everything else is copied unchanged: the
+# installer and python/flash_cann/backends/npu/opp_paths.py read it). Everything else is copied unchanged: the
 # other vendors and their order, other lines, CRLF line ends, a missing final newline. A line already
 # starting with VENDOR is left byte for byte (so a reinstall changes nothing). `add` also fills an
 # empty `load_priority=` and appends the line when there is none: the cases in which CANN's own

@@ -28,7 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from ..interface import attention
+from ..api.interface import attention
 
 NAME = "fa_cann"  # see the module docstring: no "flash" in it
 

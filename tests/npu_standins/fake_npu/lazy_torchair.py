@@ -42,6 +42,6 @@ step("enable_torchair", lambda: __import__("flash_cann").enable_torchair())
 state["torchair_loaded"] = TORCHAIR in sys.modules
 state["registered"] = has_converter()
 if state["registered"]:  # with the package torch_npu's proxy forwards to
-    from flash_cann import torchair_converters  # noqa: E402
+    from flash_cann.integrations import torchair as torchair_converters  # noqa: E402
     state["registered_with"] = torchair_converters._registered_with.__name__
 print(json.dumps(state))

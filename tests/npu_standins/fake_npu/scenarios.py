@@ -16,7 +16,7 @@ import sys
 import torch
 
 import flash_cann  # before torch_npu: the NPU kernels must register lazily
-from flash_cann.backends import npu
+from flash_cann.backends.npu import launcher as npu
 
 LOG = os.environ["FAKE_ACLNN_LOG"]
 open(LOG, "w").close()
@@ -132,7 +132,7 @@ for name, fail in [("bwd_stage1_561002", "aclnnFlashCannAttentionGradGetWorkspac
 os.environ.pop("FAKE_ACLNN_FAIL")
 
 # A spec whose npu backend has no backward kernel refuses before reaching aclnn.
-spec = flash_cann.spec.load()
+spec = flash_cann.contract.spec.load()
 spec.backends["npu"] = dataclasses.replace(spec.backends["npu"], backward=False)
 results["bwd_refused"] = {"error": error_of(
     lambda: torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))),

@@ -1,6 +1,6 @@
 """TEST-ONLY: NPU tensors (the fake "npu" device, host memory) through torch.ops.flash_cann
 to the Triton backend, with the compile real and the launch faked: each launch the NPU
-backend makes is lowered by bishengir-compile for Ascend910B2 (flash_cann.ascend_lowering)
+backend makes is lowered by bishengir-compile for Ascend910B2 (flash_cann.backends.triton.ascend_lowering)
 instead of run. Prints one JSON object. Run by tests/test_triton_npu.py in a fresh
 process, with PYTHONPATH holding this directory (fake torch_npu) and, when
 TRITON_ASCEND=1, triton-ascend's site-packages; FAKE_TORCH_NPU_LIB, LOWERING_DIR.
@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 import flash_cann
-from flash_cann import ascend_lowering, ops
-from flash_cann.backends import triton_npu
+from flash_cann.backends.triton import ascend_lowering
+from flash_cann.contract import ops
+from flash_cann.backends.triton import npu as triton_npu
 
 import torch_npu  # noqa: E402,F401  (the fake; renames PrivateUse1 to "npu")
 

@@ -1,6 +1,6 @@
 """Lower the Triton kernels for Ascend with Huawei's compilers, without an NPU or CANN.
 
-Each launch the NPU backend (``backends/triton_npu.py``) would make for a problem goes
+Each launch the NPU backend (``backends/triton/npu.py``) would make for a problem goes
 through triton-ascend's front end (Triton IR -> ``triton-adapter-opt`` -> linalg) and
 ``bishengir-compile`` (HFusion, HIVM, on-chip memory planning) for one ``--target``,
 up to the hand-off to ``hivmc``, the CANN tool that emits the binary. ``--save-temps``
@@ -13,11 +13,11 @@ builds one) and ``ascendnpu-ir`` provides bishengir-compile. The driver's flags 
 triton-ascend 3.2.0's for the 910B (``linalg_to_bin_enable_npu_compile_A2_A3``); the arch
 is given here instead of asked from CANN.
 
-    python -m flash_cann.ascend_lowering --out DIR [--arch Ascend910B2 ...]
+    python -m flash_cann.backends.triton.ascend_lowering --out DIR [--arch Ascend910B2 ...]
             [--variants float16-d128-causal-mask,...] [--kernels fwd,...] [--tiles fwd:64:64]
         lowers the variants (default: all of ``VARIANTS``) for the arches (default: both)
         and prints one JSON object per lowering;
-    python -m flash_cann.ascend_lowering --search --out DIR
+    python -m flash_cann.backends.triton.ascend_lowering --search --out DIR
         prints the largest accepted tiles per kernel, head_dim and dtype (triton_npu.TILES).
 """
 
@@ -84,7 +84,7 @@ def launches(variant: Variant, tiles: dict | None = None):
     (small CPU tensors stand in for NPU ones: only dtypes and strides matter, and the
     AI core count, which sets only the grid, is 1), with ``tiles``
     ({kernel: (BLOCK_M, BLOCK_N)}) replacing the table's."""
-    from .backends import triton_npu
+    from . import npu as triton_npu
 
     made = []
     saved = triton_npu.launch, triton_npu.ai_cores

@@ -10,7 +10,7 @@ does not list); for the whole spec the
 head_dim limits and the layouts (``kLayout<NAME>``, in spec order: the value of
 ``flash_cann::Layout``) and the NPU backend's dtypes (``kDType<Name>``: the value of
 ``flash_cann::DType``). Any op, input, attribute or output added to the spec appears
-here on the next ``python -m flash_cann.contract_header``; tests/test_contract.py fails
+here on the next ``python -m flash_cann.ascend.contract_header``; tests/test_contract.py fails
 while the committed header is out of date.
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .spec import Spec, load
+from ..contract.spec import Spec, load
 
-HEADER = Path(__file__).resolve().parents[2] / "op_host" / "flash_cann_contract.h"
+HEADER = Path(__file__).resolve().parents[3] / "op_host" / "flash_cann_contract.h"
 
 
 def camel(name: str) -> str:
@@ -41,7 +41,7 @@ def _indices(kind: str, names) -> list[str]:
 def render(spec: Spec) -> str:
     lines = [
         "// Generated from op_project/flash_cann_ops.yaml by `python -m "
-        "flash_cann.contract_header`;",
+        "flash_cann.ascend.contract_header`;",
         "// do not edit (tests/test_contract.py fails while this file is out of date).",
         "#ifndef FLASH_CANN_CONTRACT_H",
         "#define FLASH_CANN_CONTRACT_H",

@@ -96,7 +96,7 @@ def use_backend(name: str) -> Iterator[None]:
 
 def _module(backend: BackendSpec, device_type: str | None = None):
     module = backend.module(device_type or backend.device_type)
-    return importlib.import_module(f"{__package__}.backends.{module}")
+    return importlib.import_module(f"..backends.{module}", __package__)
 
 
 def is_available(backend: BackendSpec, device_type: str | None = None) -> bool:

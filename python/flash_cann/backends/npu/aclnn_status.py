@@ -2,7 +2,7 @@
 
 The NPU extension (``framework/``) turns every non-zero status of our generated aclnn API
 into an exception that says what the code means. Its C++ lookup is generated from
-:data:`STATUS_TABLE` (see :func:`flash_cann.aclnn.render_headers`) and walks the rows the
+:data:`STATUS_TABLE` (see :func:`flash_cann.backends.npu.aclnn.render_headers`) and walks the rows the
 same way :func:`describe` does, so the two cannot drift; a test compiles the C++ twin and
 compares both on every row.
 

@@ -8,7 +8,7 @@ break it):
 2. flash-cann's NPU extension ``flash_cann_npu`` (``framework/``, built on the Ascend
    server): launcher ops that run the package's aclnn API through torch_npu's task queue;
 3. the flash-cann CANN package (the ``.run``), whose ``libcust_opapi.so`` is found where
-   torch_npu finds custom aclnn ops (:mod:`flash_cann.opp_paths`).
+   torch_npu finds custom aclnn ops (:mod:`flash_cann.backends.npu.opp_paths`).
 
 :func:`unavailable_reason` names the first one missing and how to install it; the kernels
 raise it for NPU tensors. Outputs are allocated here, with torch_npu's caching allocator
@@ -22,11 +22,11 @@ import importlib.util
 
 import torch
 
-from .. import layout as layouts
-from .. import opp_paths
-from ..aclnn import NAMESPACE, launcher_schema
-from ..checks import accumulator_dtype
-from ..spec import load
+from ...contract import layout as layouts
+from . import opp_paths
+from .aclnn import NAMESPACE, launcher_schema
+from ...contract.checks import accumulator_dtype
+from ...contract.spec import load
 
 EXTENSION = f"{NAMESPACE}._launcher"  # the library framework/setup.py builds
 BUILD_HINT = ("build it on the Ascend server with `pip install --no-build-isolation "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import accumulator_dtype
+from ..contract.checks import accumulator_dtype
 
 FACTOR = {"out": 2.0, "lse": 2.0, "grad": 3.0}
 RELATIVE_SLACK = {torch.float64: 1e-12, torch.float32: 1e-5,
@@ -103,7 +103,7 @@ def _gradients(attention_fn, q, k, v, grad_out, grad_lse, backward: str):
 
 def _materialising(key_padding_mask, scale, causal, layout, variant, dropout_mask,
                    compute_dtype):
-    from . import reference
+    from ..contract import reference
 
     return lambda q_, k_, v_: reference.attention(
         q_, k_, v_, key_padding_mask, scale=scale, causal=causal, layout=layout,
@@ -118,7 +118,7 @@ def check_against_oracle(attention_fn, q, k, v, *, scale: float, causal: bool, l
     oracle, each judged in its own precision (see the module docstring). ``variant``
     and ``dropout_mask``: the features of the call, as reference.attention takes them
     (the mask: the one the backend used, e.g. from its returned S_dmask)."""
-    from .variant import PLAIN
+    from ..contract.variant import PLAIN
 
     if backward not in BACKWARD_MODES:
         raise ValueError(f"backward must be one of {BACKWARD_MODES} (got {backward!r})")

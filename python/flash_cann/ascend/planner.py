@@ -14,7 +14,7 @@ import functools
 import json
 
 from . import native
-from .spec import load
+from ..contract.spec import load
 
 # The C ABI's dtype and layout numbers: spec order (op_host/flash_cann_contract.h, which
 # the planner's enums are checked against at compile time).

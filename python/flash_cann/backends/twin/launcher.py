@@ -15,9 +15,9 @@ import functools
 
 import torch
 
-from .. import layout as layouts
-from .. import native
-from ..planner import DTYPES, LAYOUTS
+from ...contract import layout as layouts
+from ...ascend import native
+from ...ascend.planner import DTYPES, LAYOUTS
 
 AI_CORES = 0  # 0: the SoC's AI cores (Ascend910B2: 24); tests set other counts
 

@@ -1,4 +1,4 @@
-"""CUDA backend: FlashAttention-2 as Triton kernels (``triton_kernels.py``).
+"""CUDA backend: FlashAttention-2 as Triton kernels (``kernels/``).
 
 This module is the host side: it picks a tile configuration per kernel (autotuned per
 head_dim, causal, mask and seqlen bucket, results cached in memory and on disk),
@@ -33,12 +33,12 @@ from typing import Iterator
 import torch
 import triton
 
-from .. import layout as layouts
-from .. import ops
-from ..variant import PLAIN, Variant, dropout_threshold
-from . import triton_kernels as kernels
-from .triton_buffers import empty
-from .triton_launch import Launch, current_stream, launch_and_record
+from ...contract import layout as layouts
+from ...contract import ops
+from ...contract.variant import PLAIN, Variant, dropout_threshold
+from . import kernels
+from .buffers import empty
+from .launch import Launch, current_stream, launch_and_record
 
 # Tune only calls with at least this many scores (batch * heads * seqlen_q * seqlen_k,
 # ~0.1 ms on an H100): below it a search costs more than it can save, and the
@@ -120,9 +120,13 @@ FWD_TILES = ((64, 64), (128, 64), (128, 128))
 DQ_TILES = ((64, 32), (64, 64), (128, 64))
 DKDV_TILES = ((32, 64), (64, 64), (32, 128), (64, 128))
 
+# What a tuned config is kept for: the sequence-length buckets and every constexpr flag
+# that changes the kernel (the decode kernel has fewer of them).
 _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
                  "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
-                 "PAGED", "BATCH_IDX", "PACK_GQA"]
+                 "PAGED", "BATCH_IDX"]
+_DECODE_AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL",
+                        "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX"]
 
 
 class _Kernel:
@@ -135,7 +139,8 @@ class _Kernel:
     SHARED_MEMORY_BUDGET, and doubles the warps only where the single count would not
     fit."""
 
-    def __init__(self, name, fn, tiles, query_stationary: bool, registers, smem):
+    def __init__(self, name, fn, tiles, query_stationary: bool, registers, smem,
+                 key=_AUTOTUNE_KEY):
         self.name = name
         self.fn = fn
         self.query_stationary = query_stationary
@@ -146,7 +151,7 @@ class _Kernel:
                           num_warps=_warps(m if query_stationary else n) * factor)
             for (m, n), stages, factor in itertools.product(tiles, STAGES, (1, 2))]
         self.tuned = triton.autotune(
-            configs=self.configs, key=_AUTOTUNE_KEY, cache_results=True,
+            configs=self.configs, key=key, cache_results=True,
             prune_configs_by={"early_config_prune": self._prune})(fn)
 
     def keep(self, config: triton.Config, block_d: int, smem_budget: int) -> bool:
@@ -201,7 +206,10 @@ def _launch(launcher, grid, record: int, *args, **kwargs) -> Launch | None:
 FWD = _Kernel("fwd", kernels.attn_fwd, FWD_TILES, True, _registers_fwd, _smem_fwd)
 DQ = _Kernel("dq", kernels.attn_bwd_dq, DQ_TILES, True, _registers_dq, _smem_dq)
 DKDV = _Kernel("dkdv", kernels.attn_bwd_dkdv, DKDV_TILES, False, _registers_dkdv, _smem_dkdv)
-KERNELS = {k.name: k for k in (FWD, DQ, DKDV)}
+# The decode tile holds what a forward tile holds (rows of Q, K/V blocks in flight).
+DECODE = _Kernel("decode", kernels.attn_decode, FWD_TILES, True, _registers_fwd, _smem_fwd,
+                 key=_DECODE_AUTOTUNE_KEY)
+KERNELS = {k.name: k for k in (FWD, DQ, DKDV, DECODE)}
 
 # Kernel name -> config used instead of tuning (see pinned_configs).
 _pinned: dict[str, triton.Config] = {}
@@ -209,7 +217,7 @@ _pinned: dict[str, triton.Config] = {}
 
 @contextlib.contextmanager
 def pinned_configs(**configs: triton.Config) -> Iterator[None]:
-    """Launch the named kernels ("fwd", "dq", "dkdv") with these configs instead of the
+    """Launch the named kernels ("fwd", "dq", "dkdv", "decode") with these configs instead of the
     autotuner's or the default choice: for tests that check every candidate, and for
     experiments."""
     unknown = configs.keys() - KERNELS.keys()
@@ -317,11 +325,11 @@ def _mask_strides(mask: torch.Tensor | None) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------------------
-# The backend's entry points (called by flash_cann.ops after the shared checks)
+# The backend's entry points (called by flash_cann.contract.ops after the shared checks)
 # ---------------------------------------------------------------------------------------
 
 def _feature_arguments(variant: Variant, causal: bool) -> dict:
-    """The kernels' feature arguments (triton_kernels.attn_fwd's docstring): the window
+    """The kernels' feature arguments (kernels.forward.attn_fwd's docstring): the window
     as CAUSAL (a right bound) + window_right and LEFT_BOUNDED + window_left, softcap,
     ALiBi slopes, dropout; each constexpr flag off unless the call uses it, so a plain
     call compiles the plain kernel."""
@@ -536,34 +544,39 @@ class _BackwardPlan:
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, variant: Variant = PLAIN):
-    """The forward kernel reading each sequence's first seqlens_k[b] cache entries
-    (SEQUSED_K) in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer
-    loads through the block table); never a gathered copy of the cache. With GQA the
-    group's query heads share a tile (PACK_GQA)."""
+    """Attention over each sequence's first seqlens_k[b] cache entries (SEQUSED_K), read
+    in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer loads
+    through the block table); never a gathered copy of the cache. With GQA the decode
+    kernel packs the group's query heads into one tile, so K/V are read once per group;
+    without, the forward kernel runs."""
     out = empty(query.shape, query.dtype, query.device)
     q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv = k.shape[1]
+    group = heads_q // heads_kv
     capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
     lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
     features = _feature_arguments(variant, causal)
-    features.update(SEQUSED_K=True, SeqUsedK=seqlens_k)
+    del features["DROPOUT"]  # flash_attn_with_kvcache has no dropout (the op's contract)
+    features.update(SeqUsedK=seqlens_k)
     if block_table is not None:
         features.update(PAGED=True, BlockTable=block_table,
                         block_table_stride=block_table.stride(0), page_size=k.shape[2])
     if cache_batch_idx is not None:
         features.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
-    # Decoding with GQA: a tile holds the group's heads, so K/V are read once per group.
-    group = heads_q // heads_kv
-    pack = group > 1
-    rows, heads = (group * seqlen_q, heads_kv) if pack else (seqlen_q, heads_q)
+    tensors = (q, k, v, o, lse)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
+    sizes = (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e),
+             _bucket(seqlen_q), _bucket(capacity))
+    common = dict(scores=batch * heads_q * seqlen_q * capacity, HEAD_DIM=head_dim,
+                  BLOCK_D=_block_d(head_dim), **features)
     with _launching_on(query.device, False):
-        FWD.launch(lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), heads, batch),
-                   q, k, v, o, lse, None, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-                   0, 0, batch, heads_q, heads_q // heads_kv, seqlen_q, capacity,
-                   scale * math.log2(math.e), _bucket(seqlen_q), _bucket(capacity),
-                   scores=batch * heads_q * seqlen_q * capacity,
-                   HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=False,
-                   NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False, PACK_GQA=pack,
-                   **features)
+        if group > 1:
+            DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]),
+                                        heads_kv, batch), *tensors, *strides, *sizes, **common)
+        else:
+            FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+                       *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
+                       NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
+                       SEQUSED_K=True, **common)
     return out, lse

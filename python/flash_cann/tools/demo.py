@@ -8,8 +8,9 @@ import math
 
 import torch
 
-from . import accuracy, memory, ops, reference
-from .interface import attention
+from ..contract import ops, reference
+from . import accuracy, memory
+from ..api.interface import attention
 from .timing import median_seconds
 
 # Per device type: the dtype and the size of the speed/memory comparison.

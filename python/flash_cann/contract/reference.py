@@ -2,7 +2,7 @@
 debug output (``return_attn_probs``) only.
 
 It forms the whole seqlen_q x seqlen_k score matrix (O(N^2) memory), computes in
-float64 by default, and follows the op contract's conventions (flash_cann.variant
+float64 by default, and follows the op contract's conventions (flash_cann.contract.variant
 states them), written out directly from the definitions, sharing no code with the
 backends: bottom-right causal and sliding window, key_padding_mask True = attend,
 softcap, ALiBi, dropout by an explicit keep mask, packed variable-length sequences

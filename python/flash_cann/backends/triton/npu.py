@@ -8,7 +8,7 @@ What differs from the CUDA host (``triton.py``):
 * no tensor descriptors (USE_TMA False) and no autotuner: the tiles come from
   :data:`TILES`, the largest that bishengir-compile's memory planner accepts;
 * inputs whose head_dim stride is not 1 are copied first, so every launch is one of the
-  variants the compile check lowers (``flash_cann.ascend_lowering``).
+  variants the compile check lowers (``flash_cann.backends.triton.ascend_lowering``).
 
 Imported only for NPU tensors, in an environment where ``triton`` is triton-ascend.
 """
@@ -23,14 +23,14 @@ import sys
 
 import torch
 
-from .. import layout as layouts
-from ..variant import PLAIN, Variant
-from .triton_buffers import empty
+from ...contract import layout as layouts
+from ...contract.variant import PLAIN, Variant
+from .buffers import empty
 
 # (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
 # largest tile (by area, then BLOCK_M; M and N powers of two from 16 to 128) whose
 # heaviest variant (causal, padding mask) bishengir-compile plans for Ascend910B2 with
-# no UB/L1/L0 overflow. Found by `python -m flash_cann.ascend_lowering --search` on
+# no UB/L1/L0 overflow. Found by `python -m flash_cann.backends.triton.ascend_lowering --search` on
 # 2026-11-23 with triton-ascend 3.2.0 and ascendnpu-ir 1.2.0 (bishengir-compile 1.2.0);
 # tests/test_triton_npu.py lowers every variant with these for the 910B2 and the 910B4.
 TILES = {
@@ -132,7 +132,7 @@ def _plain_only(variant: Variant) -> None:
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             variant: Variant = PLAIN):
-    from . import triton_kernels as kernels
+    from . import kernels
 
     _plain_only(variant)
     query, key, value = (_unit_last_stride(t) for t in (query, key, value))
@@ -156,7 +156,7 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
              variant: Variant = PLAIN):
     del deterministic  # this backward is always deterministic (no atomic adds)
-    from . import triton_kernels as kernels
+    from . import kernels
 
     _plain_only(variant)
     grad_out, query, key, value, out = (_unit_last_stride(t)

@@ -19,7 +19,7 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .ops import SPEC
+    from ..contract.ops import SPEC
 
     parser = argparse.ArgumentParser(prog="flash-cann", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="a backend of the op spec, e.g. twin (the Ascend C kernel on the "
                            "CPU twin); default: the device's")
 
-    from . import plan_report
+    from ..ascend import plan_report
     plan = commands.add_parser(
         "plan", help="the Ascend tiling plan for a shape: blocks, per-core work, buffer use "
                      "per memory level, and a predicted time (a model, not a measurement)")
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     from . import demo as demo_module
-    from .native import NativeBuildError
+    from ..ascend.native import NativeBuildError
     try:
         if args.command == "demo":
             return demo_module.main(args.device, args.seqlen, args.backend)

@@ -8,7 +8,7 @@ its op with ``torchair.register_fx_node_ge_converter``. These converters emit on
 absent optional input as ``None``), every attribute as the ``ge.attr`` class of its spec
 type, the outputs by their spec names. Both layouts and GQA/MQA are the op's business:
 the converter passes ``layout`` through and never reshapes. Output dtypes and shapes are
-the fake kernels' (``flash_cann.ops``), which torchair stamps on the returned tensors.
+the fake kernels' (``flash_cann.contract.ops``), which torchair stamps on the returned tensors.
 
 GE must know the op types when the graph is converted, i.e. the flash-cann package must
 be installed (its op proto) and its environment sourced.
@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from .spec import _PY_TYPES, Attr, OpSpec, load
+from ..contract.spec import _PY_TYPES, Attr, OpSpec, load
 
 # ge.attr class, and the Python type GE's proto field gets, by spec attribute type.
 GE_ATTR_CLASSES = {"float": "Float", "int": "Int", "bool": "Bool", "str": "Str"}

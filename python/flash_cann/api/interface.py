@@ -5,7 +5,7 @@ All are thin: they resolve defaults, draw the dropout seed, take zero-copy views
 call ``torch.ops.flash_cann.fwd`` (or ``.fwd_kvcache``) -- whose kernel runs the
 shared checks and the backend for the tensors' device, and whose autograd calls
 ``torch.ops.flash_cann.bwd``. A plain call in eager mode takes a shortcut to the same
-kernel functions (flash_cann.eager: no dispatcher, same results). What each feature computes: flash_cann.variant; which
+kernel functions (flash_cann.contract.eager: no dispatcher, same results). What each feature computes: flash_cann.contract.variant; which
 backend has which feature: the spec (a backend without one names itself and the
 argument in its error).
 
@@ -35,10 +35,10 @@ import numbers
 
 import torch
 
-from . import eager
-from . import layout as layouts
-from .checks import key_padding_mask_as_bool, require_tensor
-from .variant import Variant, keep_mask
+from ..contract import eager
+from ..contract import layout as layouts
+from ..contract.checks import key_padding_mask_as_bool, require_tensor
+from ..contract.variant import Variant, keep_mask
 
 
 def _flag(value, name: str) -> bool:
@@ -100,7 +100,7 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
     outside each sequence -- holding the softmax probabilities, negated where dropout
     dropped them (test with torch.signbit), as flash-attn's S_dmask marks them."""
     # A plain call (every feature argument its default, strict types) in eager mode:
-    # straight to the op's kernel functions (flash_cann.eager), before any other work.
+    # straight to the op's kernel functions (flash_cann.contract.eager), before any other work.
     if (type(causal) is bool and type(deterministic) is bool and window_size == (-1, -1)
             and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float
             and dropout_p == 0.0 and alibi_slopes is None and cu_seqlens_q is None
@@ -135,8 +135,8 @@ def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlen
                    alibi_slopes, *, scale, causal, layout, max_seqlen_q, max_seqlen_k,
                    window_left, window_right, softcap, dropout_p) -> torch.Tensor:
     """S_dmask (see _attention): the oracle's probabilities, signed by the Philox mask the
-    kernels drew (flash_cann.variant.keep_mask, same counter, same seed)."""
-    from . import reference
+    kernels drew (flash_cann.contract.variant.keep_mask, same counter, same seed)."""
+    from ..contract import reference
 
     heads_q = q.shape[-2] if layout in ("BSND", layouts.PACKED) else q.shape[1]
     batch = len(cu_seqlens_q) - 1 if layout == layouts.PACKED else q.shape[0]

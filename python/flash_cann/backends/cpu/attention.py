@@ -15,7 +15,7 @@ backward, per key block:    (dK, dV accumulated for the block)
                             dS = P * (dP - D) * S',  D = rowsum(dO * O) - dLSE
                             dQ += scale * dS K;  dK += scale * dSᵀ Q
 
-scores (flash_cann.variant states each feature): S = scale * Q Kᵀ, softcapped
+scores (flash_cann.contract.variant states each feature): S = scale * Q Kᵀ, softcapped
 (c * tanh(S / c); S' = 1 - tanh² is its derivative, else 1), minus the ALiBi distance
 penalty, -inf where the key is hidden (causal / sliding window / padding). Z = the
 dropout keep mask / (1 - p) (1 without dropout), drawn per tile from the counter-based
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import layout as layouts
-from ..checks import accumulator_dtype
-from ..variant import PLAIN, Variant, keep_mask
+from ...contract import layout as layouts
+from ...contract.checks import accumulator_dtype
+from ...contract.variant import PLAIN, Variant, keep_mask
 
 BLOCK_Q = 128
 BLOCK_K = 256
@@ -248,7 +248,7 @@ def _backward_core(q, k, v, do, lse, delta, dq, dk_h, dv_h, sc: _Scores, block_q
 
 
 # ---------------------------------------------------------------------------------------
-# The backend's entry points (called by flash_cann.ops after the shared checks)
+# The backend's entry points (called by flash_cann.contract.ops after the shared checks)
 # ---------------------------------------------------------------------------------------
 
 def _sequences(variant: Variant):

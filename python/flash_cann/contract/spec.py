@@ -27,7 +27,7 @@ SIZE_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"
               "batch_plus_one", "tokens_q", "two")
 # "input": the query's dtype; "accumulator": float32, or float64 for float64 inputs.
 TENSOR_DTYPES = ("input", "accumulator", "bool", "int32", "int64", "float32")
-# The optional features (flash_cann.variant.FEATURES; spec.py must not import torch).
+# The optional features (flash_cann.contract.variant.FEATURES; spec.py must not import torch).
 FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
 
 
@@ -159,6 +159,8 @@ class BackendSpec:
     features: tuple[str, ...] = ()
     # ... and on the device types of also_on (those listed; default: all of them).
     also_on_features: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # Its module under flash_cann.backends on its own device type (a dotted path).
+    entry: str = ""
 
     def features_on(self, device_type: str) -> tuple[str, ...]:
         """The features it computes on ``device_type``."""
@@ -170,7 +172,7 @@ class BackendSpec:
 
     def module(self, device_type: str) -> str:
         """The module of ``flash_cann.backends`` that runs it on ``device_type``."""
-        return self.also_on.get(device_type, self.name)
+        return self.also_on.get(device_type, self.entry)
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,10 @@ def _check_backward_names(fwd: OpSpec, bwd: OpSpec) -> None:
                             f"{fwd.name!r}>")
 
 
+def _module_path(value: Any) -> bool:
+    return isinstance(value, str) and all(part.isidentifier() for part in value.split("."))
+
+
 def parse(doc: Any) -> Spec:
     """Validate a loaded YAML document and build the :class:`Spec`."""
     doc = _keys(doc, "spec", {"spec_version", "namespace", "backends", "layouts", "limits", "ops"})
@@ -326,15 +332,18 @@ def parse(doc: Any) -> Spec:
         raise SpecError(f"spec: unsupported spec_version {doc['spec_version']!r}")
     backends = {}
     for name, node in doc["backends"].items():
-        node = _keys(node, f"backends.{name}", {"device_type", "dtypes", "summary"},
+        node = _keys(node, f"backends.{name}", {"device_type", "module", "dtypes", "summary"},
                      {"install_hint", "backward", "also_on", "features", "also_on_features"})
         unknown = set(node.get("features", ())) - set(FEATURES)
         if unknown:
             raise SpecError(f"backends.{name}.features: unknown {sorted(unknown)} (features: "
                             f"{FEATURES})")
+        if not _module_path(node["module"]):
+            raise SpecError(f"backends.{name}.module: expected a dotted module path under "
+                            f"flash_cann.backends, got {node['module']!r}")
         also_on = node.get("also_on", {})
         if not isinstance(also_on, dict) or node["device_type"] in also_on or not all(
-                isinstance(m, str) and m.isidentifier() for m in also_on.values()):
+                _module_path(m) for m in also_on.values()):
             raise SpecError(f"backends.{name}.also_on: expected {{other device type: module "
                             f"name}}, got {also_on!r}")
         also_on_features = {device: tuple(names) for device, names in
@@ -348,7 +357,7 @@ def parse(doc: Any) -> Spec:
                                      " ".join(node.get("install_hint", "").split()),
                                      bool(node.get("backward", True)),
                                      dict(also_on), tuple(node.get("features", ())),
-                                     also_on_features)
+                                     also_on_features, node["module"])
     layout_nodes = {name: _keys(node, f"layouts.{name}", {"dims"}, {"feature"})
                     for name, node in doc["layouts"].items()}
     layouts = {name: tuple(node["dims"]) for name, node in layout_nodes.items()}
