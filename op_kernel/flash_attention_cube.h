@@ -25,44 +25,60 @@ namespace flash_cann {
 
 // A ring of `copies` equal buffers that a producer pipe fills and a consumer pipe uses,
 // in order. FILLED (producer -> consumer) says a buffer holds its data, FREED (consumer
-// -> producer) says it may be overwritten; the event id of buffer i is eventBase + i.
-// Every buffer starts freed, and Drain waits for all of them at the end, so each event
-// is set and waited on equally often.
+// -> producer) says it may be overwritten. Every buffer starts freed, and Drain waits for
+// all of them at the end, so each event is set and waited on equally often.
+//
+// Event ids: each buffer holds one FILLED and one FREED id for the whole kernel, taken
+// from TPipe's event pool (AllocEventID) and given back by Drain (ReleaseEventID). The
+// SetFlag/WaitFlag docs require this next to TPipe: the pool is where TPipe's queues take
+// their ids (an EnQue or FreeTensor takes the lowest free id of its HardEvent and sets
+// it), and on the cube core TPipe itself holds and sets M_MTE1 ids 0-2 from its
+// constructor to its destruction (asc-devkit kernel_tpipe_impl.h, TPipe::Init), so a
+// hand-picked id can be one that is already set: a second SetFlag before the WaitFlag is
+// undefined behaviour. Ids from the pool cannot collide with either. With the forward's
+// rings (no queues on the cube core) and every ring double-buffered, the pool hands out
+// MTE2_MTE1/MTE1_MTE2 Q 0, K 1-2, V 3-4, P 5-6; MTE1_M Q 0, P 1-2, Kt/V 3-4; M_MTE1 Q 3,
+// P 4-5, Kt/V 6-7; M_FIX/FIX_M O 0, S 1-2. (Ids 6 and 7, which the docs keep from
+// hand-managed ids, are the pool's to give; its own queues use them too.)
+constexpr uint32_t kRingMaxCopies = 8;  // ids per HardEvent: the pool refuses a ninth
+
 template <typename U, AscendC::HardEvent FILLED, AscendC::HardEvent FREED>
 class EventRing {
 public:
-    __aicore__ inline void Init(const AscendC::LocalTensor<U>& base, uint32_t slotElements,
-                                uint32_t copies, int32_t eventBase)
+    __aicore__ inline void Init(AscendC::TPipe* pipe, const AscendC::LocalTensor<U>& base,
+                                uint32_t slotElements, uint32_t copies)
     {
+        pipe_ = pipe;
         base_ = base;
         slotElements_ = slotElements;
         copies_ = copies;
-        eventBase_ = eventBase;
         for (uint32_t i = 0; i < copies_; ++i) {
-            AscendC::SetFlag<FREED>(eventBase_ + static_cast<int32_t>(i));
+            filledId_[i] = pipe_->AllocEventID<FILLED>();
+            freedId_[i] = pipe_->AllocEventID<FREED>();
+            AscendC::SetFlag<FREED>(freedId_[i]);
         }
     }
     // Producer side: the next buffer, once its previous contents are consumed.
     __aicore__ inline AscendC::LocalTensor<U> BeginFill()
     {
         const uint32_t slot = filled_ % copies_;
-        AscendC::WaitFlag<FREED>(eventBase_ + static_cast<int32_t>(slot));
+        AscendC::WaitFlag<FREED>(freedId_[slot]);
         return base_[slot * slotElements_];
     }
     __aicore__ inline void EndFill()
     {
-        AscendC::SetFlag<FILLED>(eventBase_ + static_cast<int32_t>(filled_++ % copies_));
+        AscendC::SetFlag<FILLED>(filledId_[filled_++ % copies_]);
     }
     // Consumer side: the oldest filled buffer, once its data is there.
     __aicore__ inline AscendC::LocalTensor<U> BeginUse()
     {
         const uint32_t slot = used_ % copies_;
-        AscendC::WaitFlag<FILLED>(eventBase_ + static_cast<int32_t>(slot));
+        AscendC::WaitFlag<FILLED>(filledId_[slot]);
         return base_[slot * slotElements_];
     }
     __aicore__ inline void EndUse()
     {
-        AscendC::SetFlag<FREED>(eventBase_ + static_cast<int32_t>(used_++ % copies_));
+        AscendC::SetFlag<FREED>(freedId_[used_++ % copies_]);
     }
     // Buffers filled (or being filled) and not yet used.
     __aicore__ inline uint32_t InFlight() const { return filled_ - used_; }
@@ -70,26 +86,22 @@ public:
     __aicore__ inline void Drain()
     {
         for (uint32_t i = 0; i < copies_; ++i) {
-            AscendC::WaitFlag<FREED>(eventBase_ + static_cast<int32_t>(i));
+            AscendC::WaitFlag<FREED>(freedId_[i]);
+            pipe_->ReleaseEventID<FILLED>(filledId_[i]);
+            pipe_->ReleaseEventID<FREED>(freedId_[i]);
         }
     }
 
 private:
+    AscendC::TPipe* pipe_ = nullptr;
     AscendC::LocalTensor<U> base_;
     uint32_t slotElements_ = 0;
     uint32_t copies_ = 1;
-    int32_t eventBase_ = 0;
+    AscendC::TEventID filledId_[kRingMaxCopies] = {};
+    AscendC::TEventID freedId_[kRingMaxCopies] = {};
     uint32_t filled_ = 0;
     uint32_t used_ = 0;
 };
-
-// Event ids, unique per HardEvent pair (each pair has ids 0..7).
-//   MTE2 <-> MTE1 (L1):   Q 0, K 1-2, V 3-4, P 5-6
-//   MTE1 <-> M (L0A/L0B): Q 0, P 1-2, B operand 3-4
-//   M <-> FIX (L0C):      O 0, S 1-2
-constexpr int32_t kEventQL1 = 0, kEventKL1 = 1, kEventVL1 = 3, kEventPL1 = 5;
-constexpr int32_t kEventQL0a = 0, kEventPL0a = 1, kEventL0b = 3;
-constexpr int32_t kEventOL0c = 0, kEventSL0c = 1;
 
 template <typename T, bool CAUSAL, bool MASK>
 class FlashAttentionCube {
@@ -119,16 +131,15 @@ public:
         pipe->InitBuffer(oL0cBuf_, bytes.oL0c);
         pipe->InitBuffer(sL0cBuf_, bytes.sL0c * t_.l0cBuffers);
 
-        qL1_.Init(qL1Buf_.template Get<T>(), 0, 1, kEventQL1);
-        kL1_.Init(kL1Buf_.template Get<T>(), bytes.kL1 / sizeof(T), t_.kvL1Buffers, kEventKL1);
-        vL1_.Init(vL1Buf_.template Get<T>(), bytes.vL1 / sizeof(T), t_.kvL1Buffers, kEventVL1);
-        pL1_.Init(pL1Buf_.template Get<T>(), bytes.pL1 / sizeof(T), t_.pL1Buffers, kEventPL1);
-        qL0a_.Init(qL0aBuf_.template Get<T>(), 0, 1, kEventQL0a);
-        pL0a_.Init(pL0aBuf_.template Get<T>(), bytes.pL0a / sizeof(T), t_.l0aBuffers, kEventPL0a);
-        l0b_.Init(l0bBuf_.template Get<T>(), bytes.l0b / sizeof(T), t_.l0bBuffers, kEventL0b);
-        oL0c_.Init(oL0cBuf_.template Get<float>(), 0, 1, kEventOL0c);
-        sL0c_.Init(sL0cBuf_.template Get<float>(), bytes.sL0c / sizeof(float), t_.l0cBuffers,
-                   kEventSL0c);
+        qL1_.Init(pipe, qL1Buf_.template Get<T>(), 0, 1);
+        kL1_.Init(pipe, kL1Buf_.template Get<T>(), bytes.kL1 / sizeof(T), t_.kvL1Buffers);
+        vL1_.Init(pipe, vL1Buf_.template Get<T>(), bytes.vL1 / sizeof(T), t_.kvL1Buffers);
+        pL1_.Init(pipe, pL1Buf_.template Get<T>(), bytes.pL1 / sizeof(T), t_.pL1Buffers);
+        qL0a_.Init(pipe, qL0aBuf_.template Get<T>(), 0, 1);
+        pL0a_.Init(pipe, pL0aBuf_.template Get<T>(), bytes.pL0a / sizeof(T), t_.l0aBuffers);
+        l0b_.Init(pipe, l0bBuf_.template Get<T>(), bytes.l0b / sizeof(T), t_.l0bBuffers);
+        oL0c_.Init(pipe, oL0cBuf_.template Get<float>(), 0, 1);
+        sL0c_.Init(pipe, sL0cBuf_.template Get<float>(), bytes.sL0c / sizeof(float), t_.l0cBuffers);
     }
 
     __aicore__ inline void Process()

@@ -19,7 +19,7 @@
 // Preload: the cube issues S and dP of step n+1 (possibly of the next unit) before it
 // waits for P and dS of step n, so the vector cores always have a step to work on while
 // the cube computes the products of the previous one (kGradStepsInFlight steps; two
-// exchange slots; Q, dO, K and V have two L1 buffers each). The L0C product scratch has
+// exchange slots; two L1 buffers of Q with dO and two of K with V). The L0C product scratch has
 // l0cScratchBuffers copies (2 where they fit): Mmad fills one while Fixpipe drains the
 // other.
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
@@ -37,6 +37,7 @@ public:
                                 GM_ADDR userWorkspace, const GradTilingData& tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        pipe_ = pipe;
         core_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
         q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key));
@@ -45,12 +46,19 @@ public:
         buffers_.Init(userWorkspace, core_, t_);
 
         const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
-        pipe->InitBuffer(qQue_, kGradStepsInFlight, bytes.qL1);
-        pipe->InitBuffer(doQue_, kGradStepsInFlight, bytes.doL1);
-        pipe->InitBuffer(kQue_, kGradStepsInFlight, bytes.kL1);
-        pipe->InitBuffer(vQue_, kGradStepsInFlight, bytes.vL1);
-        pipe->InitBuffer(pQue_, 1, bytes.pL1);
-        pipe->InitBuffer(dsQue_, 1, bytes.dsL1);
+        // Each L1 queue buffer holds a pair that is loaded, used and freed together: Q and
+        // dO of a step, K and V of a unit, P and dS of a step. A freed queue buffer keeps an
+        // id of TPipe's event pool until its next AllocTensor, and every A1 and B1 queue
+        // takes its FreeTensor id from the same pool of eight MTE1_MTE2 ids: with one buffer
+        // per block (2 Q + 2 dO + 2 K + 2 V + P + dS) the ten freed buffers of a core's last
+        // steps would need ten (asc-devkit kernel_tquebind_impl.h, FreeBuffer). Paired,
+        // they hold at most five.
+        pipe->InitBuffer(qdoQue_, kGradStepsInFlight, bytes.qL1 + bytes.doL1);
+        pipe->InitBuffer(kvQue_, kGradStepsInFlight, bytes.kL1 + bytes.vL1);
+        pipe->InitBuffer(pdsQue_, 1, bytes.pL1 + bytes.dsL1);
+        doOffset_ = bytes.qL1 / sizeof(T);
+        vOffset_ = bytes.kL1 / sizeof(T);
+        dsOffset_ = bytes.pL1 / sizeof(T);
         pipe->InitBuffer(aQue_, 1, bytes.l0a);
         pipe->InitBuffer(bQue_, 1, bytes.l0b);
         pipe->InitBuffer(cQue_, t_.l0cScratchBuffers, bytes.l0c);
@@ -101,14 +109,12 @@ private:
         const GradUnit& unit = step.unit;
         const uint64_t offset = uint64_t{unit.batch} * t_.kvStrideBatch +
                                 uint64_t{unit.headKv} * t_.kvStrideHead + uint64_t{unit.key0} * t_.kvStrideRow;
-        step.kL1 = kQue_.template AllocTensor<T>();
-        LoadNz(step.kL1, k_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
-        kQue_.EnQue(step.kL1);
-        step.kL1 = kQue_.template DeQue<T>();
-        step.vL1 = vQue_.template AllocTensor<T>();
-        LoadNz(step.vL1, v_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
-        vQue_.EnQue(step.vL1);
-        step.vL1 = vQue_.template DeQue<T>();
+        AscendC::LocalTensor<T> kv = kvQue_.template AllocTensor<T>();
+        LoadNz(kv, k_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
+        LoadNz(kv[vOffset_], v_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
+        kvQue_.EnQue(kv);
+        step.kL1 = kvQue_.template DeQue<T>();
+        step.vL1 = step.kL1[vOffset_];
     }
 
     // The products of a step whose S and dP were issued; after a unit's last step, its
@@ -118,14 +124,11 @@ private:
         rows16_ = AlignUp(step.step.rows, kCubeBlock);
         AccumulateKeyValueGrad(step);
         AccumulateQueryGrad(step);
-        qQue_.FreeTensor(step.qL1);
-        doQue_.FreeTensor(step.doL1);
-        pQue_.FreeTensor(pL1_);
-        dsQue_.FreeTensor(dsL1_);
+        qdoQue_.FreeTensor(step.qL1);
+        pdsQue_.FreeTensor(pL1_);
         if (step.step.last) {
             WriteKeyValueGrad(step.unit);
-            kQue_.FreeTensor(step.kL1);
-            vQue_.FreeTensor(step.vL1);
+            kvQue_.FreeTensor(step.kL1);
         }
     }
 
@@ -167,14 +170,12 @@ private:
         const uint32_t rows16 = AlignUp(step.rows, kCubeBlock);
         const uint64_t offset = uint64_t{in.unit.batch} * t_.qStrideBatch +
                                 uint64_t{step.headQ} * t_.qStrideHead + uint64_t{step.row0} * t_.qStrideRow;
-        in.qL1 = qQue_.template AllocTensor<T>();
-        LoadNz(in.qL1, q_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
-        qQue_.EnQue(in.qL1);
-        in.qL1 = qQue_.template DeQue<T>();
-        in.doL1 = doQue_.template AllocTensor<T>();
-        LoadNz(in.doL1, do_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
-        doQue_.EnQue(in.doL1);
-        in.doL1 = doQue_.template DeQue<T>();
+        AscendC::LocalTensor<T> qdo = qdoQue_.template AllocTensor<T>();
+        LoadNz(qdo, q_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
+        LoadNz(qdo[doOffset_], do_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
+        qdoQue_.EnQue(qdo);
+        in.qL1 = qdoQue_.template DeQue<T>();
+        in.doL1 = in.qL1[doOffset_];
 
         AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
         LoadLeft(a, in.qL1, rows16, d);
@@ -197,14 +198,12 @@ private:
         const uint32_t bk = t_.blockK;
         const GradStep& step = in.step;
         AscendC::CrossCoreWaitFlag(kFlagGradProbs);
-        pL1_ = pQue_.template AllocTensor<T>();
-        LoadNz(pL1_, buffers_.Probs(in.slot, 0), step.rows, rows16_, bk, bk, bk);
-        pQue_.EnQue(pL1_);
-        pL1_ = pQue_.template DeQue<T>();
-        dsL1_ = dsQue_.template AllocTensor<T>();
-        LoadNz(dsL1_, buffers_.ScoresGrad(in.slot, 0), step.rows, rows16_, bk, bk, bk);
-        dsQue_.EnQue(dsL1_);
-        dsL1_ = dsQue_.template DeQue<T>();
+        AscendC::LocalTensor<T> pds = pdsQue_.template AllocTensor<T>();
+        LoadNz(pds, buffers_.Probs(in.slot, 0), step.rows, rows16_, bk, bk, bk);
+        LoadNz(pds[dsOffset_], buffers_.ScoresGrad(in.slot, 0), step.rows, rows16_, bk, bk, bk);
+        pdsQue_.EnQue(pds);
+        pL1_ = pdsQue_.template DeQue<T>();
+        dsL1_ = pL1_[dsOffset_];
 
         const AscendC::MmadParams params(static_cast<uint16_t>(bk), static_cast<uint16_t>(d),
                                          static_cast<uint16_t>(rows16_), 0, false, step.first);
@@ -254,27 +253,36 @@ private:
         const AscendC::FixpipeParamsV220 params(static_cast<uint16_t>(d), static_cast<uint16_t>(unit.keys),
                                                 static_cast<uint16_t>(t_.blockK), d, false);
         // The accumulators are not queue buffers: order their Mmads and Fixpipes explicitly
-        // (the dQ product's queue hand-off happens to order them today).
-        AscendC::SetFlag<AscendC::HardEvent::M_FIX>(EVENT_ID0);
-        AscendC::WaitFlag<AscendC::HardEvent::M_FIX>(EVENT_ID0);
+        // (the dQ product's queue hand-off happens to order them today). The ids come from
+        // TPipe's event pool: cQue_'s FreeTensor, just before, took the lowest free FIX_M id
+        // (and each freed L0C buffer keeps one until its next AllocTensor), so a fixed
+        // EVENT_ID0 would set an id that is already set. FetchEventID names a free id; each
+        // pair's WaitFlag follows its SetFlag with no queue call in between, so the id is
+        // still free when it is waited on.
+        const AscendC::TEventID toFix = pipe_->FetchEventID<AscendC::HardEvent::M_FIX>();
+        AscendC::SetFlag<AscendC::HardEvent::M_FIX>(toFix);
+        AscendC::WaitFlag<AscendC::HardEvent::M_FIX>(toFix);
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(buffers_.KeyGrad(row), dk_, params);
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(buffers_.ValueGrad(row), dv_, params);
         // The next unit's first Mmad overwrites the accumulators (with no product in between
         // when that unit's only step is the core's last).
-        AscendC::SetFlag<AscendC::HardEvent::FIX_M>(EVENT_ID0);
-        AscendC::WaitFlag<AscendC::HardEvent::FIX_M>(EVENT_ID0);
+        const AscendC::TEventID toCube = pipe_->FetchEventID<AscendC::HardEvent::FIX_M>();
+        AscendC::SetFlag<AscendC::HardEvent::FIX_M>(toCube);
+        AscendC::WaitFlag<AscendC::HardEvent::FIX_M>(toCube);
     }
 
     GradTilingData t_;
+    AscendC::TPipe* pipe_ = nullptr;
     uint32_t core_ = 0;
     uint32_t rows16_ = 0;  // rows of the step being finished, padded to 16
+    uint32_t doOffset_ = 0, vOffset_ = 0, dsOffset_ = 0;  // the second block of each L1 pair (elements)
     uint32_t issued_ = 0;
     uint32_t finished_ = 0;
     InFlight flight_[kGradStepsInFlight];
     GradBuffers<T> buffers_;
     AscendC::GlobalTensor<T> q_, k_, v_, do_;
-    AscendC::TQue<AscendC::TPosition::A1, 1> qQue_, doQue_, pQue_, dsQue_;
-    AscendC::TQue<AscendC::TPosition::B1, 1> kQue_, vQue_;
+    AscendC::TQue<AscendC::TPosition::A1, 1> qdoQue_, pdsQue_;
+    AscendC::TQue<AscendC::TPosition::B1, 1> kvQue_;
     AscendC::TQue<AscendC::TPosition::A2, 1> aQue_;
     AscendC::TQue<AscendC::TPosition::B2, 1> bQue_;
     AscendC::TQue<AscendC::TPosition::CO1, 1> cQue_;

@@ -32,6 +32,7 @@ public:
                                 AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        pipe_ = pipe;
         aiv_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
         core_ = aiv_ / kVectorCoresPerCube;
         sub_ = static_cast<uint32_t>(AscendC::GetSubBlockIdx());
@@ -95,15 +96,22 @@ private:
         PassRange(t_.dqSlots * ws.dqSlotBytes / kGradWorkspaceAlign, aiv_, Aivs(), begin, end);
         const uint32_t chunk = acc_.GetSize() / kZeroUnitFloats * kZeroUnitFloats;
         AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk));
-        AscendC::SetFlag<AscendC::HardEvent::V_MTE3>(EVENT_ID0);
-        AscendC::WaitFlag<AscendC::HardEvent::V_MTE3>(EVENT_ID0);
+        // V_MTE3 and MTE3_V are the VECOUT queues' EnQue and FreeTensor events: their ids
+        // come from TPipe's event pool. No queue has run yet, but a fixed id would collide
+        // with a freed VECOUT buffer's (which keeps its MTE3_V id until its next
+        // AllocTensor) if this moved; FetchEventID names a free id, and nothing of the pool
+        // runs between each SetFlag and its WaitFlag.
+        const AscendC::TEventID toStore = pipe_->FetchEventID<AscendC::HardEvent::V_MTE3>();
+        AscendC::SetFlag<AscendC::HardEvent::V_MTE3>(toStore);
+        AscendC::WaitFlag<AscendC::HardEvent::V_MTE3>(toStore);
         const AscendC::GlobalTensor<float> dq = buffers_.QueryGradRegion();
         for (uint64_t at = begin * kZeroUnitFloats; at < end * kZeroUnitFloats; at += chunk) {
             const uint64_t left = end * kZeroUnitFloats - at;
             AscendC::DataCopy(dq[at], acc_, static_cast<uint32_t>(left < chunk ? left : chunk));
         }
-        AscendC::SetFlag<AscendC::HardEvent::MTE3_V>(EVENT_ID0);
-        AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(EVENT_ID0);
+        const AscendC::TEventID toVector = pipe_->FetchEventID<AscendC::HardEvent::MTE3_V>();
+        AscendC::SetFlag<AscendC::HardEvent::MTE3_V>(toVector);
+        AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(toVector);
     }
 
     // `rows` rows of head_dim elements (GM row pitch `pitch`) -> UB rows of headDimPad,
@@ -329,6 +337,7 @@ private:
     }
 
     GradTilingData t_;
+    AscendC::TPipe* pipe_ = nullptr;
     uint32_t aiv_ = 0;
     uint32_t core_ = 0;
     uint32_t sub_ = 0;

@@ -224,6 +224,137 @@ void SetTwice()
     Expect("R60", "SetFlag twice", v, "already set and not yet waited on", line);
 }
 
+// `body` must run clean: the counterpart of a rule test, showing the rule fires on the
+// broken pattern only.
+void ExpectClean(const char* name, twin::CoreType role, const std::function<void()>& body)
+{
+    std::vector<float> gm(8);
+    const std::string v = RunOn(role, gm, body);
+    ++g_tests;
+    if (!v.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL %s: expected no violation, got: %s\n", name, v.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", name);
+    }
+}
+
+// The backward cube's old WriteKeyValueGrad: the dQ product's CO1 queue has just freed its
+// L0C buffer, and TPipe's event pool gave that FreeTensor FIX_M id 0 (set until the
+// buffer's next AllocTensor). A fixed EVENT_ID0 then sets a set id. An id from
+// FetchEventID is a free one.
+void FixToCubeAfterCo1Free()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    auto pattern = [&](bool fetch) {
+        TPipe pipe;
+        TQue<TPosition::CO1, 1> que;
+        pipe.InitBuffer(que, 1, 1024);
+        LocalTensor<float> c = que.AllocTensor<float>();
+        que.EnQue(c);
+        c = que.DeQue<float>();
+        que.FreeTensor(c);
+        const int32_t id = fetch ? int32_t{pipe.FetchEventID<HardEvent::FIX_M>()} : int32_t{EVENT_ID0};
+        line = AT;
+        SetFlag<HardEvent::FIX_M>(id);
+        WaitFlag<HardEvent::FIX_M>(id);
+    };
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] { pattern(false); });
+    Expect("R65", "FIX_M id 0 after a CO1 free", v,
+           "SetFlag<FIX_M>(0): TPipe's event pool holds this id for the queue initialised at", line);
+    ExpectClean("FIX_M id from FetchEventID", twin::CoreType::AIC, [&] { pattern(true); });
+}
+
+// The forward cube's old event rings on the cube core: TPipe's constructor holds and sets
+// M_MTE1 ids 0-2 (TPipe::Init on dav-c220, for the matmul macro) until it is destroyed,
+// so the ring's hand-picked "buffer free" SetFlag<M_MTE1>(0) sets a set id.
+void MatmulMacroIds()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        TPipe pipe;
+        line = AT;
+        SetFlag<HardEvent::M_MTE1>(EVENT_ID0);
+    });
+    Expect("R65", "M_MTE1 id 0 beside TPipe", v, "holds and sets M_MTE1 ids 0-2", line);
+    ExpectClean("M_MTE1 id from AllocEventID", twin::CoreType::AIC, [] {
+        TPipe pipe;
+        const TEventID id = pipe.AllocEventID<HardEvent::M_MTE1>();  // 3: 0-2 are TPipe's
+        SetFlag<HardEvent::M_MTE1>(id);
+        WaitFlag<HardEvent::M_MTE1>(id);
+        pipe.ReleaseEventID<HardEvent::M_MTE1>(id);
+    });
+}
+
+// The other way round: the kernel sets a hand-picked MTE3_V id 0, then a VECOUT queue's
+// FreeTensor takes id 0 from the pool (nobody holds it there) and sets it again.
+void QueueAfterKernelFlag()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> que;
+        pipe.InitBuffer(que, 1, 256);
+        LocalTensor<float> t = que.AllocTensor<float>();
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        que.EnQue(t);
+        t = que.DeQue<float>();
+        line = AT;
+        que.FreeTensor(t);
+    });
+    Expect("R66", "queue free after kernel flag", v, "sets MTE3_V id 0 from TPipe's event pool, but the kernel",
+           line);
+}
+
+// Ids 6 and 7 are not the kernel's to pick (SetFlag/WaitFlag docs); one the pool hands out
+// is (AllocEventID gives 6 once 0-5 are held).
+void ReservedEventIds()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        line = AT;
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID6);
+    });
+    Expect("R64", "hand-picked event id 6", v, "SetFlag<V_MTE3>(6): event ids 6 and 7 are reserved", line);
+    ExpectClean("event id 6 from AllocEventID", twin::CoreType::AIV, [] {
+        TPipe pipe;
+        TEventID ids[7];
+        for (TEventID& id : ids) id = pipe.AllocEventID<HardEvent::V_MTE3>();
+        SetFlag<HardEvent::V_MTE3>(ids[6]);
+        WaitFlag<HardEvent::V_MTE3>(ids[6]);
+        for (TEventID id : ids) pipe.ReleaseEventID<HardEvent::V_MTE3>(id);
+        if (ids[6] != 6) twin::Fail({__FILE__, __LINE__}, "[test] AllocEventID gave ", int{ids[6]});
+    });
+}
+
+// The backward cube's old L1 queues: A1 and B1 queues take their FreeTensor ids from one
+// MTE1_MTE2 pool of eight, and a freed buffer keeps its id until its next AllocTensor, so
+// ten freed L1 buffers need ten ids.
+void EventPoolExhausted()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIC, gm, [&] {
+        TPipe pipe;
+        TQue<TPosition::A1, 1> a;
+        TQue<TPosition::B1, 1> b;
+        pipe.InitBuffer(a, 5, 512);
+        pipe.InitBuffer(b, 5, 512);
+        LocalTensor<half> tensors[10];
+        for (int i = 0; i < 10; ++i) tensors[i] = i < 5 ? a.AllocTensor<half>() : b.AllocTensor<half>();
+        for (int i = 0; i < 8; ++i) {
+            if (i < 5) a.FreeTensor(tensors[i]); else b.FreeTensor(tensors[i]);
+        }
+        line = AT;
+        b.FreeTensor(tensors[8]);
+    });
+    Expect("R67", "ninth pending MTE1_MTE2 id", v, "all 8 ids of HardEvent MTE1_MTE2 are held", line);
+}
+
 void ComparePartialRepeat()
 {
     std::vector<float> gm(8);
@@ -893,6 +1024,13 @@ const std::vector<RuleCase>& RuleCases()
         {"R59", CoreType::AIV, [](float*) { SetFlag<HardEvent::MTE2_V>(8); }},
         {"R61", CoreType::AIV, [](float*) { WaitFlag<HardEvent::MTE2_V>(8); }},
         {"R63", CoreType::AIV, [](float*) { PipeBarrier<PIPE_S>(); }},
+        {"R68", CoreType::AIV, [](float*) { TPipe pipe; pipe.ReleaseEventID<HardEvent::V_S>(3); }},
+        {"R69", CoreType::AIV, [](float*) {  // takes the flag the queue's FreeTensor set
+             TPipe pipe; TQue<TPosition::VECIN, 1> q; pipe.InitBuffer(q, 1, 32);
+             LocalTensor<float> t = q.AllocTensor<float>();
+             q.FreeTensor(t);
+             WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+         }},
         {"R42", CoreType::AIV, [](float*) {  // a vector operand off the 32-byte grid
              TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 512);
              Adds(b.Get<float>()[1], b.Get<float>()[1], 1.0f, 8);
@@ -1039,7 +1177,8 @@ int main()
 {
     for (auto test : {MisalignedCopy, TruncatingCopy, OverCapacity, L0OverCapacity, UnbalancedQueue,
                       AllocWithoutFree, DequeueEmpty, OutOfBoundsGm, OutOfBoundsLocal,
-                      WaitWithoutSet, SetTwice, ComparePartialRepeat, VectorOnCube, GemvMode,
+                      WaitWithoutSet, SetTwice, FixToCubeAfterCo1Free, MatmulMacroIds, QueueAfterKernelFlag,
+                      ReservedEventIds, EventPoolExhausted, ComparePartialRepeat, VectorOnCube, GemvMode,
                       ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
                       SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,

@@ -106,14 +106,16 @@ void RequireUbScratchFree(const twin::Site& site, const char* what)
 
 }  // namespace twin_detail
 
-TPipe::TPipe()
+TPipe::TPipe(twin::Site file_and_line)
 {
     twin::Core().pipe = &pipe_;
+    pipe_.Open(TWIN_HERE);
 }
 
 TPipe::~TPipe()
 {
     pipe_.CheckBalanced();
+    pipe_.Close();
     if (twin::Core().pending.empty()) {
         twin::Core().pending = pipe_.pending;
     }
@@ -164,6 +166,53 @@ void Pipe::Register(QueueBase& queue, AscendC::TPosition position, uint32_t coun
     queues_.push_back(&queue);
 }
 
+namespace {
+
+constexpr int kMatmulMacroIds = 3;  // M_MTE1 ids 0-2 (TPipe::Init on 2201: two for L0, one for the bias)
+
+}  // namespace
+
+void Pipe::Open(const Site& site)
+{
+    // TPipe::Init (ResetPool): no id is held. Flags a previous pipe left set stay set.
+    CoreState& core = Core();
+    std::fill(std::begin(core.eventPool), std::end(core.eventPool), uint8_t{0});
+    std::fill(std::begin(core.eventFetched), std::end(core.eventFetched), uint8_t{0});
+    for (auto& ids : core.eventHolder) {
+        std::fill(std::begin(ids), std::end(ids), EventOwner{});
+    }
+    open_ = true;
+    if (core.type != CoreType::AIC) {
+        return;
+    }
+    const int event = static_cast<int>(AscendC::HardEvent::M_MTE1);
+    const EventOwner pipe{EventOwner::kTPipe, site, site};
+    for (int i = 0; i < kMatmulMacroIds; ++i) {
+        FrameworkSet(event, PoolAlloc(event, pipe, site), pipe, site);
+    }
+}
+
+void Pipe::Close()
+{
+    if (!open_) {
+        return;
+    }
+    open_ = false;
+    for (QueueBase* q : queues_) {
+        q->ReleaseEvents();
+    }
+    if (Core().type != CoreType::AIC) {
+        return;
+    }
+    const int event = static_cast<int>(AscendC::HardEvent::M_MTE1);
+    for (int i = 0; i < kMatmulMacroIds; ++i) {
+        if (Core().eventHolder[event][i].kind == EventOwner::kTPipe) {
+            FrameworkWait(event, i);
+            PoolRelease(event, i, false, {"", 0});
+        }
+    }
+}
+
 uint32_t Pipe::Used(Memory memory) const
 {
     return used_[static_cast<int>(memory)];
@@ -193,6 +242,30 @@ namespace {
 struct HandOff {
     int producer, consumer;
 };
+
+// The HardEvents of a queue position's hand-offs (asc-devkit kernel_tpipe.h, enQueEvt and
+// freeBufEvt = GetQueEvt(src, dst, fwd) of TQue<pos>'s TQueBind<GetBufferLogicPos(pos)>
+// on 2201); -1: none.
+struct HandOffEvents {
+    int enqueue, free;
+};
+
+HandOffEvents HandOffEventsOf(AscendC::TPosition position)
+{
+    using AscendC::HardEvent;
+    using AscendC::TPosition;
+    auto ev = [](HardEvent e) { return static_cast<int>(e); };
+    switch (position) {
+        case TPosition::A1:
+        case TPosition::B1: return {ev(HardEvent::MTE2_MTE1), ev(HardEvent::MTE1_MTE2)};
+        case TPosition::A2:
+        case TPosition::B2: return {ev(HardEvent::MTE1_M), ev(HardEvent::M_MTE1)};
+        case TPosition::CO1: return {ev(HardEvent::M_FIX), ev(HardEvent::FIX_M)};
+        case TPosition::VECIN: return {ev(HardEvent::MTE2_V), ev(HardEvent::V_MTE2)};
+        case TPosition::VECOUT: return {ev(HardEvent::V_MTE3), ev(HardEvent::MTE3_V)};
+        default: return {-1, -1};
+    }
+}
 
 HandOff HandOffPipes(AscendC::TPosition position)
 {
@@ -242,6 +315,9 @@ void Pipe::Retire(QueueBase& queue)
     if (pending.empty()) {
         pending = Unbalanced(queue);
     }
+    if (open_) {
+        queue.ReleaseEvents();
+    }
     queues_.erase(std::remove(queues_.begin(), queues_.end(), &queue), queues_.end());
     queue.owner = nullptr;
 }
@@ -276,6 +352,12 @@ size_t QueueBase::Allocate(const Site& site)
         if (buffers[i].state == State::Free) {
             buffers[i].state = State::Allocated;
             next = (i + 1) % buffers.size();
+            if (buffers[i].freeEventId >= 0) {  // AllocBuffer: WaitFlag, ReleaseEventID
+                const int event = HandOffEventsOf(position).free;
+                FrameworkWait(event, buffers[i].freeEventId);
+                PoolRelease(event, buffers[i].freeEventId, false, site);
+                buffers[i].freeEventId = -1;
+            }
             const HandOff pipes = HandOffPipes(position);
             if (pipes.producer >= 0 && SyncEdge("AllocTensor", site, &initSite)) {
                 Acquire(pipes.producer, buffers[i].freed);
@@ -296,6 +378,12 @@ void QueueBase::Enqueue(uint32_t offset, const Site& site)
             " is exceeded (DeQue first)");
     b.state = State::Enqueued;
     fifo.push_back(static_cast<size_t>(&b - buffers.data()));
+    const int event = HandOffEventsOf(position).enqueue;
+    if (event >= 0) {  // EnQue: AllocEventID, SetFlag
+        const EventOwner self{EventOwner::kQueue, site, initSite};
+        b.enqueueEventId = PoolAlloc(event, self, site);
+        FrameworkSet(event, b.enqueueEventId, self, site);
+    }
     const HandOff pipes = HandOffPipes(position);
     if (pipes.producer >= 0) {
         b.handedOver = SyncEdge("EnQue", site, &initSite) ? Completed(pipes.producer) : Clock{};
@@ -308,6 +396,12 @@ size_t QueueBase::Dequeue(const Site& site)
     const size_t i = fifo.front();
     fifo.erase(fifo.begin());
     buffers[i].state = State::Dequeued;
+    if (buffers[i].enqueueEventId >= 0) {  // DeQue: WaitFlag, ReleaseEventID
+        const int event = HandOffEventsOf(position).enqueue;
+        FrameworkWait(event, buffers[i].enqueueEventId);
+        PoolRelease(event, buffers[i].enqueueEventId, false, site);
+        buffers[i].enqueueEventId = -1;
+    }
     const HandOff pipes = HandOffPipes(position);
     if (pipes.producer >= 0 && SyncEdge("DeQue", site, &initSite)) {
         Acquire(pipes.consumer, buffers[i].handedOver);
@@ -322,9 +416,32 @@ void QueueBase::Release(uint32_t offset, const Site& site)
     Require(b.state != State::Enqueued, site, "[R58] ", "FreeTensor of a tensor still in the queue "
             "(EnQue without DeQue)");
     b.state = State::Free;
+    const int event = HandOffEventsOf(position).free;
+    if (event >= 0) {  // FreeBuffer: AllocEventID, SetFlag
+        const EventOwner self{EventOwner::kQueue, site, initSite};
+        b.freeEventId = PoolAlloc(event, self, site);
+        FrameworkSet(event, b.freeEventId, self, site);
+    }
     const HandOff pipes = HandOffPipes(position);
     if (pipes.producer >= 0) {
         b.freed = SyncEdge("FreeTensor", site, &initSite) ? Completed(pipes.consumer) : Clock{};
+    }
+}
+
+void QueueBase::ReleaseEvents()
+{
+    const HandOffEvents events = HandOffEventsOf(position);
+    for (Buffer& b : buffers) {
+        if (b.freeEventId >= 0) {
+            FrameworkWait(events.free, b.freeEventId);
+            PoolRelease(events.free, b.freeEventId, false, {"", 0});
+            b.freeEventId = -1;
+        }
+        if (b.enqueueEventId >= 0) {
+            FrameworkWait(events.enqueue, b.enqueueEventId);
+            PoolRelease(events.enqueue, b.enqueueEventId, false, {"", 0});
+            b.enqueueEventId = -1;
+        }
     }
 }
 

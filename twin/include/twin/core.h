@@ -69,6 +69,16 @@ struct LocalMemories {
 
 class Pipe;
 
+// Who set an intra-core flag or holds an id of TPipe's event pool: the kernel itself
+// (SetFlag, AllocEventID), a queue (EnQue, FreeTensor; `owner` is where the queue was
+// initialised), or TPipe (on the dav-c220 cube core its constructor holds and sets
+// M_MTE1 ids 0-2 for the matmul macro until it is destroyed).
+struct EventOwner {
+    enum Kind : uint8_t { kNone, kKernel, kQueue, kTPipe } kind = kNone;
+    Site site{"", 0};
+    Site owner{"", 0};
+};
+
 // The identity and state of the core a thread is running.
 struct CoreState {
     CoreType type = CoreType::MIX;
@@ -82,6 +92,14 @@ struct CoreState {
     // work each outstanding SetFlag releases (race detector).
     int events[64][8] = {};
     std::vector<uint32_t> eventWork[64][8];
+    // Who set each outstanding flag (for the collision messages).
+    EventOwner eventSetter[64][8];
+    // TPipe's event-id pool (asc-devkit kernel_tpipe_impl.h, AllocEventID: per HardEvent,
+    // the lowest id not held): the ids held per HardEvent (bit i: id i), who holds each,
+    // and the ids FetchEventID has answered (they are the kernel's to use, unheld).
+    uint8_t eventPool[64] = {};
+    EventOwner eventHolder[64][8];
+    uint8_t eventFetched[64] = {};
     // A violation found when the kernel's TPipe was torn down.
     std::string pending;
     // The most bytes the kernel's TPipe(s) held at once per memory (every InitBuffer).
@@ -103,6 +121,17 @@ void CrossCoreWait(uint16_t flag, const Site& site);
 void SetEvent(int event, int srcPipe, int32_t id, const Site& site);
 void WaitEvent(int event, int dstPipe, int32_t id, const Site& site);
 void PipeBarrierAt(int pipe, const Site& site);
+// TPipe's event-id pool. PoolAlloc: the lowest id of `event` nobody holds, now held by
+// `holder` (AllocEventID, a queue's EnQue/FreeTensor); PoolRelease gives it back.
+// PoolFetch: the lowest free id, not held (FetchEventID).
+int PoolAlloc(int event, const EventOwner& holder, const Site& site);
+void PoolRelease(int event, int id, bool byKernel, const Site& site);
+int PoolFetch(int event, const Site& site);
+// The flags TPipe's queues and TPipe itself set and wait on with the ids they hold (no
+// race-detector edge: the queues give theirs through their buffers' clocks).
+void FrameworkSet(int event, int id, const EventOwner& setter, const Site& site);
+void FrameworkWait(int event, int id);
+const char* EventName(int event);
 // The hardware SyncAll: a barrier over every AIC and AIV of the launch (aivOnly: over
 // the AIVs only).
 void SyncAllCores(bool aivOnly, const Site& site);

@@ -1,8 +1,9 @@
 // Synchronisation in the twin: the bookkeeping (every WaitFlag needs an outstanding
 // SetFlag of the same event and id, an event is not set twice before it is waited on,
-// cross-core flags really synchronise the cube and vector threads of an AI core, SyncAll
-// those of every AI core of the launch) and the happens-before edges each call gives the
-// race detector (twin/race.h).
+// the kernel's ids neither collide with the ids TPipe's event pool has handed to its
+// queues nor use the reserved ids 6 and 7, cross-core flags really synchronise the cube
+// and vector threads of an AI core, SyncAll those of every AI core of the launch) and the
+// happens-before edges each call gives the race detector (twin/race.h).
 #ifndef FLASH_CANN_TWIN_SYNC_H
 #define FLASH_CANN_TWIN_SYNC_H
 
@@ -39,6 +40,9 @@ static_assert(sizeof(kEventPipes) / sizeof(kEventPipes[0]) == static_cast<size_t
               "one pipe pair per HardEvent");
 
 }  // namespace twin_detail
+
+// An event id as TPipe's pool hands it out (asc-devkit kernel_tensor_base.h).
+using TEventID = int8_t;
 
 // SetFlag: the source pipe's work so far, once finished, releases the event; WaitFlag:
 // the destination pipe's later instructions wait for it.

@@ -11,6 +11,7 @@
 
 #include "core.h"
 #include "race.h"
+#include "sync.h"
 
 namespace AscendC {
 
@@ -147,6 +148,10 @@ public:
         State state = State::Free;
         Clock handedOver;  // the producer's work at EnQue, for the consumer's DeQue
         Clock freed;       // the consumer's work at FreeTensor, for the next AllocTensor
+        // The ids of TPipe's event pool this buffer holds, set and not yet waited on: from
+        // EnQue to DeQue, and from FreeTensor to the next AllocTensor (-1: none).
+        int enqueueEventId = -1;
+        int freeEventId = -1;
     };
 
     AscendC::TPosition position = AscendC::TPosition::MAX;
@@ -164,6 +169,8 @@ public:
     void Enqueue(uint32_t offset, const Site& site);
     size_t Dequeue(const Site& site);
     void Release(uint32_t offset, const Site& site);
+    // Waits on and gives back the pool ids the buffers still hold (TPipe::Destroy).
+    void ReleaseEvents();
     uint8_t* Base() const;
 };
 
@@ -177,9 +184,16 @@ public:
     uint32_t Used(Memory memory) const;
     // " (the buffer initialised at file:line)" for the buffer holding `offset`, or "".
     std::string Owner(Memory memory, uint32_t offset) const;
+    // TPipe's construction and destruction: the event pool is emptied; on the dav-c220
+    // cube core the constructor takes M_MTE1 ids 0-2 and sets them, Destroy waits on them
+    // and on the ids freed queue buffers still hold (asc-devkit kernel_tpipe_impl.h,
+    // TPipe::Init, DestroyWithoutPipeAll).
+    void Open(const Site& site);
+    void Close();
     std::string pending;
 
 private:
+    bool open_ = false;
     std::vector<QueueBase*> queues_;
     uint32_t used_[6] = {};
     uint32_t buffers_ = 0;
@@ -257,7 +271,7 @@ public:
 
 class TPipe {
 public:
-    TPipe();
+    TPipe(TWIN_SITE);
     ~TPipe();
     template <TPosition pos, int32_t depth, auto mask>
     bool InitBuffer(TQue<pos, depth, mask>& que, uint8_t num, uint32_t len, TWIN_SITE)
@@ -271,7 +285,36 @@ public:
         pipe_.Register(buf, pos, 1, len, 0, false, TWIN_HERE);
         return true;
     }
-    void Destroy() { pipe_.CheckBalanced(); }
+    void Destroy()
+    {
+        pipe_.CheckBalanced();
+        pipe_.Close();
+    }
+
+    // The event-id pool (asc-devkit basic_api/kernel_tpipe.h): AllocEventID takes the
+    // lowest id of `evt` that neither a queue nor the kernel holds, until ReleaseEventID;
+    // FetchEventID names that id without taking it (for a SetFlag/WaitFlag pair with
+    // nothing of the pool's in between).
+    template <HardEvent evt>
+    TEventID AllocEventID(TWIN_SITE)
+    {
+        return static_cast<TEventID>(twin::PoolAlloc(static_cast<int>(evt),
+                                                     {twin::EventOwner::kKernel, TWIN_HERE, TWIN_HERE}, TWIN_HERE));
+    }
+    template <HardEvent evt>
+    void ReleaseEventID(TEventID id, TWIN_SITE)
+    {
+        twin::PoolRelease(static_cast<int>(evt), id, true, TWIN_HERE);
+    }
+    template <HardEvent evt>
+    TEventID FetchEventID(TWIN_SITE)
+    {
+        return FetchEventID(evt, TWIN_HERE);
+    }
+    TEventID FetchEventID(HardEvent evt, TWIN_SITE)
+    {
+        return static_cast<TEventID>(twin::PoolFetch(static_cast<int>(evt), TWIN_HERE));
+    }
 
 private:
     twin::Pipe pipe_;
