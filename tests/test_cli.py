@@ -81,14 +81,14 @@ def test_demo_rejects_bad_arguments(argv, message, capsys):
                                   ["demo", "--backend", "twin"]])
 def test_without_the_native_sources_commands_say_so_in_one_line(argv, capsys, monkeypatch,
                                                                  tmp_path):
-    """As after a non-editable pip install: the package has no op_project/ beside it."""
+    """The C++ sources are missing (a wheel's native_sources/ deleted, say)."""
     monkeypatch.setattr(native, "PROJECT", tmp_path / "op_project")
     native.build.cache_clear()
     try:
         line = _one_line_error(capsys, argv)
     finally:
         native.build.cache_clear()
-    assert "built from the source tree" in line and "pip install -e ." in line
+    assert "built from their C++ sources" in line and "reinstall flash-cann" in line
 
 
 def test_first_build_says_what_it_is_doing(capsys, monkeypatch, tmp_path):

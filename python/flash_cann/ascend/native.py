@@ -2,8 +2,12 @@
 twin, built with CMake from ``op_project/`` on first use (``build.sh --host-only`` runs
 the same configuration).
 
-The build lives in ``<repo>/build/host`` (override with ``FLASH_CANN_BUILD_DIR``); it is
-incremental, so later calls cost a no-op ``cmake --build``.
+Where the sources come from: the checkout when flash_cann runs from one (``pip install
+-e .``, ``PYTHONPATH=python``), else the copies an installed wheel carries in
+``native_sources/`` (links into the checkout at build time). The build lives in
+``<repo>/build/host`` for a checkout and in ``~/.cache/flash_cann/<version>/host`` for a
+wheel (override with ``FLASH_CANN_BUILD_DIR``); it is incremental, so later calls cost a
+no-op ``cmake --build``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[3]
+SHIPPED = Path(__file__).resolve().parent / "native_sources"
+FROM_CHECKOUT = (CHECKOUT / "op_project" / "CMakeLists.txt").is_file()
+ROOT = CHECKOUT if FROM_CHECKOUT else SHIPPED
 PROJECT = ROOT / "op_project"
 
 
@@ -25,7 +32,20 @@ class NativeBuildError(RuntimeError):
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("FLASH_CANN_BUILD_DIR", ROOT / "build" / "host"))
+    if "FLASH_CANN_BUILD_DIR" in os.environ:
+        return Path(os.environ["FLASH_CANN_BUILD_DIR"])
+    if FROM_CHECKOUT:
+        return CHECKOUT / "build" / "host"
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "flash_cann" / _version() / "host"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("flash-cann")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _run(command: list[str]) -> None:
@@ -38,8 +58,8 @@ def _run(command: list[str]) -> None:
 def unavailable_reason() -> str | None:
     """None if the native build can run here, else what is missing, in one line."""
     if not (PROJECT / "CMakeLists.txt").is_file():
-        return (f"the planner and the CPU twin are built from the source tree "
-                f"({PROJECT} is missing): install from a checkout with pip install -e .")
+        return (f"the planner and the CPU twin are built from their C++ sources, and "
+                f"{PROJECT} is missing: reinstall flash-cann (its wheel ships them)")
     if shutil.which("cmake") is None:
         return ("cmake (>= 3.16) and a C++17 compiler are needed to build the "
                 "planner and the CPU twin")
