@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,11 +17,27 @@ import native_build
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _tracked_copy(destination: Path) -> Path:
+    """The checkout's tracked files (links kept), so that the wheel is built from what a
+    clone has, never from a stale build/ directory."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source, target = ROOT / name, destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        elif source.exists():
+            shutil.copy2(source, target)
+    return destination
+
+
 @native_build.needs("cmake", "g++")
 def test_an_installed_wheel_builds_the_planner_and_the_twin(tmp_path):
+    source = _tracked_copy(tmp_path / "checkout")
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("flash_cann-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = commands.add_parser(
         "demo", help="forward + backward on the best available device, checked against "
-                     "the float64 oracle, timed and measured against standard attention")
+                     "the float64 oracle, timed and measured against torch SDPA and naive attention")
     device_types = sorted({b.device_type for b in SPEC.backends.values()})
     demo.add_argument("--device", choices=device_types,
                       help="the device type to run on (default: the best available)")
