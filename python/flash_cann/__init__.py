@@ -32,9 +32,17 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
 from .contract.ops import backend_for, use_backend
+from .integrations import transformers as _transformers
+from .integrations.flash_attn_alias import install_as_flash_attn, install_if_requested
+from .integrations.post_import import when_imported
 from .integrations.torchair import enable_torchair, register_if_loaded
 
 register_if_loaded()  # torchair imported before flash_cann: register the converters now
+# attn_implementation="fa_cann", without importing transformers: registered when its
+# modeling code is imported (or now, if it is).
+when_imported("transformers.modeling_utils", _transformers.register_attention)
+when_imported("transformers.masking_utils", _transformers.register_mask)
+install_if_requested()  # FLASH_CANN_AS_FLASH_ATTN=1: `import flash_attn` gives flash_cann
 
 __version__ = "0.1.0"
 
@@ -42,4 +50,4 @@ __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache", "backend_for", "use_backend", "enable_torchair",
-           "__version__"]
+           "install_as_flash_attn", "__version__"]
