@@ -11,8 +11,9 @@ The package, top down (docs/architecture.md): ``api`` (the functions above), ``c
 (the op spec, checks, feature semantics, the torch.ops registration and the eager path),
 ``backends`` (one package per backend), ``ascend`` (the CANN package's host side: planner
 bindings, plan reports, the generated contract header, the native build),
-``integrations`` (transformers, torchair) and ``tools`` (the ``flash-cann`` CLI, demo,
-accuracy and memory probes). Arrows point down; tests/test_layering.py keeps them so.
+``integrations`` (transformers, the ``flash_attn`` alias, torchair) and ``tools`` (the
+``flash-cann`` CLI, demo, accuracy and memory probes). Arrows point down;
+tests/test_layering.py keeps them so.
 """
 
 import os
