@@ -1,13 +1,18 @@
 """Hugging Face transformers on flash_cann (flash_cann.integrations.transformers): tiny,
 randomly initialised Llama, Qwen2 and Mistral models built here (nothing downloaded) give
 the logits, gradients and greedy generations of attn_implementation="sdpa", batched with
-left and right padding, and GQA; what flash_cann cannot do is refused with the reason.
-Runs on the CPU backend here (and on the lent GPU in the GPU tests)."""
+left and right padding, and GQA; Mistral's sliding window and Gemma 2's soft-capping and
+window give eager's logits; packed sequences (position_ids, cu_seq_lens) give each
+sequence's own; train-mode dropout is unbiased; "fa_cann" registers on `import flash_cann`
+without importing transformers. Runs on the CPU backend here (and on the lent GPU in the
+GPU tests)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +25,8 @@ except ImportError as err:  # the test extra pins it (Python >= 3.11)
                     pytrace=False)
     pytest.skip(f"transformers is not installed: {err}", allow_module_level=True)
 
-from flash_cann.integrations import transformers as integration  # noqa: E402  (registers)
+import flash_cann  # noqa: E402,F401  (registers "fa_cann" with transformers)
+from flash_cann.integrations import transformers as integration  # noqa: E402
 
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -38,12 +44,20 @@ TOLERANCE = dict(atol=2e-3, rtol=2e-3) if DTYPE == torch.float16 else dict(atol=
 @pytest.fixture(scope="module", params=FAMILIES)
 def models(request):
     """The same random weights under attn_implementation "fa_cann" and "sdpa"."""
+    return _pair(FAMILIES[request.param], "sdpa")
+
+
+def _pair(make_config, reference: str):
+    """The same random weights under "fa_cann" and ``reference``. One config each: a model
+    records its implementation in its config object, so a shared config would leave both
+    models on the last one (and the comparison would test nothing)."""
     torch.manual_seed(0)
-    config = FAMILIES[request.param]()
-    ours = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=integration.NAME)
-    sdpa = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    sdpa.load_state_dict(ours.state_dict())
-    return tuple(m.to(DEVICE, DTYPE).eval() for m in (ours, sdpa))
+    ours, theirs = (transformers.AutoModelForCausalLM.from_config(
+        make_config(), attn_implementation=name) for name in (integration.NAME, reference))
+    theirs.load_state_dict(ours.state_dict())
+    assert ours.config._attn_implementation == integration.NAME
+    assert theirs.config._attn_implementation == reference
+    return tuple(m.to(DEVICE, DTYPE).eval() for m in (ours, theirs))
 
 
 def _batch(padding_side: str):
@@ -85,16 +99,6 @@ def test_generate_gives_the_same_tokens(models):
     assert torch.equal(tokens[0], tokens[1])
 
 
-def test_attention_dropout_is_refused_with_the_reason():
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.LlamaConfig(**TINY, attention_dropout=0.1),
-        attn_implementation=integration.NAME).train()
-    with pytest.raises(NotImplementedError, match=r"attention dropout 0\.1 is not supported .*"
-                                                  r"model\.eval\(\)"):
-        model(input_ids=torch.ones(1, 4, dtype=torch.long))
-
-
 def _qkv(q_len=5, kv_len=7):
     generator = torch.Generator().manual_seed(2)
     return (torch.randn(2, 4, q_len, 8, generator=generator),
@@ -103,10 +107,8 @@ def _qkv(q_len=5, kv_len=7):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(sliding_window=4), "a sliding window of 4 over 7 keys"),
-    (dict(softcap=30.0), "soft-capping"),
+    (dict(s_aux=torch.zeros(4)), "attention sinks \\(s_aux\\) are not supported yet"),
     (dict(attention_mask=torch.zeros(2, 1, 5, 7, dtype=torch.bool)), "got a 4-D mask"),
-    (dict(cu_seq_lens_q=torch.tensor([0, 5])), "packed sequences"),
 ])
 def test_what_flash_cann_cannot_do_is_refused(kwargs, message):
     module = torch.nn.Module()
@@ -137,3 +139,120 @@ def test_compiles_as_one_graph_with_gqa_and_padding():
     compiled = torch.compile(run, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v, mask), run(q, k, v, mask))
     assert run(q, k, v, mask).shape == (2, 5, 4, 8)  # (batch, q_len, heads, head_dim)
+
+
+WINDOWED = {  # the 9-token batches are longer than the window: it really cuts
+    "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=4),
+    "gemma2": lambda: transformers.Gemma2Config(
+        **{**TINY, "num_hidden_layers": 2}, head_dim=8, query_pre_attn_scalar=8,
+        sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=None,
+        layer_types=["sliding_attention", "full_attention"]),
+}
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_windows_and_softcap_match_eager(family, padding_side):
+    """Mistral's sliding window; Gemma 2's soft-capping on every layer and window on
+    every other one (transformers' sdpa has no soft-capping: eager is the reference)."""
+    ours, eager = _pair(WINDOWED[family], "eager")
+    ids, mask = _batch(padding_side)
+    valid = mask.bool()
+    with torch.no_grad():
+        logits = [m(input_ids=ids, attention_mask=mask).logits[valid] for m in (ours, eager)]
+        unmasked = [m(input_ids=ids).logits for m in (ours, eager)]
+    torch.testing.assert_close(logits[0], logits[1], **TOLERANCE)
+    torch.testing.assert_close(unmasked[0], unmasked[1], **TOLERANCE)
+
+
+def test_packed_sequences_via_position_ids_match_each_sequence_alone():
+    """A padding-free batch (one row, positions restarting at 0), as a collator for
+    flash-attn packs it: each sequence's logits and gradients as if it were alone."""
+    ours, sdpa = _pair(FAMILIES["mistral"], "sdpa")
+    generator = torch.Generator().manual_seed(3)
+    first, second = (torch.randint(1, TINY["vocab_size"], (1, n), generator=generator).to(DEVICE)
+                     for n in (5, 4))
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3]], device=DEVICE)
+    packed = ours(input_ids=torch.cat((first, second), dim=1), position_ids=position_ids).logits[0]
+    alone = torch.cat([sdpa(input_ids=s).logits[0] for s in (first, second)])
+    torch.testing.assert_close(packed, alone, **TOLERANCE)
+    packed.float().square().mean().backward()
+    alone.float().square().mean().backward()
+    for (name, p), q in zip(ours.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOLERANCE, msg=name)
+
+
+def test_cu_seq_lens_kwargs_are_packed_sequences():
+    """transformers' FlashAttentionKwargs (cu_seq_lens_q/k, max_length_q/k), passed
+    through the model's kwargs, split one row into independent causal sequences."""
+    q, k, v = (t[:1] for t in _qkv(q_len=7, kv_len=7))
+    module = torch.nn.Module()
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    packed, _ = integration.flash_cann_attention_forward(
+        module, q, k, v, None, 0.3, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+        max_length_q=torch.tensor(4), max_length_k=4)
+    for start, end in ((0, 3), (3, 7)):
+        alone, _ = integration.flash_cann_attention_forward(
+            module, q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], None, 0.3)
+        torch.testing.assert_close(packed[:, start:end], alone)
+
+
+def test_train_mode_dropout_is_unbiased_like_eager():
+    """Attention dropout in training: each draw differs, and the mean over draws is the
+    dropout-free output (inverted dropout), as for transformers' eager dropout; checked
+    against the spread of the draws themselves, not a guessed tolerance."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    q, k, v = _qkv(q_len=4, kv_len=4)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups, module.training = True, 2, True
+    exact, _ = integration.flash_cann_attention_forward(module, q, k, v, None, 0.3)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask = torch.zeros(4, 4).masked_fill(~causal, float("-inf"))
+    torch.manual_seed(5)
+    for forward, kwargs in ((integration.flash_cann_attention_forward, {}),
+                            (eager_attention_forward, {"attention_mask": mask})):
+        draws = torch.stack([forward(module, q, k, v, **{"attention_mask": None, **kwargs},
+                                     scaling=0.3, dropout=0.4)[0] for _ in range(400)])
+        assert not torch.equal(draws[0], draws[1])
+        standard_error = draws.std(dim=0) / len(draws) ** 0.5
+        deviation = (draws.mean(dim=0) - exact).abs()
+        assert (deviation <= 5 * standard_error + 1e-6).all(), (forward.__name__,
+                                                               (deviation / standard_error).max())
+        # About 1 - p of the probability mass survives: the draws' spread is not tiny.
+        assert standard_error.mean() > 1e-3
+
+
+def test_train_mode_model_drops_and_eval_mode_does_not():
+    make = lambda: transformers.LlamaConfig(**TINY, attention_dropout=0.5)  # noqa: E731
+    ours, sdpa = _pair(make, "sdpa")
+    ids, mask = _batch("right")
+    ours.train()
+    torch.manual_seed(0)
+    first, second = (ours(input_ids=ids, attention_mask=mask).logits for _ in range(2))
+    assert not torch.allclose(first, second)
+    ours.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids, attention_mask=mask).logits[mask.bool()],
+                                   sdpa(input_ids=ids, attention_mask=mask).logits[mask.bool()],
+                                   **TOLERANCE)
+
+
+def _python(code: str):
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180, cwd=repo,
+                         env={**os.environ, "PYTHONPATH": str(repo / "python")})
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+def test_import_flash_cann_registers_without_importing_transformers():
+    """Registration waits for transformers' modeling code; flash_cann first or second."""
+    check = ("from transformers import AttentionInterface; "
+             "from transformers.masking_utils import AttentionMaskInterface as M; "
+             "print('fa_cann' in AttentionInterface._global_mapping, 'fa_cann' in M._global_mapping)")
+    assert _python("import sys, flash_cann; print('transformers' in sys.modules); "
+                   + check) == ["False", "True", "True"]
+    assert _python("import transformers.modeling_utils, transformers.masking_utils, "
+                   "flash_cann; " + check) == ["True", "True"]

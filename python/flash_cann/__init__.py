@@ -11,8 +11,9 @@ The package, top down (docs/architecture.md): ``api`` (the functions above), ``c
 (the op spec, checks, feature semantics, the torch.ops registration and the eager path),
 ``backends`` (one package per backend), ``ascend`` (the CANN package's host side: planner
 bindings, plan reports, the generated contract header, the native build),
-``integrations`` (transformers, torchair) and ``tools`` (the ``flash-cann`` CLI, demo,
-accuracy and memory probes). Arrows point down; tests/test_layering.py keeps them so.
+``integrations`` (transformers, the ``flash_attn`` alias, torchair) and ``tools`` (the
+``flash-cann`` CLI, demo, accuracy and memory probes). Arrows point down;
+tests/test_layering.py keeps them so.
 """
 
 import os
@@ -32,9 +33,17 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
 from .contract.ops import backend_for, use_backend
+from .integrations import transformers as _transformers
+from .integrations.flash_attn_alias import install_as_flash_attn, install_if_requested
+from .integrations.post_import import when_imported
 from .integrations.torchair import enable_torchair, register_if_loaded
 
 register_if_loaded()  # torchair imported before flash_cann: register the converters now
+# attn_implementation="fa_cann", without importing transformers: registered when its
+# modeling code is imported (or now, if it is).
+when_imported("transformers.modeling_utils", _transformers.register_attention)
+when_imported("transformers.masking_utils", _transformers.register_mask)
+install_if_requested()  # FLASH_CANN_AS_FLASH_ATTN=1: `import flash_attn` gives flash_cann
 
 __version__ = "0.1.0"
 
@@ -42,4 +51,4 @@ __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache", "backend_for", "use_backend", "enable_torchair",
-           "__version__"]
+           "install_as_flash_attn", "__version__"]

@@ -243,6 +243,18 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                            alibi_slopes, deterministic, return_attn_probs, generator=generator)
 
 
+def _max_seqlen(value, name: str) -> int:
+    """An int; a 0-d integer tensor is read (one host sync): transformers passes
+    ``cu_seqlens.diff().max()`` as it is, which flash-attn's int argument accepts."""
+    if (isinstance(value, torch.Tensor) and value.dim() == 0
+            and not value.is_floating_point() and value.dtype != torch.bool):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"flash_cann: {name} must be an int (got {type(value).__name__} "
+                        f"{value!r})")
+    return value
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -258,7 +270,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             lengths, used to index into q (sequence b is rows cu_seqlens_q[b] ..
             cu_seqlens_q[b + 1] - 1).
         cu_seqlens_k: (batch_size + 1,), int32: the same for k and v.
-        max_seqlen_q, max_seqlen_k: int. The longest query / key sequence. On an
+        max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host). The
+            longest query / key sequence. On an
             accelerator they are taken on trust (reading cu_seqlens would stall the
             device), as in flash-attn; CPU calls check them.
         block_table: paged keys and values are not supported here yet (use
@@ -276,10 +289,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                   "supported by flash_attn_varlen_func yet; use "
                                   "flash_attn_with_kvcache for a paged cache")
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"flash_cann: {name} must be an int (got {type(value).__name__} "
-                            f"{value!r})")
+    max_seqlen_q, max_seqlen_k = (_max_seqlen(max_seqlen_q, "max_seqlen_q"),
+                                  _max_seqlen(max_seqlen_k, "max_seqlen_k"))
     return _returned(*_attention(
         q, k, v, None, layout=layouts.PACKED, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,

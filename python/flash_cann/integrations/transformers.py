@@ -1,34 +1,35 @@
 """Hugging Face transformers: ``attn_implementation="fa_cann"``.
 
-    import flash_cann.integrations.transformers  # registers "fa_cann"
+    import flash_cann  # registers "fa_cann" once transformers' modeling code is imported
     model = AutoModelForCausalLM.from_config(config, attn_implementation="fa_cann")
 
 Not "flash_cann": transformers treats every implementation name containing "flash" as a
 flash-attn kernel to load (``utils/generic.py`` ``is_flash_attention_requested``, then
 ``lazy_import_flash_attention``), which fails for any other function.
 
-Importing this module registers the attention function with transformers'
-``AttentionInterface`` and, under the same name, the mask its models build with
-``AttentionMaskInterface``: transformers' own flash-attention mask, i.e. the 2-D padding
-mask (batch, kv_length) with True = attend, or None when nothing is padded. That is
-flash_cann's ``key_padding_mask``; causality comes from the attention module
-(``module.is_causal``), aligned bottom-right as transformers' KV cache needs (new queries
-are the last keys). GQA/MQA pass the key/value heads as they are (no repeat_kv), on
-whichever backend serves the tensors' device (CPU, CUDA via Triton, NPU).
+``import flash_cann`` does not import transformers: it asks
+(flash_cann.integrations.post_import) to run :func:`register_attention` when
+``transformers.modeling_utils`` (home of ``AttentionInterface``) is imported and
+:func:`register_mask` when ``transformers.masking_utils`` is, or at once if they already
+are. The mask is transformers' own flash-attention mask: the 2-D padding mask
+(batch, kv_length), True = attend, or None when nothing is padded -- flash_cann's
+``key_padding_mask``.
 
-Refused, with the reason: dropout > 0 (flash_cann has no dropout: use ``model.eval()`` or
-``attention_dropout=0``), a sliding window shorter than the keys, soft-capping, attention
-sinks, and masks that are not a padding mask (4-D masks, packed sequences). The function
-has no data-dependent Python branches, so ``torch.compile`` traces it whole.
+:func:`flash_cann_attention_forward` takes what transformers' flash path takes, with its
+meaning: causality from the module (bottom-right aligned, as the KV cache needs), a
+``sliding_window`` of W keys (the query and the W - 1 before it; both sides when not
+causal), ``softcap``, ``dropout`` (transformers passes 0 in eval mode), and packed
+sequences either as ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs or as
+``position_ids`` that restart within one row (a padding-free collator). GQA/MQA pass
+the key/value heads as they are (no repeat_kv), on whichever backend serves the tensors'
+device. Attention sinks (``s_aux``) and masks other than a padding mask are refused.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from ..api.interface import attention
+from ..api.interface import attention, flash_attn_varlen_func
 
 NAME = "fa_cann"  # see the module docstring: no "flash" in it
 
@@ -39,6 +40,39 @@ def _refuse(condition: bool, what: str) -> None:
                                   f"{what}")
 
 
+def _window(sliding_window: int | None, key_length: int, causal: bool) -> tuple[int, int]:
+    """transformers' sliding_window counts the query itself (W keys, so W - 1 to the
+    left), as in its eager masks; without causality the window is symmetric, as its
+    flash path makes it. A window covering every key is no window."""
+    if sliding_window is None or key_length <= sliding_window:
+        return (-1, -1)
+    return (sliding_window - 1, 0 if causal else sliding_window - 1)
+
+
+def _packed_cu_seqlens(position_ids: torch.Tensor | None, batch: int, length: int):
+    """(cu_seqlens, max_seqlen) of the sequences packed in one row, where the positions
+    restart (a padding-free collator's position_ids), or None if the row is one sequence.
+    Reads the positions: one host sync, as transformers' own check."""
+    if position_ids is None or batch != 1 or length == 1:
+        return None
+    positions = position_ids.reshape(-1)
+    starts = (positions == positions.min()).nonzero().flatten()
+    if len(starts) == 1:
+        return None
+    cu_seqlens = torch.cat((starts, starts.new_tensor([positions.numel()]))).to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
+
+def _varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, **options):
+    """(batch, heads, seq, dim) tensors whose tokens form packed sequences: flash-attn's
+    varlen call on the flattened tokens, returned as (batch, seq, heads, dim)."""
+    q, k, v = (t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+               for t in (query, key, value))
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q.to(torch.int32),
+                                 cu_seqlens_k.to(torch.int32), int(max_q), int(max_k), **options)
+    return out.view(query.shape[0], query.shape[2], *out.shape[-2:])
+
+
 def flash_cann_attention_forward(module: torch.nn.Module, query: torch.Tensor,
                                  key: torch.Tensor, value: torch.Tensor,
                                  attention_mask: torch.Tensor | None, scaling: float | None = None,
@@ -46,27 +80,49 @@ def flash_cann_attention_forward(module: torch.nn.Module, query: torch.Tensor,
                                  softcap: float | None = None, s_aux=None, **kwargs):
     """transformers' attention-function contract: query (batch, heads, q_len, head_dim),
     key/value (batch, kv_heads, kv_len, head_dim), the padding mask of
-    :func:`flash_attention_mask`; returns (batch, q_len, heads, head_dim) and no weights."""
-    _refuse(dropout != 0.0, f"attention dropout {dropout} is not supported (flash_cann has no "
-                            f"dropout): call model.eval() or set attention_dropout=0")
-    _refuse(sliding_window is not None and key.shape[2] > sliding_window,
-            f"a sliding window of {sliding_window} over {key.shape[2]} keys is not supported")
-    _refuse(softcap is not None, "logit soft-capping is not supported")
-    _refuse(s_aux is not None, "attention sinks (s_aux) are not supported")
+    ``flash_attention_mask``; returns (batch, q_len, heads, head_dim) and no weights."""
+    _refuse(s_aux is not None, "attention sinks (s_aux) are not supported yet: flash_cann "
+                               "has no sinks feature so far; use attn_implementation='eager'")
     _refuse(attention_mask is not None and attention_mask.dim() != 2,
             f"only padding masks (batch, kv_len) are supported, got a "
             f"{attention_mask.dim() if attention_mask is not None else 0}-D mask")
-    _refuse(kwargs.get("cu_seq_lens_q") is not None,
-            "packed sequences (cu_seq_lens) are not supported")
-    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-    out = attention(query, key, value, layout="BNSD", causal=bool(causal), scale=scaling,
-                    key_padding_mask=attention_mask)
+    causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    options = dict(softmax_scale=scaling, causal=causal, dropout_p=float(dropout),
+                   window_size=_window(sliding_window, key.shape[2], causal),
+                   softcap=0.0 if softcap is None else float(softcap))
+    # transformers' precedence: a padding mask, then explicit cu_seq_lens, then positions.
+    if attention_mask is None:
+        packed = (kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"),
+                  kwargs.get("max_length_q"), kwargs.get("max_length_k"))
+        if all(x is not None for x in packed):
+            return _varlen(query, key, value, *packed, **options), None
+        from_positions = _packed_cu_seqlens(kwargs.get("position_ids"), query.shape[0],
+                                            query.shape[2])
+        if from_positions is not None:
+            cu_seqlens, max_seqlen = from_positions
+            return _varlen(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                           **options), None
+    out = attention(query, key, value, layout="BNSD", causal=causal, scale=scaling,
+                    key_padding_mask=attention_mask, window_size=options["window_size"],
+                    softcap=options["softcap"], dropout_p=options["dropout_p"])
     return out.transpose(1, 2), None
 
 
-def _register() -> None:
-    AttentionInterface.register(NAME, flash_cann_attention_forward)
-    AttentionMaskInterface.register(NAME, flash_attention_mask)
+def register_attention(modeling_utils) -> None:
+    """Register the attention function with ``modeling_utils.AttentionInterface``."""
+    modeling_utils.AttentionInterface.register(NAME, flash_cann_attention_forward)
 
 
-_register()
+def register_mask(masking_utils) -> None:
+    """Register transformers' flash-attention mask (a padding mask) under the same name."""
+    masking_utils.AttentionMaskInterface.register(NAME, masking_utils.flash_attention_mask)
+
+
+def register() -> None:
+    """Register both now, importing transformers' modules (``import flash_cann`` does it
+    lazily; this is for code that wants it explicit)."""
+    import transformers.masking_utils
+    import transformers.modeling_utils
+
+    register_attention(transformers.modeling_utils)
+    register_mask(transformers.masking_utils)

@@ -1,0 +1,129 @@
+"""``import flash_attn`` served by flash_cann, for libraries written against flash-attn
+(transformers' flash_attention_2 path, LlamaFactory, verl, ring-flash-attn).
+
+:func:`install_as_flash_attn` (or ``FLASH_CANN_AS_FLASH_ATTN=1`` in the environment when
+``import flash_cann`` runs) puts one finder at the front of ``sys.meta_path``. It serves
+the modules below (flash-attn 2.8's names, flash_cann's functions) through the ordinary
+import machinery, so ``importlib.util.find_spec("flash_attn")`` and
+``import flash_attn.bert_padding`` both work, and it answers importlib.metadata for a
+distribution "flash-attn" of version :data:`FLASH_ATTN_VERSION` whose top-level package
+is ``flash_attn``. That last part is what availability checks read
+(``importlib.metadata.version("flash_attn")``, ``packages_distributions()``, as
+transformers' ``is_flash_attn_2_available`` does); it lives in this process only:
+nothing is written to site-packages, and ``pip list`` does not show it.
+
+The alias wins over a real flash-attn installed beside it (the finder comes first) but
+cannot replace one already imported: that is refused. The private
+``flash_attn_interface._flash_attn_*`` entry points are not served yet.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import os
+import re
+import sys
+from pathlib import Path
+
+from ..api import bert_padding, interface, rotary
+
+ENV_VAR = "FLASH_CANN_AS_FLASH_ATTN"
+# The flash-attn release whose API flash_cann follows; reported to version checks.
+FLASH_ATTN_VERSION = "2.8.3"
+
+_FUNCTIONS = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+              "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+              "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache")
+# module name -> (is a package, {attribute: object}); submodules are attached on import.
+MODULES = {
+    "flash_attn": (True, {name: getattr(interface, name) for name in _FUNCTIONS}),
+    "flash_attn.flash_attn_interface": (False, {name: getattr(interface, name)
+                                               for name in _FUNCTIONS}),
+    "flash_attn.bert_padding": (False, {name: getattr(bert_padding, name) for name in (
+        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")}),
+    "flash_attn.layers": (True, {}),
+    "flash_attn.layers.rotary": (False, {"apply_rotary_emb": rotary.apply_rotary_emb}),
+}
+_ORIGIN = "flash_cann alias"
+
+
+class _AliasDistribution(importlib.metadata.Distribution):
+    """flash-attn's metadata as importlib.metadata reads it: the two files that name the
+    distribution, its version and its top-level package."""
+
+    _FILES = {
+        "METADATA": (f"Metadata-Version: 2.1\nName: flash-attn\nVersion: {FLASH_ATTN_VERSION}\n"
+                     f"Summary: flash-attn's API served by flash_cann "
+                     f"(flash_cann.install_as_flash_attn)\n"),
+        "top_level.txt": "flash_attn\n",
+    }
+
+    def read_text(self, filename):
+        return self._FILES.get(filename)
+
+    def locate_file(self, path):
+        return Path(__file__).parent / path
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as importlib.metadata compares
+
+
+class FlashAttnAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finder and loader of the alias modules; distribution finder of "flash-attn"."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in MODULES:
+            return None
+        is_package, _ = MODULES[fullname]
+        spec = importlib.machinery.ModuleSpec(fullname, self, origin=_ORIGIN,
+                                              is_package=is_package)
+        if is_package:
+            spec.submodule_search_locations = []
+        return spec
+
+    def exec_module(self, module):
+        _, attributes = MODULES[module.__name__]
+        module.__dict__.update(attributes)
+        module.__all__ = sorted(attributes)
+        if module.__name__ == "flash_attn":
+            module.__version__ = FLASH_ATTN_VERSION
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if context.name is None or _normalized(context.name) == "flash-attn":
+            yield _AliasDistribution()
+
+
+def installed() -> bool:
+    return any(isinstance(finder, FlashAttnAlias) for finder in sys.meta_path)
+
+
+def install_as_flash_attn() -> None:
+    """Make ``import flash_attn`` (and ``flash_attn.flash_attn_interface``,
+    ``flash_attn.bert_padding``, ``flash_attn.layers.rotary``) resolve to flash_cann, and
+    importlib.metadata report a flash-attn of :data:`FLASH_ATTN_VERSION`. Idempotent.
+
+    Call it before the library that imports flash_attn checks for it: transformers caches
+    its ``is_flash_attn_2_available()`` on the first call."""
+    loaded = sys.modules.get("flash_attn")
+    if loaded is not None and getattr(getattr(loaded, "__spec__", None), "origin",
+                                      None) != _ORIGIN:
+        raise RuntimeError(f"flash_cann.install_as_flash_attn(): a real flash_attn is already "
+                           f"imported ({getattr(loaded, '__file__', loaded)!r}); call it before "
+                           f"anything imports flash_attn, or use that package")
+    if not installed():
+        sys.meta_path.insert(0, FlashAttnAlias())
+
+
+def install_if_requested() -> bool:
+    """Install the alias if ``FLASH_CANN_AS_FLASH_ATTN`` is "1" (the value is checked: a
+    typo must not be silently ignored). True if installed."""
+    value = os.environ.get(ENV_VAR, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"flash_cann: {ENV_VAR} must be 1 (serve `import flash_attn` from "
+                         f"flash_cann) or 0 / unset (got {value!r})")
+    if value == "1":
+        install_as_flash_attn()
+    return value == "1"
