@@ -88,9 +88,13 @@ def test_layouts_match_the_oracle_with_gradients(gen, layout):
     ref, lse = dense_attention(*bnsd, huawei_visible(3, 6, 9), 0.35)
     assert torch.allclose(to_bnsd(out, layout, 4).double(), ref, atol=2e-5)
     assert torch.allclose(softmax_max[..., 0].double(), lse, atol=2e-5)
+    # softmax_max is the logsumexp: a loss may use it, and its gradient is lse's.
     upstream = torch.randn(out.shape, generator=gen)
-    grads = torch.autograd.grad((out * upstream).sum(), tensors)
-    ref_grads = torch.autograd.grad((ref * to_bnsd(upstream, layout, 4).double()).sum(), bnsd)
+    lse_weight = torch.randn(lse.shape, generator=gen)
+    grads = torch.autograd.grad((out * upstream).sum() + (softmax_max[..., 0] * lse_weight).sum(),
+                                tensors)
+    ref_grads = torch.autograd.grad((ref * to_bnsd(upstream, layout, 4).double()).sum()
+                                    + (lse * lse_weight.double()).sum(), bnsd)
     for grad, ref_grad, heads in zip(grads, ref_grads, (4, 2, 2)):
         assert torch.allclose(to_bnsd(grad, layout, heads).double(), ref_grad, atol=5e-5)
 
@@ -294,3 +298,28 @@ def test_tnd_refusals_name_the_argument(gen, kwargs, name):
     q, k, v, _, _ = _tnd(gen, [3, 2], [3, 2])
     with pytest.raises((ValueError, NotImplementedError, TypeError), match=name):
         flash_cann.npu_fusion_attention(q, k, v, 4, "TND", **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["twin", "npu"])
+def test_causal_and_padding_masks_reach_backends_without_windows(gen, backend):
+    """Mode 3, mode 2 with S1 == S2 and a causal + key padding full mask become plain
+    causal attention with key padding: the Ascend C backends (no window feature yet)
+    take them. Checked against the backend's declared features, without running it."""
+    from flash_cann.api import fusion_masks
+    from flash_cann.contract.checks import check_fwd
+    from flash_cann.contract.spec import load
+
+    q, k, v = (t.half() for t in qkv(gen, "BNSD", seqlen_q=7, seqlen_k=7))
+    i, j = torch.arange(7).view(-1, 1), torch.arange(7).view(1, -1)
+    padded = torch.tensor([False] * 5 + [True] * 2).view(1, 1, 1, 7).expand(2, 1, 1, 7)
+    dense, padding = fusion_masks.dense_mask_as_flash_cann(padded | (j > i), 2, 4, 7, 7)
+    bands = [fusion_masks.bottom_right_band(None, 0, 7, 7, "pre", "next"),
+             fusion_masks.bottom_right_band(None, 7 - 7, 7, 7, "pre", "next"), dense]
+    for band in bands:
+        assert band.op_arguments() == dict(causal=True, window_left=-1, window_right=-1)
+        check_fwd(q, k, v, padding if band is dense else None, 0.3, layout="BNSD",
+                  backend=load().backends[backend], **band.op_arguments())
+    assert padding is not None and padding[:, :5].all() and not padding[:, 5:].any()
+    shorter_q = fusion_masks.bottom_right_band(None, 5 - 7, 5, 7, "pre", "next")  # mode 2
+    assert shorter_q.keys == 5 and shorter_q.op_arguments()["causal"]
+    assert shorter_q.op_arguments()["window_right"] == -1

@@ -34,17 +34,20 @@ COMPRESSED_MASK_SIZE = 2048
 class Band:
     """A flash_cann call's visibility for one problem: keep the first ``queries`` query
     rows and ``keys`` keys (None: all; the rows dropped see no key: output 0, lse -inf),
-    then the window ``(window_left, window_right)``; ``causal`` when the window's right
-    edge is the diagonal."""
+    then the window ``(window_left, window_right)``."""
 
     keys: int | None
     window_left: int
     window_right: int
     queries: int | None = None
 
-    @property
-    def causal(self) -> bool:
-        return self.window_right == 0
+    def op_arguments(self) -> dict:
+        """torch.ops.flash_cann.fwd's causal and window. A window whose right edge is the
+        diagonal is passed as plain ``causal`` (right bound -1): the same scores, and a
+        backend without the window feature (npu, twin today) still takes it."""
+        causal = self.window_right == 0
+        return dict(causal=causal, window_left=self.window_left,
+                    window_right=-1 if causal else self.window_right)
 
 
 def bottom_right_band(left: int | None, right: int, seqlen_q: int, seqlen_k: int,
@@ -73,10 +76,11 @@ def bottom_right_band(left: int | None, right: int, seqlen_q: int, seqlen_k: int
     if left is not None and left < 0 or right < 0:
         raise ValueError(f"flash_cann: the band is empty: {left_name} + {right_name} must be "
                          f">= 0 when one of them is negative")
-    # A bound beyond the matrix is no bound (-1): d lies in [-(keys - 1), queries - 1].
-    # (Huawei's default 2147483647 lands here, and never reaches a kernel's int32.)
-    window_left = -1 if left is None or left >= (keys or seqlen_k) else left
-    window_right = -1 if right >= (queries or seqlen_q) else right
+    # A bound at or beyond the matrix's edge is no bound (-1): d lies in
+    # [-(keys - 1), queries - 1]. (Huawei's default 2147483647 lands here, and never
+    # reaches a kernel's int32; a full causal mask read off a tensor has left = keys - 1.)
+    window_left = -1 if left is None or left >= (keys or seqlen_k) - 1 else left
+    window_right = -1 if right >= (queries or seqlen_q) - 1 else right
     return Band(keys, window_left, window_right, queries)
 
 

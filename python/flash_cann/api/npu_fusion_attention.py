@@ -134,9 +134,8 @@ def _tnd_groups(bands: list[Band]) -> list[tuple[int, int, Band]]:
 def _fwd(q, k, v, key_padding_mask, band: Band, layout: str, scale: float, dropout_p: float,
          rng_state, **varlen):
     return torch.ops.flash_cann.fwd(
-        q, k, v, key_padding_mask, rng_state=rng_state, scale=scale, causal=band.causal,
-        layout=layout, window_left=band.window_left, window_right=band.window_right,
-        dropout_p=dropout_p, **varlen)
+        q, k, v, key_padding_mask, rng_state=rng_state, scale=scale, layout=layout,
+        dropout_p=dropout_p, **band.op_arguments(), **varlen)
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
