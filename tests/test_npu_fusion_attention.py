@@ -196,6 +196,19 @@ def test_tnd_sparse_modes_match_the_oracle(gen, mode, pre, nxt):
         assert torch.allclose(grad.double(), ref_grad, atol=5e-5)
 
 
+@pytest.mark.parametrize("mode", [2, 3])
+def test_tnd_sequences_without_queries(gen, mode):
+    """Huawei allows a sequence with no query rows (actual_seq_qlen repeats a value)."""
+    lengths_q, lengths_k = [3, 0, 4, 0], [4, 2, 6, 3]
+    q, k, v, cu_q, cu_k = _tnd(gen, lengths_q, lengths_k)
+    out, softmax_max = flash_cann.npu_fusion_attention(
+        q, k, v, 4, "TND", atten_mask=COMPRESSED, scale=0.3, sparse_mode=mode,
+        actual_seq_qlen=cu_q, actual_seq_kvlen=cu_k)[:2]
+    ref, lse = _tnd_oracle(q, k, v, lengths_q, lengths_k, mode, NO_BAND, NO_BAND, 0.3)
+    assert torch.allclose(out.double(), ref, atol=2e-5)
+    assert torch.allclose(softmax_max[..., 0].double(), lse, atol=2e-5)
+
+
 def test_dropout_is_flash_cann_philox_reproducible_by_seed(gen):
     """keep_prob < 1: dropout_p = 1 - keep_prob with flash_cann's Philox mask, whose seed
     is returned; torch.manual_seed repeats the call. TND runs of sequences (mode 2 here

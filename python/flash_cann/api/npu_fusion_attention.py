@@ -97,6 +97,41 @@ def _as_op_layout(t: torch.Tensor, name: str, layout: str, head_dim: int | None)
     return t
 
 
+def _scalar_arguments(head_num, input_layout, sparse_mode, scale, keep_prob, pre_tockens,
+                      next_tockens, inner_precise, gen_mask_parallel, sync, softmax_layout):
+    """The host arguments, checked: (head_num, layout, sparse_mode, scale, keep_prob,
+    pre_tockens, next_tockens)."""
+    head_num = _int(head_num, "head_num")
+    if head_num < 1:
+        raise ValueError(f"flash_cann: head_num must be >= 1 (got {head_num})")
+    if not isinstance(input_layout, str) or input_layout.upper() not in LAYOUTS:
+        raise ValueError(f"flash_cann: input_layout must be one of {', '.join(LAYOUTS)} "
+                         f"(case-insensitive, as torch_npu) (got {input_layout!r})")
+    layout = input_layout.upper()
+    sparse_mode = _int(sparse_mode, "sparse_mode")
+    if not 0 <= sparse_mode <= 8:
+        raise ValueError(f"flash_cann: sparse_mode must be in 0..8 (got {sparse_mode})")
+    if sparse_mode in (7, 8) and layout != "TND":
+        raise ValueError(f"flash_cann: sparse_mode={sparse_mode} is for input_layout 'TND' "
+                         f"only (got '{layout}')")
+    scale = _real(scale, "scale")
+    keep_prob = _real(keep_prob, "keep_prob")
+    if not 0.0 < keep_prob <= 1.0:
+        raise ValueError(f"flash_cann: keep_prob must be in (0, 1] (got {keep_prob})")
+    pre, nxt = _int(pre_tockens, "pre_tockens"), _int(next_tockens, "next_tockens")
+    if _int(inner_precise, "inner_precise") not in (0, 1, 2):
+        raise ValueError(f"flash_cann: inner_precise must be 0, 1 or 2 (got {inner_precise}); "
+                         f"flash_cann computes one precision (fp32 softmax and accumulation) "
+                         f"and always handles fully masked rows (2's purpose)")
+    for name, flag in (("gen_mask_parallel", gen_mask_parallel), ("sync", sync)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"flash_cann: {name} must be a bool (got {flag!r})")
+    if softmax_layout not in ("", "TND") or softmax_layout == "TND" and layout != "TND":
+        raise ValueError(f"flash_cann: softmax_layout must be '' or, with input_layout 'TND', "
+                         f"'TND' (got {softmax_layout!r} with '{layout}')")
+    return head_num, layout, sparse_mode, scale, keep_prob, pre, nxt
+
+
 def _sequence_band(sparse_mode: int, index: int, count: int, seqlen_q: int, seqlen_k: int,
                    pre: int, nxt: int) -> Band:
     """The mapped band of one problem (a sequence of a TND batch, or a whole batched call)
@@ -118,16 +153,19 @@ def _sequence_band(sparse_mode: int, index: int, count: int, seqlen_q: int, seql
     return bottom_right_band(pre, nxt, seqlen_q, seqlen_k, "pre_tockens", "next_tockens")
 
 
-def _tnd_groups(bands: list[Band]) -> list[tuple[int, int, Band]]:
+def _tnd_groups(bands: list[Band | None]) -> list[tuple[int, int, Band]]:
     """Runs of consecutive sequences with the same band: one flash_cann call each. A
     sequence whose keys or queries are cut short goes alone (its kept rows are then one
-    slice)."""
+    slice). A sequence without query rows (band None) computes nothing: it rides along
+    in the run before it, or forms a run of its own that makes no call."""
     groups: list[tuple[int, int, Band]] = []
     for b, band in enumerate(bands):
-        if groups and groups[-1][2] == band and band.keys is None and band.queries is None:
-            groups[-1] = (groups[-1][0], b + 1, band)
+        run = groups[-1][2] if groups else None
+        whole = run is not None and run.keys is None and run.queries is None
+        if whole and (band is None or band == run):
+            groups[-1] = (groups[-1][0], b + 1, run)
         else:
-            groups.append((b, b + 1, band))
+            groups.append((b, b + 1, FULL if band is None else band))
     return groups
 
 
@@ -164,35 +202,10 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     See docs/migration.md for every argument (mapped, refused or without effect) and
     the sparse modes.
     """
-    head_num = _int(head_num, "head_num")
-    if head_num < 1:
-        raise ValueError(f"flash_cann: head_num must be >= 1 (got {head_num})")
-    if not isinstance(input_layout, str) or input_layout.upper() not in LAYOUTS:
-        raise ValueError(f"flash_cann: input_layout must be one of {', '.join(LAYOUTS)} "
-                         f"(case-insensitive, as torch_npu) (got {input_layout!r})")
-    layout = input_layout.upper()
-    sparse_mode = _int(sparse_mode, "sparse_mode")
-    if not 0 <= sparse_mode <= 8:
-        raise ValueError(f"flash_cann: sparse_mode must be in 0..8 (got {sparse_mode})")
+    head_num, layout, sparse_mode, scale, keep_prob, pre, nxt = _scalar_arguments(
+        head_num, input_layout, sparse_mode, scale, keep_prob, pre_tockens, next_tockens,
+        inner_precise, gen_mask_parallel, sync, softmax_layout)
     _refuse_unsupported(pse, padding_mask, prefix, sink, sparse_mode)
-    if sparse_mode in (7, 8) and layout != "TND":
-        raise ValueError(f"flash_cann: sparse_mode={sparse_mode} is for input_layout 'TND' "
-                         f"only (got '{layout}')")
-    scale = _real(scale, "scale")
-    keep_prob = _real(keep_prob, "keep_prob")
-    if not 0.0 < keep_prob <= 1.0:
-        raise ValueError(f"flash_cann: keep_prob must be in (0, 1] (got {keep_prob})")
-    pre, nxt = _int(pre_tockens, "pre_tockens"), _int(next_tockens, "next_tockens")
-    if _int(inner_precise, "inner_precise") not in (0, 1, 2):
-        raise ValueError(f"flash_cann: inner_precise must be 0, 1 or 2 (got {inner_precise}); "
-                         f"flash_cann computes one precision (fp32 softmax and accumulation) "
-                         f"and always handles fully masked rows (2's purpose)")
-    for name, flag in (("gen_mask_parallel", gen_mask_parallel), ("sync", sync)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"flash_cann: {name} must be a bool (got {flag!r})")
-    if softmax_layout not in ("", "TND") or softmax_layout == "TND" and layout != "TND":
-        raise ValueError(f"flash_cann: softmax_layout must be '' or, with input_layout 'TND', "
-                         f"'TND' (got {softmax_layout!r} with '{layout}')")
     query, key, value = (require_tensor(t, n) for t, n in
                          ((query, "query"), (key, "key"), (value, "value")))
     if atten_mask is not None:
@@ -304,10 +317,12 @@ def _packed(q, k, v, atten_mask, actual_seq_qlen, actual_seq_kvlen, sparse_mode,
             f"2048x2048 mask, or flash_cann.flash_attn_varlen_func")
     else:
         fusion_masks.check_compressed_mask(atten_mask, sparse_mode)
-        bands = [_sequence_band(sparse_mode, b, count, sq, sk, pre, nxt)
+        bands = [_sequence_band(sparse_mode, b, count, sq, sk, pre, nxt) if sq else None
                  for b, (sq, sk) in enumerate(lengths)]
     outs, lses = [], []
     for first, last, band in _tnd_groups(bands):
+        if cu_q[last] == cu_q[first]:
+            continue
         q_end = cu_q[last] if band.queries is None else cu_q[first] + band.queries
         k_end = cu_k[last] if band.keys is None else cu_k[first] + band.keys
         seq_q = ([x - cu_q[first] for x in cu_q[first:last + 1]] if band.queries is None
@@ -318,9 +333,10 @@ def _packed(q, k, v, atten_mask, actual_seq_qlen, actual_seq_kvlen, sparse_mode,
         # run's first sequence gives every sequence the mask one call would have drawn.
         group_rng = None if rng_state is None else rng_state + torch.tensor(
             [0, first], dtype=rng_state.dtype, device=rng_state.device)
+        keys = slice(cu_k[first], k_end)
         out, lse = _fwd(
-            q[cu_q[first]:q_end], k[cu_k[first]:k_end], v[cu_k[first]:k_end], None, band, "TND", scale,
-            dropout_p, group_rng,
+            q[cu_q[first]:q_end], k[keys], v[keys], None, band, "TND", scale, dropout_p,
+            group_rng,
             cu_seqlens_q=torch.tensor(seq_q, dtype=torch.int32, device=q.device),
             cu_seqlens_k=torch.tensor(seq_k, dtype=torch.int32, device=q.device),
             max_seqlen_q=max(1, max(b - a for a, b in zip(seq_q, seq_q[1:]))),
