@@ -23,7 +23,10 @@ FAST_MODULES = {"test_api.py", "test_errors.py", "test_ops.py", "test_spec.py", 
 
 # Tests of other modules in the fast tier, by name prefix: cheap and central.
 FAST_TESTS = {"test_features.py": ("test_bad_feature_arguments_are_named",
-                                   "test_batched_features_match_the_oracle")}
+                                   "test_batched_features_match_the_oracle"),
+              "test_npu_fusion_attention.py": ("test_refusals_name_the_argument",
+                                               "test_tnd_refusals_name_the_argument",
+                                               "test_sparse_modes_match_the_oracle")}
 
 
 def _is_fast(item) -> bool:

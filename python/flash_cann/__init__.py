@@ -3,6 +3,7 @@
     import flash_cann
     out = flash_cann.flash_attn_func(q, k, v, causal=True)          # flash-attn's API
     out = flash_cann.attention(q, k, v, layout="BNSD", key_padding_mask=mask)
+    out = flash_cann.npu_fusion_attention(q, k, v, 8, "BSND", scale=s)[0]  # torch_npu's
 
 Both call ``torch.ops.flash_cann.fwd`` (and, through autograd, ``.bwd``), which runs on
 the backend for the tensors' device: see ``flash_cann.contract.ops``.
@@ -32,6 +33,7 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
                             flash_attn_qkvpacked_func, flash_attn_varlen_func,
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
+from .api.npu_fusion_attention import npu_fusion_attention
 from .contract.ops import backend_for, use_backend
 from .integrations import transformers as _transformers
 from .integrations.flash_attn_alias import install_as_flash_attn, install_if_requested
@@ -50,5 +52,5 @@ __version__ = "0.1.0"
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_with_kvcache", "backend_for", "use_backend", "enable_torchair",
-           "install_as_flash_attn", "__version__"]
+           "flash_attn_with_kvcache", "npu_fusion_attention", "backend_for", "use_backend",
+           "enable_torchair", "install_as_flash_attn", "__version__"]
