@@ -244,6 +244,7 @@ MSOPMODELING = {"910B1": (1.85, (221.0, 441.0, 220.5, 70.0, 137.0, 93.0)),
 VECTOR_CYCLES = [[1, 14], [2, 14], [2, 13], [2, 26], [4, 13], [1, 14], [7, 14], [1, 18],
                  [1, 16], [1, 11], [2, 14], [2, 13]]
 DDR_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE = 32, 110   # platform ini ddr_rate, l2_rate
+UB_API_SCRATCH = 8 * 1024
 LAUNCH_CYCLES, CROSS_CORE_FLAG_CYCLES = 10905, 1000 / 4   # pto-isa fa_cost_model.py
 
 
@@ -278,6 +279,14 @@ def test_hardware_figures_are_their_cited_sources(soc):
     assert rates["cross_core_flag_seconds"] == pytest.approx(CROSS_CORE_FLAG_CYCLES / clock,
                                                              rel=1e-8)
     assert rates["vector_cycles"] == VECTOR_CYCLES
+    # The capacities every plan is fitted against: the buffers above, less the 8 KB at
+    # the top of UB that Select/Compares' scalar modes use as scratch on 910B (asc-devkit
+    # TMP_UB_OFFSET; planner.h kUbApiScratch).
+    want = {"L1": BUFFERS["l1_bytes"], "L0A": BUFFERS["l0a_bytes"], "L0B": BUFFERS["l0b_bytes"],
+            "L0C": BUFFERS["l0c_bytes"], "UB": BUFFERS["ub_bytes"] - UB_API_SCRATCH}
+    for plan in (planner.plan(soc, 1, 8, 1024, 128, dtype="bfloat16"),
+                 planner.grad_plan(soc, 1, 8, 1024, 128, dtype="bfloat16")):
+        assert {lv["level"]: lv["capacity"] for lv in plan["levels"]} == want
 
 
 # One PREDICTION per SoC (bf16, batch 1, 16 heads, 4k, head_dim 128, causal): forward,
