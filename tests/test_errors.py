@@ -31,6 +31,8 @@ def _op(q, k, v, mask=None, scale=0.25, causal=False, layout="BNSD"):
     ("device mismatch", ValueError, "key must be on the same device as query"),
     ("rank", ValueError, r"query must be 4-D \(batch, heads, seqlen, head_dim\)"),
     ("head_dim mismatch", ValueError, "same head_dim"),
+    ("key head_dim differs", ValueError, r"same head_dim \(got 16, 8, 16\)"),
+    ("value head_dim differs", ValueError, r"same head_dim \(got 16, 16, 8\)"),
     ("head_dim too large", ValueError, r"head_dim must be in \[1, 256\] \(got 264\)"),
     ("heads not divisible", ValueError, r"query heads \(3\) must be a multiple of key/value "
                                         r"heads \(2\)"),
@@ -57,6 +59,10 @@ def test_op_rejects(case, exc, pattern):
         q = q[0]
     elif case == "head_dim mismatch":
         k, v = k[..., :8], v[..., :8]
+    elif case == "key head_dim differs":
+        k = k[..., :8]
+    elif case == "value head_dim differs":
+        v = v[..., :8]
     elif case == "head_dim too large":
         q, k, v = _qkv(head_dim=264)
     elif case == "heads not divisible":

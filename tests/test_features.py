@@ -319,6 +319,10 @@ def _varlen(q, k, v, cu_q, cu_k, max_q=9, max_k=9, **kwargs):
     return flash_cann.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
+def _cu(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
 _CU = torch.tensor([0, 4, 9], dtype=torch.int32)
 _Q3 = torch.randn(9, 2, 16)
 
@@ -372,8 +376,93 @@ BAD_CALLS = [
      ValueError, "cache_batch_idx is not taken with a paged cache"),
 ]
 
+# Every varlen and KV-cache input out of its range (issue 29); eager only: most are
+# decided by the tensors' values, which are not known while tracing.
+RANGE_CALLS = [
+    # Every varlen input: decreasing, negative, past the token count, wrong dtype, wrong
+    # device, max_seqlen smaller than a length (checked where the values are read: CPU).
+    ("cu_seqlens_q decreasing", lambda q: _varlen(_Q3, _Q3, _Q3, _cu(0, 6, 4, 9), _cu(0, 3, 6, 9)),
+     ValueError, r"cu_seqlens_q must rise from 0 to the number of tokens \(9\) \(got \[0, 6, 4, 9\]"),
+    ("cu_seqlens_k decreasing", lambda q: _varlen(_Q3, _Q3, _Q3, _cu(0, 3, 6, 9), _cu(0, 6, 4, 9)),
+     ValueError, r"cu_seqlens_k must rise from 0 to the number of tokens \(9\)"),
+    ("cu_seqlens_q negative", lambda q: _varlen(_Q3, _Q3, _Q3, _cu(-1, 4, 9), _CU),
+     ValueError, r"cu_seqlens_q must rise from 0"),
+    ("cu_seqlens_k negative", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _cu(0, -4, 9)),
+     ValueError, r"cu_seqlens_k must rise from 0"),
+    ("cu_seqlens_q past the tokens", lambda q: _varlen(_Q3, _Q3, _Q3, _cu(0, 12, 9), _CU),
+     ValueError, r"cu_seqlens_q must rise from 0 to the number of tokens \(9\)"),
+    ("cu_seqlens_k past the tokens", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _cu(0, 4, 10)),
+     ValueError, r"cu_seqlens_k must rise from 0 to the number of tokens \(9\)"),
+    ("cu_seqlens_k dtype", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU.long()), ValueError,
+     r"cu_seqlens_k must be an int32 tensor"),
+    ("cu_seqlens_q device", lambda q: _varlen(_Q3, _Q3, _Q3, _CU.to("meta"), _CU), ValueError,
+     r"cu_seqlens_q must be on the same device as query"),
+    ("cu_seqlens_k device", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU.to("meta")), ValueError,
+     r"cu_seqlens_k must be on the same device as query"),
+    ("max_seqlen_k short", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU, max_k=4), ValueError,
+     r"max_seqlen_k=4 is smaller than the longest sequence of cu_seqlens_k \(5\)"),
+    ("max_seqlen_q zero", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU, max_q=0), ValueError,
+     r"max_seqlen_q must be a positive int with layout TND"),
+    ("max_seqlen_k negative", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU, max_k=-9), ValueError,
+     r"max_seqlen_k must be a positive int with layout TND"),
+    # Every KV-cache input: the same, and block tables / batch indices out of range. q
+    # (2, 8, 2, 16) doubles as a cache of 2 sequences (or 2 pages) of 8 entries.
+    ("cache_seqlens negative", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=_cu(-1, 2)),
+     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+    ("cache_seqlens past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(3, 9)),
+     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+    ("cache_seqlens dtype", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=torch.tensor([1, 2])),
+     ValueError, r"cache_seqlens must be an int32 tensor of shape \(2,\)"),
+    ("cache_seqlens shape", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(1, 2, 3)),
+     ValueError, r"cache_seqlens must be an int32 tensor of shape \(2,\)"),
+    ("cache_seqlens device", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(1, 2).to("meta")),
+     ValueError, r"cache_seqlens must be on the same device as query"),
+    ("cache_batch_idx past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(1, 2), cache_batch_idx=_cu(0, 2)),
+     ValueError, r"cache_batch_idx must index k_cache's 2 sequences: each in \[0, 2\) "
+                 r"\(got \[0, 2\]\)"),
+    ("cache_batch_idx negative", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=_cu(1, 2), cache_batch_idx=_cu(-1, 0)),
+     ValueError, r"cache_batch_idx must index k_cache's 2 sequences"),
+    ("cache_batch_idx dtype", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_batch_idx=torch.tensor([0, 1])),
+     ValueError, r"cache_batch_idx must be an int32 tensor of shape \(2,\)"),
+    ("cache_batch_idx device", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_batch_idx=_cu(0, 1).to("meta")),
+     ValueError, r"cache_batch_idx must be on the same device as query"),
+    ("block_table past the pages", lambda q: flash_cann.flash_attn_with_kvcache(
+        q[:1], q, q, block_table=_cu(1, 2).view(1, 2)),
+     ValueError, r"block_table entries must be pages of k_cache, in \[0, 2\) "
+                 r"\(got block_table\[0, 1\] = 2\)"),
+    ("block_table negative", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=_cu(0, 3), block_table=_cu(0, -1).view(2, 1)),
+     ValueError, r"block_table entries must be pages of k_cache, in \[0, 2\) "
+                 r"\(got block_table\[1, 0\] = -1\)"),
+    ("block_table dtype", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, block_table=torch.zeros(2, 1, dtype=torch.int64)),
+     ValueError, r"block_table must be int32 \(batch, max_num_blocks\)"),
+    ("block_table device", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, block_table=torch.zeros(2, 1, dtype=torch.int32, device="meta")),
+     ValueError, r"block_table must be int32 \(batch, max_num_blocks\) = \(2, ...\) on cpu"),
+    ("k dtype", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1].double(), v=q[:, :1].double(), cache_seqlens=_cu(1, 2)),
+     ValueError, r"k must be float32 \(batch, seqlen_new, nheads_k, headdim\)"),
+    ("v device", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1], v=q[:, :1].to("meta"), cache_seqlens=_cu(1, 2)),
+     ValueError, r"v must be float32 .* on cpu \(got float32 \(2, 1, 2, 16\) on meta\)"),
+    ("k past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :3], v=q[:, :3], cache_seqlens=_cu(0, 6)),
+     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\] .* \(got up to 9\)"),
+]
 
-@pytest.mark.parametrize("name, call, exc, pattern", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+
+@pytest.mark.parametrize("name, call, exc, pattern", BAD_CALLS + RANGE_CALLS,
+                         ids=[c[0] for c in BAD_CALLS + RANGE_CALLS])
 def test_bad_feature_arguments_are_named(name, call, exc, pattern):
     q = torch.randn(2, 8, 2, 16)
     with pytest.raises(exc, match=pattern):

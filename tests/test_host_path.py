@@ -5,6 +5,8 @@ bad call. (The Triton launch replays: test_triton.py, on a GPU.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -162,3 +164,164 @@ def test_plans_are_bounded(monkeypatch, gen):
         q, k, v = make_qkv(1, 2, 2, seqlen, seqlen, 16, torch.float32, "BSND", generator=gen)
         flash_cann.flash_attn_func(q, k, v)
         assert len(ops._fwd_plans) <= 2
+
+
+# --------------------------------------------------------------------------------------
+# The plan key, argument by argument (issue 29): for every argument of the planned ops,
+# taken from the spec, a call that differs from a planned call in that argument alone
+# must not replay the plan, unless the argument cannot change any backend's result
+# (NEVER_IN_THE_KEY, each with the test that shows it).
+# --------------------------------------------------------------------------------------
+
+# The ops that plan (ops.plain_forward / plain_backward) and their plans. fwd_kvcache
+# does not plan: test_kvcache_is_checked_on_every_call.
+PLANNED_OPS = {"fwd": "_fwd_plans", "bwd": "_bwd_plans"}
+
+
+def _restrided(t):
+    """The same values with other strides (dims 1 and 2 swapped in memory)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+# How each argument is varied, alone. Shapes are square in (seqlen, heads), so that
+# layout BSND and BNSD both accept the same tensors (and the same lse).
+VARY = {
+    "query": _restrided, "key": _restrided, "value": _restrided, "out": _restrided,
+    "grad_out": _restrided, "softmax_lse": _restrided,
+    "key_padding_mask": lambda _: torch.ones(1, 4, dtype=torch.bool),
+    "grad_softmax_lse": lambda _: torch.zeros(1, 4, 4),
+    "scale": lambda s: s * 2, "causal": lambda c: not c,
+    "layout": lambda _: "BNSD", "deterministic": lambda d: not d,
+    # The features: a call with any of them is not plain and never replays a plan (it
+    # may also be refused on its own, e.g. cu_seqlens without layout TND).
+    "cu_seqlens_q": lambda _: torch.tensor([0, 4], dtype=torch.int32),
+    "cu_seqlens_k": lambda _: torch.tensor([0, 4], dtype=torch.int32),
+    "max_seqlen_q": lambda _: 4, "max_seqlen_k": lambda _: 4,
+    "alibi_slopes": lambda _: torch.full((4,), 0.5),
+    "rng_state": lambda _: torch.tensor([1, 2]),
+    "window_left": lambda _: 1, "window_right": lambda _: 1,
+    "softcap": lambda _: 5.0, "dropout_p": lambda _: 0.25,
+}
+
+# (op, argument) -> why the plan may ignore it; each is proven by a test below.
+NEVER_IN_THE_KEY = {
+    ("fwd", "deterministic"): "autograd_only: only the backward reads it "
+                              "(test_deterministic_cannot_change_a_forward)",
+}
+
+
+def _base_arguments(op_name, gen):
+    q, k, v = make_qkv(1, 4, 4, 4, 4, 16, torch.float32, "BSND", generator=gen)
+    fwd = ops.SPEC.ops["fwd"]
+    args = {t.name: None for t in fwd.inputs if t.optional}
+    args.update((a.name, a.default) for a in fwd.attrs if a.has_default)
+    args.update(query=q, key=k, value=v, scale=0.25, layout="BSND")
+    if op_name == "bwd":
+        out, lse = torch.ops.flash_cann.fwd(*(args[n] for n in fwd.argument_names()))
+        bwd = ops.SPEC.ops["bwd"]
+        args = {t.name: None for t in bwd.inputs if t.optional}
+        args.update((a.name, a.default) for a in bwd.attrs if a.has_default)
+        args.update(query=q, key=k, value=v, out=out, softmax_lse=lse, scale=0.25,
+                    layout="BSND", grad_out=torch.randn(q.shape, generator=gen))
+    return args
+
+
+def _call(op_name, args):
+    op = getattr(torch.ops.flash_cann, op_name)
+    return op(*(args[n] for n in ops.SPEC.ops[op_name].argument_names()))
+
+
+def test_every_op_argument_has_a_variation():
+    """A new argument of a planned op fails here until it is added to VARY (and so to
+    the property test below)."""
+    for op_name in PLANNED_OPS:
+        missing = set(ops.SPEC.ops[op_name].argument_names()) - set(VARY)
+        assert not missing, f"{op_name}: add a variation for {sorted(missing)} to VARY"
+
+
+def _argument_cases():
+    return [(o, n) for o in PLANNED_OPS for n in ops.SPEC.ops[o].argument_names()]
+
+
+@pytest.mark.parametrize("op_name, name", _argument_cases(),
+                         ids=[f"{o}-{n}" for o, n in _argument_cases()])
+def test_changing_one_argument_never_replays_the_plan(op_name, name, gen):
+    """Plan a plain call, then change ``name`` alone: the planned call must not serve it
+    (a new key, a non-plain call, or a refusal)."""
+    ops.forget_plans()
+    args = _base_arguments(op_name, gen)
+    plans = getattr(ops, PLANNED_OPS[op_name])
+    ops.forget_plans()
+    base = _call(op_name, args)
+    assert len(plans) == 1
+    (signature, plan), = plans.items()
+    replays = []
+    plans[signature] = lambda *a: replays.append(a) or plan(*a)
+    again = _call(op_name, args)
+    assert len(replays) == 1, "the same call must replay its plan"
+    for a, b in zip(base, again):
+        assert torch.equal(a, b)
+    varied = dict(args, **{name: VARY[name](args[name])})
+    try:
+        _call(op_name, varied)
+    except (ValueError, TypeError, NotImplementedError):
+        pass  # refused: refusals are never planned (test_a_repeated_signature_...)
+    if (op_name, name) in NEVER_IN_THE_KEY:
+        return
+    assert len(replays) == 1, (f"{op_name}: a call differing only in {name} replayed the "
+                               f"plan of the original call")
+
+
+def test_deterministic_cannot_change_a_forward():
+    """fwd's ``deterministic`` (autograd_only) reaches no forward: the planned path does
+    not take it, and no backend's forward function (or its planned form) has it."""
+    import ast
+    import inspect
+
+    assert "deterministic" not in inspect.signature(ops.plain_forward).parameters
+    assert "deterministic" not in ops._FWD_CORE
+    backends = Path(ops.__file__).parents[1] / "backends"
+    seen = 0
+    for path in sorted(backends.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in ("forward", "forward_planned"):
+                names = {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
+                assert "deterministic" not in names, f"{path.name}:{node.name}"
+                seen += 1
+    assert seen >= 5
+
+
+def test_deterministic_reaches_a_backend_that_uses_it(monkeypatch, gen):
+    """On the twin (deterministic selects the ordered dQ variant), a deterministic
+    backward after a fast one of the same shapes is a deterministic backward."""
+    from flash_cann.backends.twin import launcher as twin
+
+    received = []
+
+    def backward(*a, deterministic=False, **kw):
+        received.append(deterministic)
+        return tuple(torch.zeros_like(t) for t in a[1:4])
+
+    monkeypatch.setattr(twin, "backward", backward)
+    monkeypatch.delattr(twin, "backward_planned", raising=False)
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 16, torch.float16, "BSND", generator=gen)
+    out, lse = torch.zeros_like(q), torch.zeros(1, 2, 8)
+    with flash_cann.use_backend("twin"):
+        for deterministic in (False, True, False, True):
+            torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.25, False, "BSND",
+                                     deterministic)
+    assert received == [False, True, False, True]
+
+
+def test_kvcache_is_checked_on_every_call(monkeypatch, gen):
+    """fwd_kvcache plans nothing: every call runs its checks (no key to go stale)."""
+    from flash_cann.contract import checks
+
+    calls = []
+    monkeypatch.setattr(ops, "check_kvcache",
+                        lambda *a, **kw: calls.append(a) or checks.check_kvcache(*a, **kw))
+    q = torch.randn(1, 1, 2, 16, generator=gen)
+    cache = torch.randn(1, 8, 2, 16, generator=gen)
+    for _ in range(3):
+        flash_cann.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4)
+    assert len(calls) == 3

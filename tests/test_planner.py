@@ -218,3 +218,99 @@ def test_docs_prediction_tables_are_generated(planner_tests_run):
     for name, table in doc_tables(report).items():
         assert table.count("\n") >= 3, f"{name}: no report lines parsed"
         assert table in doc, f"docs/planner.md: the {name} table is stale; it should be:\n{table}"
+
+
+# --------------------------------------------------------------------------------------
+# Per-SoC hardware figures, pinned against the sources platform.cpp and engine_rates.cpp
+# cite (docs/planner.md, "Hardware figures"), and one prediction per SoC.
+# --------------------------------------------------------------------------------------
+
+# SoC: (AI cores, cube clock GHz). Core counts: ops-transformer's UT platform stub
+# (tests/ut/framework_special/utils/src/platform.cpp), catlass arch.hpp, platform ini
+# quotes; clocks: platform ini cube_freq quotes, pto-isa's fa_cost_model.py.
+SOCS = {"Ascend910B1": (24, 1.85), "Ascend910B2": (24, 1.80), "Ascend910B3": (20, 1.80),
+        "Ascend910B4": (20, 1.50), "Ascend910_93": (24, 1.80)}
+# asc-devkit "NPU架构版本2201.md": UB 192 KB, L1 512 KB (each 256 bytes fewer as
+# GetCoreMemSize reports them: LOCAL_RESERV_SIZE), L0A/L0B 64 KB, L0C 128 KB.
+BUFFERS = {"ub_bytes": 192 * 1024 - 256, "l1_bytes": 512 * 1024 - 256,
+           "l0a_bytes": 64 * 1024, "l0b_bytes": 64 * 1024, "l0c_bytes": 128 * 1024}
+# msopmodeling 1.0.9 tilesim arc_config/<soc>/bandwidth_<soc>.csv, GB/s per core at the
+# table's own clock: rows L2->L1, L1->L0A, L1->L0B, L0C->L2, L2->UB, UB->L2.
+ROUTES = ("l2_to_l1", "l1_to_l0a", "l1_to_l0b", "fixpipe", "l2_to_ub", "ub_to_l2")
+MSOPMODELING = {"910B1": (1.85, (221.0, 441.0, 220.5, 70.0, 137.0, 93.0)),
+                "910B4": (1.65, (134.98, 285.82, 142.97, 46.66, 87.39, 64.82))}
+# vec_cycle_910B1.csv (fp32 rows), per VecOp in engine_rates.h's order: (cycles per
+# repeat, head cycles).
+VECTOR_CYCLES = [[1, 14], [2, 14], [2, 13], [2, 26], [4, 13], [1, 14], [7, 14], [1, 18],
+                 [1, 16], [1, 11], [2, 14], [2, 13]]
+DDR_BYTES_PER_CYCLE, L2_BYTES_PER_CYCLE = 32, 110   # platform ini ddr_rate, l2_rate
+UB_API_SCRATCH = 8 * 1024
+LAUNCH_CYCLES, CROSS_CORE_FLAG_CYCLES = 10905, 1000 / 4   # pto-isa fa_cost_model.py
+
+
+@pytest.mark.parametrize("soc", SOCS)
+def test_hardware_figures_are_their_cited_sources(soc):
+    """Every figure the planner and the schedule model use for ``soc``, recomputed here
+    from the cited source's own numbers (a table applied at the wrong clock, a wrong core
+    count or buffer size fails here, not only through a generated docs table)."""
+    built("planner/libflash_cann_planner.so")
+    table = {p["name"]: p for p in planner.platforms()}[soc]
+    cores, ghz = SOCS[soc]
+    clock = ghz * 1e9
+    assert (table["aic_cores"], table["aiv_cores"]) == (cores, 2 * cores)
+    assert table["cube_clock_ghz"] == pytest.approx(ghz, rel=1e-12)
+    assert {k: table[k] for k in BUFFERS} == BUFFERS
+    assert table["cube_peak_tflops"] * 1e12 == pytest.approx(16 ** 3 * 2 * cores * clock,
+                                                             rel=1e-9)
+    assert table["hbm_gb_per_s"] * 1e9 == pytest.approx(DDR_BYTES_PER_CYCLE * clock * cores,
+                                                        rel=1e-9)
+    assert table["l2_gb_per_s"] * 1e9 == pytest.approx(L2_BYTES_PER_CYCLE * clock * cores,
+                                                       rel=1e-9)
+    rates = table["engine_rates"]
+    assert rates["clock_hz"] == pytest.approx(clock, rel=1e-12)
+    table_ghz, row = MSOPMODELING["910B4" if soc == "Ascend910B4" else "910B1"]
+    for route, gb_per_s in zip(ROUTES, row):
+        # bytes per cycle of the source's table, at this SoC's clock
+        assert rates[route] == pytest.approx(gb_per_s * 1e9 / (table_ghz * 1e9) * clock,
+                                             rel=1e-8), route
+    assert rates["hbm"] == pytest.approx(DDR_BYTES_PER_CYCLE * clock * cores, rel=1e-8)
+    assert rates["l2_aggregate"] == pytest.approx(L2_BYTES_PER_CYCLE * clock * cores, rel=1e-8)
+    assert rates["launch_seconds"] == pytest.approx(LAUNCH_CYCLES / clock, rel=1e-8)
+    assert rates["cross_core_flag_seconds"] == pytest.approx(CROSS_CORE_FLAG_CYCLES / clock,
+                                                             rel=1e-8)
+    assert rates["vector_cycles"] == VECTOR_CYCLES
+    # The capacities every plan is fitted against: the buffers above, less the 8 KB at
+    # the top of UB that Select/Compares' scalar modes use as scratch on 910B (asc-devkit
+    # TMP_UB_OFFSET; planner.h kUbApiScratch).
+    want = {"L1": BUFFERS["l1_bytes"], "L0A": BUFFERS["l0a_bytes"], "L0B": BUFFERS["l0b_bytes"],
+            "L0C": BUFFERS["l0c_bytes"], "UB": BUFFERS["ub_bytes"] - UB_API_SCRATCH}
+    for plan in (planner.plan(soc, 1, 8, 1024, 128, dtype="bfloat16"),
+                 planner.grad_plan(soc, 1, 8, 1024, 128, dtype="bfloat16")):
+        assert {lv["level"]: lv["capacity"] for lv in plan["levels"]} == want
+
+
+# One PREDICTION per SoC (bf16, batch 1, 16 heads, 4k, head_dim 128, causal): forward,
+# the incumbent design's forward, backward (seconds). Pinned so that a change of any
+# per-SoC input shows here; a deliberate model change updates these with the docs.
+PREDICTIONS = {
+    "Ascend910B1": (0.0006532583926, 0.0007600656694, 0.001325283397),
+    "Ascend910B2": (0.0006714044591, 0.0007811786047, 0.001362096825),
+    "Ascend910B3": (0.0007705609389, 0.0008584842015, 0.001627037),
+    "Ascend910B4": (0.001163795128, 0.001221397753, 0.002505821741),
+    "Ascend910_93": (0.0006714044591, 0.0007811786047, 0.001362096825),
+}
+
+
+def test_every_soc_has_a_pinned_prediction():
+    built("planner/libflash_cann_planner.so")
+    assert set(PREDICTIONS) == set(SOCS) == {p["name"] for p in planner.platforms()}
+
+
+@pytest.mark.parametrize("soc", PREDICTIONS)
+def test_prediction_per_soc_is_pinned(soc):
+    built("planner/libflash_cann_planner.so")
+    fwd = planner.plan(soc, 1, 16, 4096, 128, causal=True, dtype="bfloat16")
+    bwd = planner.grad_plan(soc, 1, 16, 4096, 128, causal=True, dtype="bfloat16")
+    got = (fwd["prediction"]["seconds"], fwd["incumbent_design_prediction"]["seconds"],
+           bwd["prediction"]["seconds"])
+    assert got == pytest.approx(PREDICTIONS[soc], rel=1e-8)

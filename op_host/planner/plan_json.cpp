@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cost_model.h"
+#include "engine_rates.h"
 
 namespace flash_cann {
 namespace {
@@ -42,7 +43,7 @@ private:
     bool first_ = true;
 };
 
-void WritePlatform(std::ostringstream& out, const Platform& p)
+void WritePlatform(std::ostringstream& out, const Platform& p, bool withRates = false)
 {
     Object o(out);
     o.Key("name") << Quote(p.name);
@@ -58,6 +59,31 @@ void WritePlatform(std::ostringstream& out, const Platform& p)
     o.Key("hbm_gb_per_s") << p.hbmBytesPerSecond / 1e9;
     o.Key("l2_gb_per_s") << p.l2BytesPerSecond / 1e9;
     o.Key("source") << Quote(p.source);
+    if (withRates) {
+        // The schedule model's inputs for this SoC (engine_rates.cpp): pinned per SoC
+        // against their cited sources by tests/test_planner.py.
+        const EngineRates r = RatesFor(p);
+        o.Key("engine_rates");
+        Object e(out);
+        e.Key("clock_hz") << r.clockHz;
+        e.Key("l2_to_l1") << r.l2ToL1;
+        e.Key("l1_to_l0a") << r.l1ToL0a;
+        e.Key("l1_to_l0b") << r.l1ToL0b;
+        e.Key("fixpipe") << r.fixpipe;
+        e.Key("l2_to_ub") << r.l2ToUb;
+        e.Key("ub_to_l2") << r.ubToL2;
+        e.Key("l2_aggregate") << r.l2Aggregate;
+        e.Key("hbm") << r.hbm;
+        e.Key("cross_core_flag_seconds") << r.crossCoreFlag;
+        e.Key("launch_seconds") << r.launch;
+        e.Key("vector_cycles");
+        out << '[';
+        for (uint32_t op = 0; op < static_cast<uint32_t>(VecOp::kCount); ++op) {
+            out << (op ? "," : "") << '[' << r.vector[op].cyclesPerRepeat << ','
+                << r.vector[op].headCycles << ']';
+        }
+        out << ']';
+    }
 }
 
 void WriteTiling(std::ostringstream& out, const TilingData& t)
@@ -176,7 +202,7 @@ std::string PlatformsToJson()
     for (const Platform& p : KnownPlatforms()) {
         out << (first ? "" : ",");
         first = false;
-        WritePlatform(out, p);
+        WritePlatform(out, p, /*withRates=*/true);
     }
     out << ']';
     return out.str();

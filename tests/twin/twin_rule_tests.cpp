@@ -800,6 +800,116 @@ void RaceQueueReuseWithoutFreeEdge()
     }, line);
 }
 
+// A flag, a wait or a barrier on the wrong pipe orders nothing the access needs: each
+// racy body below has the right kind of call, only with the wrong pipe, and its synced
+// twin the right one. (Written as the class of bug: a detector that lets a WaitFlag
+// order every pipe of the unit, or a SetFlag release every pipe's work, or a
+// PipeBarrier order every pipe, or a CrossCoreSetFlag release every pipe, passes them.)
+
+// MTE2 writes t; the flag is set from MTE3 (MTE3_V) instead of MTE2 (MTE2_V).
+void RaceFlagFromTheWrongPipe()
+{
+    int line = 0;
+    ExpectRace("race: flag from the wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        DataCopy(t, g, 64);
+        if (synced) {
+            SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        } else {
+            SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        }
+        line = AT;
+        Muls(t, t, 2.0f, 64);
+    }, line);
+}
+
+// MTE2 writes t, V reads it; the flag waits on MTE3 (MTE2_MTE3) instead of V (MTE2_V).
+void RaceWaitOnTheWrongPipe()
+{
+    int line = 0;
+    ExpectRace("race: wait on the wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 512);
+        LocalTensor<float> t = buf.Get<float>();
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        DataCopy(t, g, 64);
+        if (synced) {
+            SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        } else {
+            SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+        }
+        line = AT;
+        Muls(t, t, 2.0f, 64);
+    }, line);
+}
+
+// V writes a and reads it next; the barrier is PipeBarrier<MTE2> instead of <V>.
+void RaceBarrierOnTheWrongPipe()
+{
+    int line = 0;
+    ExpectRace("race: barrier on the wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        if (!OnAiv0()) return;
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> a = buf.Get<float>(), b = a[64];
+        Duplicate(a, 1.0f, 64);
+        if (synced) {
+            PipeBarrier<PIPE_V>();
+        } else {
+            PipeBarrier<PIPE_MTE2>();
+        }
+        line = AT;
+        Add(b, a, a, 64);
+    }, line);
+}
+
+// The cube writes GM with Fixpipe; the cross-core flag is set from MTE3 instead of FIX.
+void RaceCrossCoreFlagFromTheWrongPipe()
+{
+    int line = 0;
+    ExpectRace("race: cross-core flag, wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+        TPipe pipe;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm, 256);
+        if (OnAic()) {
+            TQue<TPosition::CO1, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> c = que.AllocTensor<float>();
+            que.EnQue(c);
+            c = que.DeQue<float>();
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(16, 16, 16, 16, false));
+            que.FreeTensor(c);
+            if (synced) {
+                CrossCoreSetFlag<2, PIPE_FIX>(1);
+            } else {
+                CrossCoreSetFlag<2, PIPE_MTE3>(1);
+            }
+        } else {
+            CrossCoreWaitFlag(1);
+            TQue<TPosition::VECIN, 1> que;
+            pipe.InitBuffer(que, 1, 1024);
+            LocalTensor<float> t = que.AllocTensor<float>();
+            if (OnAiv0()) line = AT;
+            DataCopy(t, g, 256);
+            que.FreeTensor(t);
+        }
+    }, line);
+}
+
 // A scalar store into UB read by a vector instruction needs S -> V.
 void RaceScalarThenVector()
 {
@@ -1183,7 +1293,9 @@ int main()
                       SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
                       RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
-                      RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RuleCasesFire, BackstopTimeout, KernelValid,
+                      RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RaceFlagFromTheWrongPipe,
+                      RaceWaitOnTheWrongPipe, RaceBarrierOnTheWrongPipe,
+                      RaceCrossCoreFlagFromTheWrongPipe, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

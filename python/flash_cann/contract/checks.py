@@ -438,11 +438,37 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
             raise ValueError(_prefix(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] "
                                      f"(the cache's capacity per sequence) (got up to "
                                      f"{longest})"))
+    if cache_batch_idx is not None and _reads_values(cache_batch_idx):
+        rows = cache_batch_idx.tolist()
+        if min(rows) < 0 or max(rows) >= k_cache.shape[0]:
+            raise ValueError(_prefix(f"cache_batch_idx must index k_cache's {k_cache.shape[0]} "
+                                     f"sequences: each in [0, {k_cache.shape[0]}) (got {rows[:8]}"
+                                     f"{' ...' if len(rows) > 8 else ''})"))
+    if block_table is not None and _reads_values(block_table):
+        _check_block_table(block_table, cache_seqlens, seqlen_new, page_size, k_cache.shape[0])
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
                       alibi_slopes=_alibi(alibi_slopes, batch, hq, device))
     problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, "BSND", bool(causal),
                       False, variant)
     return CacheProblem(problem, seqlen_new, page_size)
+
+
+def _check_block_table(block_table, cache_seqlens, seqlen_new: int, page_size: int,
+                       blocks: int) -> None:
+    """Every page a sequence uses (its first ceil((cache_seqlens + seqlen_new) / page_size)
+    entries; all of them without cache_seqlens) is in [0, blocks): a negative entry would
+    silently wrap around the cache, one past the end fail deep inside a backend. Entries
+    past a sequence's length are never read, as in flash-attn."""
+    if cache_seqlens is None:
+        used = torch.full((block_table.shape[0], 1), block_table.shape[1])
+    else:
+        used = ((cache_seqlens.long() + seqlen_new + page_size - 1) // page_size).unsqueeze(1)
+    in_use = torch.arange(block_table.shape[1]).unsqueeze(0) < used
+    bad = in_use & ((block_table < 0) | (block_table >= blocks))
+    if bool(bad.any()):
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(_prefix(f"block_table entries must be pages of k_cache, in [0, {blocks}) "
+                                 f"(got block_table[{b}, {j}] = {int(block_table[b, j])})"))
 
 
 def key_padding_mask_as_bool(mask, batch: int, seqlen_k: int,
