@@ -8,6 +8,7 @@ test_triton.py (GPU)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,6 +46,35 @@ def test_batched_features_match_the_oracle(name, features, dtype, gen):
 def test_packed_features_match_the_oracle(name, features, gen):
     assert_all_ok(check_variant("cpu", torch.bfloat16, gen=gen, seqlens=PACKED, heads=(6, 2),
                                 head_dim=40, layout="TND", **features))
+
+
+# window_size as flash-attn 2.8 takes it: seqlen_q 20 > seqlen_k 12, so a right bound of
+# 12 taken literally would hide keys from the first rows; flash-attn unbounds it.
+@pytest.mark.parametrize("window_size, causal, same_as", [
+    (torch.tensor([-1, 3]), True, (-1, -1)),      # causal sets the right bound to 0
+    ((12, 12), False, (-1, -1)),                  # bounds >= seqlen_k: unbounded
+    ([2, 40], False, (2, -1)),
+    (np.array([3, 1]), False, (3, 1)),
+], ids=["causal-tensor", "beyond-seqlen_k", "list", "numpy"])
+def test_window_size_is_normalised_as_in_flash_attn(window_size, causal, same_as):
+    q = torch.randn(1, 20, 2, 16)
+    k, v = torch.randn(2, 1, 12, 2, 16)
+    out = flash_cann.flash_attn_func(q, k, v, causal=causal, window_size=window_size)
+    torch.testing.assert_close(out, flash_cann.flash_attn_func(q, k, v, causal=causal,
+                                                               window_size=same_as),
+                               rtol=0, atol=0)
+    if same_as == (-1, -1):  # and the oracle agrees
+        ref, _ = reference.attention(q, k, v, scale=16 ** -0.5, causal=causal, layout="BSND")
+        torch.testing.assert_close(out, ref)
+
+
+def test_kvcache_takes_causal_with_any_right_bound():
+    q, k_cache, v_cache = torch.randn(1, 2, 2, 16), *torch.randn(2, 1, 10, 2, 16)
+    seqlens = torch.tensor([7], dtype=torch.int32)
+    out = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                             causal=1, window_size=(-1, 5))
+    torch.testing.assert_close(out, flash_cann.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, causal=True), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("masked", [True])
@@ -327,9 +357,14 @@ BAD_CALLS = [
      TypeError, "window_size must be a pair of ints"),
     ("window below -1", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=(-2, 0)),
      ValueError, r"window_size\[0\] must be an int >= -1"),
-    ("causal right window", lambda q: flash_cann.flash_attn_func(q, q, q, causal=True,
-                                                                 window_size=(-1, 4)),
-     ValueError, r"window_size\[1\] must be -1 or 0 with causal=True"),
+    ("window float", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=(0.5, 1)),
+     TypeError, "window_size must be a pair of ints"),
+    ("window float tensor", lambda q: flash_cann.flash_attn_func(
+        q, q, q, window_size=torch.tensor([1.0, 2.0])), TypeError,
+     "window_size must be a pair of ints"),
+    ("window of 3", lambda q: flash_cann.flash_attn_func(
+        q, q, q, window_size=torch.tensor([1, 2, 3])), TypeError,
+     "window_size must be a pair of ints"),
     ("negative softcap", lambda q: flash_cann.flash_attn_func(q, q, q, softcap=-1.0),
      ValueError, "softcap must be a finite number >= 0"),
     ("dropout 1", lambda q: flash_cann.flash_attn_func(q, q, q, dropout_p=1.0),
