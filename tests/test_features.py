@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann.contract import reference
+from flash_cann.contract import checks, kvcache, reference
 from flash_cann.contract.variant import Variant
 
 import oracle_checks
@@ -262,6 +262,40 @@ def test_kvcache_without_new_entries_reads_the_whole_given_length(gen):
                                                                         **kwargs))
 
 
+def check_capacity_guard(device):
+    """The device-side capacity guard (contract/kvcache.py), run on ``device``'s tensors
+    directly (on CPU the checks raise first): an append past a paged cache's capacity
+    writes inside the sequence's blocks only, each sequence attends to at most the
+    capacity, and check_kvcache_capacity raises once, naming block_table."""
+    page, heads_kv, head_dim = 4, 1, 8                   # 2 blocks per sequence: capacity 8
+    k_cache, v_cache = torch.randn(2, 5, page, heads_kv, head_dim, device=device)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    k, v = torch.randn(2, 2, 2, heads_kv, head_dim, device=device)
+    query = torch.randn(2, 1, heads_kv, head_dim, device=device)
+    in_range = torch.zeros(2, dtype=torch.int32, device=device)
+    c = checks.check_kvcache(query, k_cache, v_cache, k, v, in_range, None, block_table, 1.0,
+                             False)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    overflowing = torch.tensor([7, 9], dtype=torch.int32, device=device)
+    lengths = kvcache.append(k_cache, v_cache, k, v, overflowing, None, block_table, c)
+    assert lengths.tolist() == [8, 8]
+    # Sequence 0 gets its first new token at position 7 (block 1, offset 3), the one that
+    # fits; sequence 1 (already past its capacity) and the unmapped block 4 keep theirs.
+    before_k[1, 3], before_v[1, 3] = k[0, 0], v[0, 0]
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+    with pytest.raises(RuntimeError, match=r"block_table .* is too small: 1 flash_attn_with_"
+                                           r"kvcache call\(s\) .* the latest asked for 11 keys "
+                                           r"of a capacity of 8"):
+        flash_cann.check_kvcache_capacity(device)
+    flash_cann.check_kvcache_capacity(device)  # the check reset the flag
+    kvcache.append(k_cache, v_cache, k, v, in_range, None, block_table, c)
+    flash_cann.check_kvcache_capacity()           # a call within capacity sets nothing
+
+
+def test_kvcache_capacity_guard_on_device_tensors():
+    check_capacity_guard("cpu")
+
+
 # --------------------------------------------------------------------------------------
 # PyTorch citizenship
 # --------------------------------------------------------------------------------------
@@ -400,7 +434,14 @@ BAD_CALLS = [
      ValueError, "k and v must be given together"),
     ("cache overflow", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q[:, :2],
                                                                     v=q[:, :2], cache_seqlens=7),
-     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+     RuntimeError, r"block_table \(or k_cache without one\) is too small: cache_seqlens \+ "
+                   r"seqlen_new reaches 9, beyond the capacity of 8 keys per sequence \(k_cache"),
+    ("paged overflow", lambda q: flash_cann.flash_attn_with_kvcache(
+        q[:, :1], q, q, cache_seqlens=17, block_table=torch.zeros(2, 2, dtype=torch.int32)),
+     RuntimeError, r"block_table .* reaches 17, beyond the capacity of 16 keys per sequence "
+                   r"\(block_table's 2 blocks x page_block_size 8\)"),
+    ("negative cache_seqlens", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=-1), ValueError, r"cache_seqlens must be >= 0 \(got -1\)"),
     ("paged with batch idx", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, block_table=torch.zeros(2, 1, dtype=torch.int32),
         cache_batch_idx=torch.zeros(2, dtype=torch.int32)),
@@ -418,7 +459,7 @@ def test_bad_feature_arguments_are_named(name, call, exc, pattern):
 # Those decided from shapes, dtypes and attributes (tensor values are not known while
 # tracing: cu_seqlens' and cache_seqlens' contents are checked at run time only).
 TRACEABLE = [c for c in BAD_CALLS if c[2] is ValueError
-             and c[0] not in ("cu_seqlens end", "max_seqlen short", "cache overflow")]
+             and c[0] not in ("cu_seqlens end", "max_seqlen short", "negative cache_seqlens")]
 
 
 @pytest.mark.parametrize("name, call, exc, pattern", TRACEABLE, ids=[c[0] for c in TRACEABLE])

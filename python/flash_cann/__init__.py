@@ -31,6 +31,7 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
                             flash_attn_qkvpacked_func, flash_attn_varlen_func,
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
+from .contract.kvcache import check_kvcache_capacity
 from .contract.ops import backend_for, use_backend
 from .integrations.torchair import enable_torchair, register_if_loaded
 
@@ -41,5 +42,5 @@ __version__ = "0.1.0"
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_with_kvcache", "backend_for", "use_backend", "enable_torchair",
-           "__version__"]
+           "flash_attn_with_kvcache", "check_kvcache_capacity", "backend_for", "use_backend",
+           "enable_torchair", "__version__"]

@@ -433,11 +433,18 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                                      f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
     if cache_seqlens is not None and _reads_values(cache_seqlens):
+        # On a device kvcache.append guards this instead (no host read); see kvcache.py.
+        if int(cache_seqlens.min()) < 0:
+            raise ValueError(_prefix(f"cache_seqlens must be >= 0 (got "
+                                     f"{int(cache_seqlens.min())})"))
         longest = int(cache_seqlens.max()) + seqlen_new
-        if int(cache_seqlens.min()) < 0 or longest > capacity:
-            raise ValueError(_prefix(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] "
-                                     f"(the cache's capacity per sequence) (got up to "
-                                     f"{longest})"))
+        if longest > capacity:
+            holder = (f"block_table's {block_table.shape[1]} blocks x page_block_size "
+                      f"{page_size}" if block_table is not None else "k_cache's seqlen")
+            raise RuntimeError(_prefix(
+                f"block_table (or k_cache without one) is too small: cache_seqlens + "
+                f"seqlen_new reaches {longest}, beyond the capacity of {capacity} keys per "
+                f"sequence ({holder})"))
     window_left, window_right = window_bounds(window_left, window_right, causal, capacity)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
                       alibi_slopes=_alibi(alibi_slopes, batch, hq, device))
