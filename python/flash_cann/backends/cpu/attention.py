@@ -39,10 +39,11 @@ policy: for the duration of a call, torch runs each op on one thread
 (``torch.set_num_threads(1)``, restored afterwards; it is process-wide, so other Python
 threads' ops run single-threaded meanwhile), and the backend spreads the blocks over
 its own pool of ``torch.get_num_threads()`` worker threads, which block, never spin,
-when idle (torch ops release the GIL). Forward: query blocks, interleaved so causal work
-balances. Backward: key blocks, interleaved; each worker accumulates its own dQ and the
-partial sums are added in worker order, so the result is bitwise repeatable for a given
-thread count (benchmarks/cpu_contention.py measures it).
+when idle (torch ops release the GIL). Forward: query blocks, the costliest first, each taken by
+whichever worker is free (a worker slowed by another process does less). Backward: key
+blocks, interleaved over the workers (a fixed assignment: each worker accumulates its
+own dQ and the partial sums are added in worker order, so the result is bitwise
+repeatable for a given thread count). benchmarks/cpu_contention.py measures it.
 """
 
 from __future__ import annotations
@@ -237,13 +238,14 @@ def _scores(scale, causal, variant: Variant, seqlen_q, seqlen_k, heads_kv, group
 # ---------------------------------------------------------------------------------------
 
 def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int,
-                  part: int = 0, parts: int = 1) -> None:
+                  starts) -> None:
     """q, out_g: (batch, heads_kv, group, seqlen_q, head_dim); k, v: (batch, heads_kv,
     seqlen_k, head_dim); lse_g: (batch, heads_kv, group, seqlen_q). Writes out and lse
-    of query blocks part, part + parts, ... (each block's rows are its own)."""
+    of the query blocks starting at ``starts`` (each block's rows are its own, so
+    workers may share one iterator of them)."""
     b, hk, g, sq, d = q.shape
     acc_dtype = lse_g.dtype
-    for i0 in range(part * block_q, sq, parts * block_q):
+    for i0 in starts:
         i1 = min(i0 + block_q, sq)
         bq = i1 - i0
         lo, hi = sc.key_span(i0, i1)
@@ -368,10 +370,18 @@ def _forward_batch(query, key, value, out, lse, key_padding_mask, scale, causal,
     views = (_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
              layouts.to_bnsd(value, layout), _grouped(out, layout, heads_kv),
              lse.unflatten(1, (heads_kv, -1)))
+    # The blocks with the most visible keys first, taken by whichever worker is free:
+    # a worker slowed by another process does less of the work.
+    starts = sorted(range(0, seqlen_q, block_q), key=lambda i0: -_span_length(
+        sc.key_span(i0, min(i0 + block_q, seqlen_q))))
+    shared = iter(starts)
     with _own_threads() as threads:
-        _on_workers(lambda part, parts: _forward_core(*views, sc, block_q, block_k, part,
-                                                      parts),
+        _on_workers(lambda part, parts: _forward_core(*views, sc, block_q, block_k, shared),
                     _parts(threads, seqlen_q, block_q))
+
+
+def _span_length(span: tuple[int, int]) -> int:
+    return max(0, span[1] - span[0])
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
