@@ -3,7 +3,6 @@ here is said in one line."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -138,16 +137,3 @@ def test_first_build_says_what_it_is_doing(capsys, monkeypatch, tmp_path):
         native.build.cache_clear()
     assert "building the planner and the CPU twin" in capsys.readouterr().err
     assert [c[1] for c in commands] == ["-S", "--build"]
-
-
-@pytest.mark.parametrize("preset, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_import_before_torch_makes_openmp_wait_passively(preset, expected):
-    """Spinning OpenMP threads collapse the CPU backend beside a busy process
-    (benchmarks/cpu_contention.py); the user's own setting wins."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if preset:
-        env["OMP_WAIT_POLICY"] = preset
-    result = subprocess.run([sys.executable, "-c", "import os, flash_cann; "
-                             "print(os.environ['OMP_WAIT_POLICY'])"],
-                            capture_output=True, text=True, env=env, timeout=300)
-    assert result.stdout.split() == [expected], result.stderr
