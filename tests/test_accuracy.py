@@ -71,3 +71,43 @@ def test_gradcheck_float64_lse_gradient(gen):
         return out, lse  # float64 inputs: the accumulator (lse) dtype is float64 too
     assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_() for t in (q, k, v)),
                                     atol=1e-5, rtol=1e-3)
+
+
+def _with_torch_threads(threads: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        result = fn()
+        assert torch.get_num_threads() == threads  # the call restored torch's count
+        return result
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_worker_threads_agree_and_repeat_bitwise(gen):
+    """The backend spreads blocks over torch.get_num_threads() workers, one torch thread
+    per op (cpu.attention's docstring): any count agrees within fp32 rounding, and the
+    same count repeats bit for bit (the backward adds its workers' dQ in order)."""
+    q, k, v = make_qkv(1, 4, 2, 200, 230, 32, torch.float32, "BNSD", generator=gen)
+    d_out = torch.randn(q.shape, generator=gen)
+    args = dict(scale=0.2, causal=True, layout="BNSD", block_q=32, block_k=32)
+
+    def run():
+        out, lse = cpu.forward(q, k, v, None, **args)
+        return (out, lse, *cpu.backward(d_out, q, k, v, out, lse, None, None, **args))
+
+    one = _with_torch_threads(1, run)
+    three, again = (_with_torch_threads(3, run) for _ in range(2))
+    for a, b, c in zip(one, three, again):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert torch.equal(b, c)
+
+
+def test_worker_threads_write_inference_tensors_under_inference_mode(gen):
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 16, torch.float32, "BNSD", generator=gen)
+    with torch.inference_mode():
+        out, _ = _with_torch_threads(2, lambda: cpu.forward(q, k, v, None, scale=0.25,
+                                                            causal=True, layout="BNSD",
+                                                            block_q=16, block_k=16))
+    torch.testing.assert_close(out, cpu.forward(q, k, v, None, scale=0.25, causal=True,
+                                                layout="BNSD")[0], rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -182,16 +183,28 @@ def test_errors_surface_at_compile_time():
                                                 "(got str '0.1')"),
     ("flash_attn_func", "softmax_scale", True, "softmax_scale must be a real number"),
     ("attention", "scale", "abc", "scale must be a real number or None (got str 'abc')"),
-    ("flash_attn_func", "causal", "yes", "causal must be a bool (got str 'yes')"),
-    ("attention", "causal", None, "causal must be a bool (got NoneType None)"),
-    ("attention", "return_lse", "no", "return_lse must be a bool (got str 'no')"),
-    ("flash_attn_func", "return_attn_probs", 1, "return_attn_probs must be a bool"),
+    ("flash_attn_func", "causal", "yes", "causal must be a bool (or 0 / 1) (got str 'yes')"),
+    ("attention", "causal", None, "causal must be a bool (or 0 / 1) (got NoneType None)"),
+    ("flash_attn_func", "causal", 0.5, "causal must be a bool (or 0 / 1) (got float 0.5)"),
+    ("flash_attn_func", "causal", 2, "causal must be a bool (or 0 / 1) (got int 2)"),
+    ("attention", "return_lse", "no", "return_lse must be a bool (or 0 / 1) (got str 'no')"),
+    ("flash_attn_func", "return_attn_probs", 2, "return_attn_probs must be a bool"),
     ("flash_attn_func", "deterministic", "false", "deterministic must be a bool"),
 ])
 def test_public_api_takes_arguments_strictly(api, argument, value, message):
     q, k, v = _qkv(layout="BSND" if api == "flash_attn_func" else "BNSD")
     with pytest.raises(TypeError, match=re.escape(message)):
         getattr(flash_cann, api)(q, k, v, **{argument: value})
+
+
+@pytest.mark.parametrize("causal", [np.bool_(True), 1], ids=["numpy-bool", "int-1"])
+def test_public_api_takes_flags_as_flash_attn_does(causal):
+    """flash-attn's binding converts its flags to bool: a numpy bool or 0 / 1 works."""
+    q, k, v = _qkv(layout="BSND")
+    torch.testing.assert_close(flash_cann.flash_attn_func(q, k, v, causal=causal),
+                               flash_cann.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
+    out, lse, _ = flash_cann.flash_attn_func(q, k, v, return_attn_probs=np.bool_(True))
+    assert lse.dim() == 3
 
 
 def test_a_use_backend_block_refuses_tensors_its_backend_cannot_take():

@@ -8,11 +8,12 @@ test_triton.py (GPU)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import flash_cann
-from flash_cann.contract import reference
+from flash_cann.contract import checks, kvcache, reference
 from flash_cann.contract.variant import Variant
 
 import oracle_checks
@@ -45,6 +46,35 @@ def test_batched_features_match_the_oracle(name, features, dtype, gen):
 def test_packed_features_match_the_oracle(name, features, gen):
     assert_all_ok(check_variant("cpu", torch.bfloat16, gen=gen, seqlens=PACKED, heads=(6, 2),
                                 head_dim=40, layout="TND", **features))
+
+
+# window_size as flash-attn 2.8 takes it: seqlen_q 20 > seqlen_k 12, so a right bound of
+# 12 taken literally would hide keys from the first rows; flash-attn unbounds it.
+@pytest.mark.parametrize("window_size, causal, same_as", [
+    (torch.tensor([-1, 3]), True, (-1, -1)),      # causal sets the right bound to 0
+    ((12, 12), False, (-1, -1)),                  # bounds >= seqlen_k: unbounded
+    ([2, 40], False, (2, -1)),
+    (np.array([3, 1]), False, (3, 1)),
+], ids=["causal-tensor", "beyond-seqlen_k", "list", "numpy"])
+def test_window_size_is_normalised_as_in_flash_attn(window_size, causal, same_as):
+    q = torch.randn(1, 20, 2, 16)
+    k, v = torch.randn(2, 1, 12, 2, 16)
+    out = flash_cann.flash_attn_func(q, k, v, causal=causal, window_size=window_size)
+    torch.testing.assert_close(out, flash_cann.flash_attn_func(q, k, v, causal=causal,
+                                                               window_size=same_as),
+                               rtol=0, atol=0)
+    if same_as == (-1, -1):  # and the oracle agrees
+        ref, _ = reference.attention(q, k, v, scale=16 ** -0.5, causal=causal, layout="BSND")
+        torch.testing.assert_close(out, ref)
+
+
+def test_kvcache_takes_causal_with_any_right_bound():
+    q, k_cache, v_cache = torch.randn(1, 2, 2, 16), *torch.randn(2, 1, 10, 2, 16)
+    seqlens = torch.tensor([7], dtype=torch.int32)
+    out = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                             causal=1, window_size=(-1, 5))
+    torch.testing.assert_close(out, flash_cann.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=seqlens, causal=True), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("masked", [True])
@@ -232,6 +262,40 @@ def test_kvcache_without_new_entries_reads_the_whole_given_length(gen):
                                                                         **kwargs))
 
 
+def check_capacity_guard(device):
+    """The device-side capacity guard (contract/kvcache.py), run on ``device``'s tensors
+    directly (on CPU the checks raise first): an append past a paged cache's capacity
+    writes inside the sequence's blocks only, each sequence attends to at most the
+    capacity, and check_kvcache_capacity raises once, naming block_table."""
+    page, heads_kv, head_dim = 4, 1, 8                   # 2 blocks per sequence: capacity 8
+    k_cache, v_cache = torch.randn(2, 5, page, heads_kv, head_dim, device=device)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    k, v = torch.randn(2, 2, 2, heads_kv, head_dim, device=device)
+    query = torch.randn(2, 1, heads_kv, head_dim, device=device)
+    in_range = torch.zeros(2, dtype=torch.int32, device=device)
+    c = checks.check_kvcache(query, k_cache, v_cache, k, v, in_range, None, block_table, 1.0,
+                             False)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    overflowing = torch.tensor([7, 9], dtype=torch.int32, device=device)
+    lengths = kvcache.append(k_cache, v_cache, k, v, overflowing, None, block_table, c)
+    assert lengths.tolist() == [8, 8]
+    # Sequence 0 gets its first new token at position 7 (block 1, offset 3), the one that
+    # fits; sequence 1 (already past its capacity) and the unmapped block 4 keep theirs.
+    before_k[1, 3], before_v[1, 3] = k[0, 0], v[0, 0]
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+    with pytest.raises(RuntimeError, match=r"block_table .* is too small: 1 flash_attn_with_"
+                                           r"kvcache call\(s\) .* the latest asked for 11 keys "
+                                           r"of a capacity of 8"):
+        flash_cann.check_kvcache_capacity(device)
+    flash_cann.check_kvcache_capacity(device)  # the check reset the flag
+    kvcache.append(k_cache, v_cache, k, v, in_range, None, block_table, c)
+    flash_cann.check_kvcache_capacity()           # a call within capacity sets nothing
+
+
+def test_kvcache_capacity_guard_on_device_tensors():
+    check_capacity_guard("cpu")
+
+
 # --------------------------------------------------------------------------------------
 # PyTorch citizenship
 # --------------------------------------------------------------------------------------
@@ -331,9 +395,14 @@ BAD_CALLS = [
      TypeError, "window_size must be a pair of ints"),
     ("window below -1", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=(-2, 0)),
      ValueError, r"window_size\[0\] must be an int >= -1"),
-    ("causal right window", lambda q: flash_cann.flash_attn_func(q, q, q, causal=True,
-                                                                 window_size=(-1, 4)),
-     ValueError, r"window_size\[1\] must be -1 or 0 with causal=True"),
+    ("window float", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=(0.5, 1)),
+     TypeError, "window_size must be a pair of ints"),
+    ("window float tensor", lambda q: flash_cann.flash_attn_func(
+        q, q, q, window_size=torch.tensor([1.0, 2.0])), TypeError,
+     "window_size must be a pair of ints"),
+    ("window of 3", lambda q: flash_cann.flash_attn_func(
+        q, q, q, window_size=torch.tensor([1, 2, 3])), TypeError,
+     "window_size must be a pair of ints"),
     ("negative softcap", lambda q: flash_cann.flash_attn_func(q, q, q, softcap=-1.0),
      ValueError, "softcap must be a finite number >= 0"),
     ("dropout 1", lambda q: flash_cann.flash_attn_func(q, q, q, dropout_p=1.0),
@@ -369,7 +438,14 @@ BAD_CALLS = [
      ValueError, "k and v must be given together"),
     ("cache overflow", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q[:, :2],
                                                                     v=q[:, :2], cache_seqlens=7),
-     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+     RuntimeError, r"block_table \(or k_cache without one\) is too small: cache_seqlens \+ "
+                   r"seqlen_new reaches 9, beyond the capacity of 8 keys per sequence \(k_cache"),
+    ("paged overflow", lambda q: flash_cann.flash_attn_with_kvcache(
+        q[:, :1], q, q, cache_seqlens=17, block_table=torch.zeros(2, 2, dtype=torch.int32)),
+     RuntimeError, r"block_table .* reaches 17, beyond the capacity of 16 keys per sequence "
+                   r"\(block_table's 2 blocks x page_block_size 8\)"),
+    ("negative cache_seqlens", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=-1), ValueError, r"cache_seqlens must be >= 0 \(got -1\)"),
     ("paged with batch idx", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, block_table=torch.zeros(2, 1, dtype=torch.int32),
         cache_batch_idx=torch.zeros(2, dtype=torch.int32)),
@@ -409,10 +485,11 @@ RANGE_CALLS = [
     # (2, 8, 2, 16) doubles as a cache of 2 sequences (or 2 pages) of 8 entries.
     ("cache_seqlens negative", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=_cu(-1, 2)),
-     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+     ValueError, r"cache_seqlens must be >= 0 \(got -1\)"),
     ("cache_seqlens past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, cache_seqlens=_cu(3, 9)),
-     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\]"),
+     RuntimeError, r"k_cache without one\) is too small: cache_seqlens \+ seqlen_new "
+                   r"reaches 9, beyond the capacity of 8"),
     ("cache_seqlens dtype", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, cache_seqlens=torch.tensor([1, 2])),
      ValueError, r"cache_seqlens must be an int32 tensor of shape \(2,\)"),
@@ -457,7 +534,7 @@ RANGE_CALLS = [
      ValueError, r"v must be float32 .* on cpu \(got float32 \(2, 1, 2, 16\) on meta\)"),
     ("k past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, k=q[:, :3], v=q[:, :3], cache_seqlens=_cu(0, 6)),
-     ValueError, r"cache_seqlens \+ seqlen_new must lie in \[0, 8\] .* \(got up to 9\)"),
+     RuntimeError, r"cache_seqlens \+ seqlen_new reaches 9, beyond the capacity of 8"),
 ]
 
 
@@ -472,7 +549,7 @@ def test_bad_feature_arguments_are_named(name, call, exc, pattern):
 # Those decided from shapes, dtypes and attributes (tensor values are not known while
 # tracing: cu_seqlens' and cache_seqlens' contents are checked at run time only).
 TRACEABLE = [c for c in BAD_CALLS if c[2] is ValueError
-             and c[0] not in ("cu_seqlens end", "max_seqlen short", "cache overflow")]
+             and c[0] not in ("cu_seqlens end", "max_seqlen short", "negative cache_seqlens")]
 
 
 @pytest.mark.parametrize("name, call, exc, pattern", TRACEABLE, ids=[c[0] for c in TRACEABLE])

@@ -21,7 +21,8 @@ from conftest import make_qkv, random_key_padding_mask
 from test_accuracy import HEAD_DIMS, HEADS, SEQLENS
 import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
-from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
+from test_features import (CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_capacity_guard,
+                           check_kvcache)
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
@@ -293,3 +294,31 @@ def test_kvcache_matches_oracle(paged, batch_idx, features, seqlen_q, dtype, gen
         check_kvcache("cuda", dtype, gen, paged=paged, batch_idx=batch_idx, features=features,
                       batch=6, seqlen_q=seqlen_q, seqlen_new=seqlen_q, heads=(8, 2),
                       head_dim=128, page_size=64, capacity=1024)
+
+
+def test_kvcache_capacity_guard_on_the_gpu():
+    check_capacity_guard("cuda")
+
+
+@pytest.mark.parametrize("group", [1, 4], ids=["forward-kernel", "decode-kernel"])
+def test_kvcache_overflow_is_flagged_not_a_device_assert(group):
+    """cache_seqlens past a paged cache's capacity: the call returns finite results
+    without a device assert (the context stays usable), and check_kvcache_capacity
+    raises naming block_table."""
+    page, heads_kv = 16, 2
+    k_cache, v_cache = torch.randn(2, 6, page, heads_kv, 64, device="cuda",
+                                   dtype=torch.float16)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, heads_kv * group, 64, device="cuda", dtype=torch.float16)
+    k, v = torch.randn(2, 2, 1, heads_kv, 64, device="cuda", dtype=torch.float16)
+    seqlens = torch.tensor([31, 40], dtype=torch.int32, device="cuda")
+    out = flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                             block_table=block_table, causal=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match="block_table .* is too small"):
+        flash_cann.check_kvcache_capacity("cuda")
+    flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens - 20,
+                                       block_table=block_table)
+    torch.cuda.synchronize()
+    flash_cann.check_kvcache_capacity("cuda")

@@ -17,23 +17,16 @@ bindings, plan reports, the generated contract header, the native build),
 tests/test_layering.py keeps them so.
 """
 
-import os
-import sys
-
-# CPU contention: torch's OpenMP threads spin-wait between parallel regions, and the CPU
-# backend runs thousands of small ones. Beside one busy process on 2 cores a spinning
-# thread takes the core its sibling needs, and forward + backward went from 0.4 s to
-# 13 s. Waiting passively keeps it near the one-thread time (benchmarks/cpu_contention.py).
-# libgomp reads this once, when torch loads: it applies only if torch is not loaded yet,
-# and never overrides the user's setting.
-if "torch" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# CPU threads: the CPU backend runs its ops on its own worker threads, one torch thread
+# each, so OpenMP's wait policy (and whether torch was imported first) does not matter
+# to it; flash_cann leaves OMP_WAIT_POLICY to the user (backends/cpu/attention.py).
 
 from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func,
                             flash_attn_qkvpacked_func, flash_attn_varlen_func,
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
 from .api.npu_fusion_attention import npu_fusion_attention
+from .contract.kvcache import check_kvcache_capacity
 from .contract.ops import backend_for, use_backend
 from .integrations import transformers as _transformers
 from .integrations.flash_attn_alias import install_as_flash_attn, install_if_requested
@@ -52,5 +45,6 @@ __version__ = "0.1.0"
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_with_kvcache", "npu_fusion_attention", "backend_for", "use_backend",
-           "enable_torchair", "install_as_flash_attn", "__version__"]
+           "flash_attn_with_kvcache", "npu_fusion_attention", "check_kvcache_capacity",
+           "backend_for", "use_backend", "enable_torchair", "install_as_flash_attn",
+           "__version__"]

@@ -32,21 +32,31 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import torch
 
 from ..contract import eager
 from ..contract import layout as layouts
 from ..contract.checks import key_padding_mask_as_bool, require_tensor
-from ..contract.variant import Variant, keep_mask
+from ..contract.variant import Variant, keep_mask, window_bounds
+
+
+def _is_numpy_bool(value) -> bool:
+    # A numpy bool exists only once numpy is imported, so flash_cann never imports it.
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.bool_)
 
 
 def _flag(value, name: str) -> bool:
-    """A bool argument, taken strictly: "no" or None must not turn into True or False."""
-    if not isinstance(value, bool):
-        raise TypeError(f"flash_cann: {name} must be a bool (got {type(value).__name__} "
-                        f"{value!r})")
-    return value
+    """A bool argument, taken as flash-attn takes it (its C++ binding converts to bool):
+    bool, numpy.bool_, or the int 0 or 1. Anything else is refused: "no", None, 0.5 or 2
+    must not silently turn into True or False."""
+    if isinstance(value, bool) or _is_numpy_bool(value) or (
+            isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"flash_cann: {name} must be a bool (or 0 / 1) (got "
+                    f"{type(value).__name__} {value!r})")
 
 
 def _softmax_scale(scale, q: torch.Tensor, name: str) -> float:
@@ -61,14 +71,22 @@ def _softmax_scale(scale, q: torch.Tensor, name: str) -> float:
 
 
 def _window(window_size) -> tuple[int, int]:
+    """(left, right) from any pair of ints, as flash-attn takes it: a tuple, a list, a
+    numpy array, or a tensor of 2 ints (on any device: reading a device tensor is a host
+    read, which waits for the device). The bounds' meaning: contract.variant.window_bounds."""
+    if isinstance(window_size, torch.Tensor) and not (
+            window_size.is_floating_point() or window_size.is_complex()
+            or window_size.dtype == torch.bool):
+        window_size = window_size.tolist()
     try:
         left, right = window_size
     except (TypeError, ValueError):
         left = right = None
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (left, right)):
+    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+               for x in (left, right)):
         raise TypeError(f"flash_cann: window_size must be a pair of ints (left, right), -1 = "
                         f"unbounded (got {window_size!r})")
-    return left, right
+    return int(left), int(right)
 
 
 def _real(value, name: str) -> float:
@@ -101,7 +119,8 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
     dropped them (test with torch.signbit), as flash-attn's S_dmask marks them."""
     # A plain call (every feature argument its default, strict types) in eager mode:
     # straight to the op's kernel functions (flash_cann.contract.eager), before any other work.
-    if (type(causal) is bool and type(deterministic) is bool and window_size == (-1, -1)
+    if (type(causal) is bool and type(deterministic) is bool
+            and type(window_size) is tuple and window_size == (-1, -1)
             and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float
             and dropout_p == 0.0 and alibi_slopes is None and cu_seqlens_q is None
             and cu_seqlens_k is None and not (max_seqlen_q or max_seqlen_k)
@@ -141,6 +160,8 @@ def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlen
     heads_q = q.shape[-2] if layout in ("BSND", layouts.PACKED) else q.shape[1]
     batch = len(cu_seqlens_q) - 1 if layout == layouts.PACKED else q.shape[0]
     slopes = None if alibi_slopes is None else alibi_slopes.expand(batch, heads_q)
+    seqlen_k = max_seqlen_k if layout == layouts.PACKED else layouts.sizes(k, layout)[2]
+    window_left, window_right = window_bounds(window_left, window_right, causal, seqlen_k)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=softcap,
                       alibi_slopes=slopes, dropout_p=dropout_p, rng_state=rng_state,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -183,10 +204,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         dropout_p: float. Dropout probability, in [0, 1).
         softmax_scale: float. The scaling of QK^T before applying softmax.
             Default to 1 / sqrt(headdim).
-        causal: bool. Whether to apply causal attention mask (e.g., for
-            auto-regressive modeling).
+        causal: bool (or numpy bool, or 0 / 1). Whether to apply causal attention mask
+            (e.g., for auto-regressive modeling).
         window_size: (left, right). If not (-1, -1), implements sliding window local
-            attention. With causal=True, right must be -1 or 0.
+            attention. A pair of ints: tuple, list or a tensor of 2 ints (a device
+            tensor is read on the host). As in flash-attn 2.8, causal=True sets the
+            right bound to 0 and a bound >= seqlen_k means unbounded.
         softcap: float. Anything > 0 activates softcapping attention:
             softcap * tanh(scores / softcap), before the ALiBi bias.
         alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of

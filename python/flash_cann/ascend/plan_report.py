@@ -8,14 +8,31 @@ import json
 from . import planner
 
 
+class Refused(ValueError):
+    """A plan that cannot be made as asked (bad arguments, an unknown SoC, a shape the
+    planner refuses); the message says why, in one line."""
+
+
 def _parse_shape(text: str) -> tuple[int, int, int, int]:
     try:
         dims = tuple(int(x) for x in text.split(","))
     except ValueError:
         dims = ()
     if len(dims) != 4:
-        raise SystemExit(f"flash-cann plan: --shape must be B,N,S,D (got {text!r})")
+        raise Refused(f"--shape must be B,N,S,D (got {text!r})")
     return dims  # type: ignore[return-value]
+
+
+def _cores(soc: str, cores: int | None) -> int:
+    """--cores, checked against the SoC's AI core count (0 tells the planner: all)."""
+    if cores is None:
+        return 0
+    name = planner.soc_name(soc)
+    available = next(p["aic_cores"] for p in planner.platforms() if p["name"] == name)
+    if not 1 <= cores <= available:
+        raise Refused(f"--cores must be in 1..{available}, the AI cores of {name} "
+                      f"(got {cores})")
+    return cores
 
 
 def add_arguments(parser) -> None:
@@ -33,7 +50,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--causal", action="store_true",
                         help="bottom-right aligned causal mask (default: off)")
     parser.add_argument("--mask", action="store_true", help="a key padding mask is passed")
-    parser.add_argument("--cores", type=int, default=0, help="override the AI core count")
+    parser.add_argument("--cores", type=int,
+                        help="use this many AI cores, 1 .. the SoC's (default: all of them)")
     parser.add_argument("--backward", action="store_true",
                         help="plan the backward kernel (FlashCannAttentionGrad)")
     parser.add_argument("--deterministic", action="store_true",
@@ -145,23 +163,22 @@ def _backward_report(p: dict, deterministic: bool) -> None:
 
 
 def run(args) -> int:
+    """Print the plan; raises Refused if it cannot be made as asked."""
     batch, heads, seqlen, head_dim = _parse_shape(args.shape)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
     if args.deterministic and not args.backward:
-        print("flash-cann plan: --deterministic applies to --backward only")
-        return 2
-    options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
-                   layout=args.layout, causal=args.causal, has_mask=args.mask,
-                   aic_cores=args.cores)
+        raise Refused("--deterministic applies to --backward only")
     try:
+        options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
+                       layout=args.layout, causal=args.causal, has_mask=args.mask,
+                       aic_cores=_cores(args.soc, args.cores))
         if args.backward:
             p = planner.grad_plan(args.soc, batch, heads, seqlen, head_dim,
                                   deterministic=args.deterministic, **options)
         else:
             p = planner.plan(args.soc, batch, heads, seqlen, head_dim, **options)
-    except ValueError as refusal:  # PlanRefused, or an unknown SoC
-        print(refusal)
-        return 1
+    except ValueError as refusal:  # PlanRefused, an unknown SoC, or --cores
+        raise Refused(str(refusal)) from refusal
     if args.json:
         print(json.dumps(p, indent=1))
         return 0

@@ -15,7 +15,7 @@ import torch
 
 from . import layout as layouts
 from .spec import BackendSpec, load
-from .variant import PLAIN, Variant
+from .variant import PLAIN, Variant, window_bounds
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _reads_values(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not is_fake(t)
 
 
-def _check_scores(scale, causal, window_left, window_right, softcap) -> None:
+def _check_scores(scale, window_left, window_right, softcap) -> None:
     """The score arguments every attention op takes."""
     if not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(_prefix(f"softmax scale must be a finite number (got {scale!r})"))
@@ -153,9 +153,6 @@ def _check_scores(scale, causal, window_left, window_right, softcap) -> None:
         if not isinstance(value, int) or value < -1:
             raise ValueError(_prefix(f"{name} must be an int >= -1 (-1: unbounded) (got "
                                      f"{value!r})"))
-    if causal and window_right not in (-1, 0):
-        raise ValueError(_prefix(f"window_size[1] must be -1 or 0 with causal=True (causal "
-                                 f"bounds the window at the diagonal) (got {window_right})"))
     if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(_prefix(f"softcap must be a finite number >= 0 (0: off) (got "
                                  f"{softcap!r})"))
@@ -257,10 +254,11 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
     _check_features(op, dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              alibi_slopes=alibi_slopes, rng_state=rng_state,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                             window_left=window_left, window_right=window_right,
+                             window_left=window_left,
+                             window_right=-1 if causal else window_right,
                              softcap=softcap, dropout_p=dropout_p), layout, backend,
                     query.device.type)
-    _check_scores(scale, causal, window_left, window_right, softcap)
+    _check_scores(scale, window_left, window_right, softcap)
     if key_padding_mask is not None:
         tensors["key_padding_mask"] = require_tensor(key_padding_mask, "key_padding_mask")
     hq, hk, d = _check_qkv({n: tensors[n] for n in ("query", "key", "value")}, layout, backend)
@@ -308,6 +306,7 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
             raise ValueError(_prefix(f"key_padding_mask must have shape (batch, seqlen_k) = "
                                      f"{(b, sk)} (got {tuple(key_padding_mask.shape)})"))
     _check_dropout(dropout_p, rng_state, query.device)
+    window_left, window_right = window_bounds(window_left, window_right, causal, sk)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
                       alibi_slopes=_alibi(alibi_slopes, b, hq, query.device),
                       dropout_p=float(dropout_p), rng_state=rng_state if dropout_p > 0 else None,
@@ -371,9 +370,10 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                   backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
     _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
-                                        window_right=window_right, softcap=softcap),
+                                        window_right=-1 if causal else window_right,
+                                        softcap=softcap),
                     None, backend, query.device.type)
-    _check_scores(scale, causal, window_left, window_right, softcap)
+    _check_scores(scale, window_left, window_right, softcap)
     tensors = {n: require_tensor(t, n) for n, t in
                (("query", query), ("k_cache", k_cache), ("v_cache", v_cache))}
     for name, t in tensors.items():
@@ -433,11 +433,18 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                                      f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
     if cache_seqlens is not None and _reads_values(cache_seqlens):
+        # On a device kvcache.append guards this instead (no host read); see kvcache.py.
+        if int(cache_seqlens.min()) < 0:
+            raise ValueError(_prefix(f"cache_seqlens must be >= 0 (got "
+                                     f"{int(cache_seqlens.min())})"))
         longest = int(cache_seqlens.max()) + seqlen_new
-        if int(cache_seqlens.min()) < 0 or longest > capacity:
-            raise ValueError(_prefix(f"cache_seqlens + seqlen_new must lie in [0, {capacity}] "
-                                     f"(the cache's capacity per sequence) (got up to "
-                                     f"{longest})"))
+        if longest > capacity:
+            holder = (f"block_table's {block_table.shape[1]} blocks x page_block_size "
+                      f"{page_size}" if block_table is not None else "k_cache's seqlen")
+            raise RuntimeError(_prefix(
+                f"block_table (or k_cache without one) is too small: cache_seqlens + "
+                f"seqlen_new reaches {longest}, beyond the capacity of {capacity} keys per "
+                f"sequence ({holder})"))
     if cache_batch_idx is not None and _reads_values(cache_batch_idx):
         rows = cache_batch_idx.tolist()
         if min(rows) < 0 or max(rows) >= k_cache.shape[0]:
@@ -446,6 +453,7 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                                      f"{' ...' if len(rows) > 8 else ''})"))
     if block_table is not None and _reads_values(block_table):
         _check_block_table(block_table, cache_seqlens, seqlen_new, page_size, k_cache.shape[0])
+    window_left, window_right = window_bounds(window_left, window_right, causal, capacity)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
                       alibi_slopes=_alibi(alibi_slopes, batch, hq, device))
     problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, "BSND", bool(causal),

@@ -7,7 +7,8 @@ packed variable-length batches and KV caches), ``diagonal = seqlen_k - seqlen_q`
 visible (i, j)   j < seqlen_k, the key is not padding, and, with a sliding window
                  ``(left, right)`` (-1 = unbounded on that side; ``causal`` means
                  right = 0), ``i + diagonal - left <= j <= i + diagonal + right``:
-                 flash-attn's bottom-right aligned window.
+                 flash-attn's bottom-right aligned window, its bounds normalised as
+                 flash-attn 2.8 does (:func:`window_bounds`).
 score (i, j)     s = scale * q_i · k_j
                  softcap > 0:   s = softcap * tanh(s / softcap)      (Gemma 2)
                  ALiBi:         s = s - slope[b, h] * |i + diagonal - j|
@@ -43,7 +44,9 @@ class Variant:
     """The op arguments beyond plain attention, as the checks normalised them.
 
     alibi_slopes: float32 (batch, heads_q) (a (heads_q,) argument is expanded, no copy).
-    window_right: already 0 when the call is causal.
+    window_left/right: as :func:`window_bounds` normalised them; window_right is -1 when
+    the call is causal (``causal`` is then the right bound), so a plain causal call is not
+    a windowed one.
     rng_state: int64 (2,) = (seed, offset) on the query's device, with dropout_p > 0.
     cu_seqlens_q/k: int32 (batch + 1,) on the query's device, layout TND only;
     max_seqlen_q/k bound every sequence's length (the caller's promise, as in flash-attn:
@@ -76,6 +79,23 @@ class Variant:
 
 
 PLAIN = Variant()
+
+
+def window_bounds(left: int, right: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
+    """``window_size`` as every op reads it: flash-attn 2.8's normalisation (mha_fwd,
+    mha_varlen_fwd, mha_fwd_kvcache), so the same arguments select the same keys.
+
+    - a bound >= seqlen_k is -1, unbounded (seqlen_k: the key length, max_seqlen_k for
+      packed sequences, the cache's capacity for a KV cache). On the left this changes
+      nothing; on the right it does when seqlen_q > seqlen_k (bottom-right alignment
+      would otherwise hide keys from the first rows), and flash-attn unbounds it;
+    - ``causal=True`` makes the right bound 0 whatever was passed: returned as -1 here,
+      since ``causal`` itself carries that bound (Variant.window_right).
+
+    Bounds below -1 are refused by the checks before this runs."""
+    left = -1 if left >= seqlen_k else left
+    right = -1 if causal or right >= seqlen_k else right
+    return left, right
 
 
 # ---------------------------------------------------------------------------------------

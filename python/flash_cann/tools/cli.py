@@ -1,10 +1,32 @@
 """The flash-cann command (also python -m flash_cann): run the demo, or print the Ascend
-tiling plan for a shape."""
+tiling plan for a shape.
+
+Every subcommand reports a request it cannot carry out (a bad argument, a device or
+backend this machine lacks, a shape the planner refuses) the same way: one line
+``flash-cann: error: ...`` on stderr and exit status 2. Exit status 1 means it ran and
+failed (the demo's accuracy check, a native build that ran and failed). Output cut short by its
+reader (``flash-cann plan ... | head``) ends quietly with status 141, as for SIGPIPE."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+USAGE_ERROR = 2
+BROKEN_PIPE = 128 + 13  # the shell's status for a process ended by SIGPIPE
+
+
+def error_line(message: str) -> str:
+    return f"flash-cann: error: {message.removeprefix('flash_cann: ')}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the one style of the command (subparsers included)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, error_line(message) + "\n")
 
 
 def positive_int(text: str) -> int:
@@ -18,12 +40,12 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser():
     from ..contract.ops import SPEC
+    from ..ascend import plan_report
 
-    parser = argparse.ArgumentParser(prog="flash-cann", description=__doc__)
+    parser = _Parser(prog="flash-cann", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-
     demo = commands.add_parser(
         "demo", help="forward + backward on the best available device, checked against "
                      "the float64 oracle, timed and measured against torch SDPA and naive attention")
@@ -36,25 +58,44 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--backend", choices=list(SPEC.backends),
                       help="a backend of the op spec, e.g. twin (the Ascend C kernel on the "
                            "CPU twin); default: the device's")
-
-    from ..ascend import plan_report
     plan = commands.add_parser(
         "plan", help="the Ascend tiling plan for a shape: blocks, per-core work, buffer use "
                      "per memory level, and a predicted time (a model, not a measurement)")
     plan_report.add_arguments(plan)
+    return parser
 
-    args = parser.parse_args(argv)
-    from . import demo as demo_module
+
+def _run(args) -> int:
+    from . import demo
+    from ..ascend import plan_report
+    from ..ascend import native
     from ..ascend.native import NativeBuildError
+
     try:
         if args.command == "demo":
-            return demo_module.main(args.device, args.seqlen, args.backend)
+            return demo.main(args.device, args.seqlen, args.backend)
         return plan_report.run(args)
-    except (demo_module.CannotRun, NativeBuildError) as error:
-        # What is missing, in one line (a failed build also shows the compiler's output).
-        print(f"flash-cann {args.command}: {str(error).removeprefix('flash_cann: ')}",
-              file=sys.stderr)
-        return 1
+    except (demo.CannotRun, plan_report.Refused) as refusal:
+        print(error_line(str(refusal)), file=sys.stderr)
+        return USAGE_ERROR
+    except NativeBuildError as failure:  # one line (+ the compiler's output if it failed)
+        print(error_line(str(failure)), file=sys.stderr)
+        # Nothing to build with here (no sources, no cmake) is a request this machine
+        # cannot carry out; a build that ran and failed is a failure.
+        return USAGE_ERROR if native.unavailable_reason() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here rather than at interpreter exit
+    except BrokenPipeError:
+        # The reader stopped reading: nothing more to say. Point stdout at /dev/null so the
+        # interpreter's final flush does not report the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+    return status
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ def check_accuracy(device: torch.device, dtype: torch.dtype, with_backward: bool
     scale = 1.0 / math.sqrt(d)
     print(f"accuracy: batch {b}, heads 8 (kv 2), seqlen_q {sq}, seqlen_k {sk}, head_dim {d}, "
           f"{str(dtype).removeprefix('torch.')}, causal, key padding mask, layout BSND"
-          f"{'' if with_backward else ', forward only'}")
+          f"{'' if with_backward else ', forward only'}; checking against the float64 "
+          f"oracle...", flush=True)
     results = accuracy.check_against_oracle(
         lambda q_, k_, v_: attention(q_, k_, v_, layout="BSND", causal=True, scale=scale,
                                      key_padding_mask=mask, return_lse=True),
@@ -83,7 +84,8 @@ def compare_with_references(device: torch.device, seqlen: int | None) -> None:
             cfg["head_dim"])
     print(f"\nspeed and memory, forward + backward: batch {cfg['batch']}, heads "
           f"{cfg['heads']}, seqlen {cfg['seqlen']}, head_dim {cfg['head_dim']}, "
-          f"{str(cfg['dtype']).removeprefix('torch.')}, causal (median of {REPEATS})")
+          f"{str(cfg['dtype']).removeprefix('torch.')}, causal (median of {REPEATS})",
+          flush=True)
     rows = []
     for name, fn in CONTENDERS:
         print(f"  timing {name} ({REPEATS} runs after a warm-up) and measuring its peak "
@@ -108,6 +110,17 @@ class CannotRun(ValueError):
     """The demo cannot run as asked on this machine; the message says why, in one line."""
 
 
+def _require_device(device_type: str) -> None:
+    """Refuse a device type torch knows but sees none of (no GPU here), before any backend
+    says what it would need; a device type torch does not know yet (npu without
+    torch_npu) is left to the backend's own reason."""
+    module = getattr(torch, device_type, None) if device_type != "cpu" else None
+    if module is not None and hasattr(module, "is_available") and not module.is_available():
+        raise CannotRun(f"there is no {device_type.upper()} device here "
+                        f"(torch.{device_type}.is_available() is False); run on another with "
+                        f"--device cpu, or --backend twin for the Ascend C kernel on the CPU")
+
+
 def choose(device_type: str | None, backend: str | None):
     """(device type, backend spec) for ``--device`` / ``--backend`` (names the CLI has
     checked against the spec); raises CannotRun if they disagree or cannot run here."""
@@ -120,6 +133,7 @@ def choose(device_type: str | None, backend: str | None):
     else:
         device_type = device_type or ops.best_device().type
         chosen = ops.backend_for(device_type)
+    _require_device(device_type)
     reason = ops.unavailable_reason(chosen, device_type)
     if reason is not None:
         raise CannotRun(f"backend '{chosen.name}' (device type '{device_type}') cannot run "
@@ -132,7 +146,8 @@ def main(device: str | None = None, seqlen: int | None = None,
     device_type, chosen = choose(device, backend)
     dev = torch.device(device_type)
     with ops.use_backend(chosen.name):
-        print(f"flash-cann demo on {dev} (backend '{chosen.name}'), torch {torch.__version__}\n")
+        print(f"flash-cann demo on {dev} (backend '{chosen.name}'), torch {torch.__version__}\n",
+              flush=True)
         if chosen.name == "twin":
             # The Ascend C kernel on the CPU twin: a functional simulation, so check
             # accuracy in its NPU dtype; its speed says nothing about the NPU.

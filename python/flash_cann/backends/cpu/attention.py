@@ -29,10 +29,27 @@ never formed. GQA folds the query heads of a group into the rows of a tile, so K
 V are read, never copied per head. Rows that see no key keep m = -inf and produce
 out = 0, lse = -inf and zero gradients. Packed variable-length sequences (layout TND)
 and KV caches run the same code one sequence at a time, on views (nothing is padded).
+
+Threads: a call runs thousands of tile-sized ops. Left to torch's intra-op OpenMP team,
+each op is a parallel region, and between regions the team's threads spin-wait; beside a
+busy process on a small machine a spinning thread holds the core its sibling needs (fwd +
+bwd at (1, 8, 4096, 64) went from 1.5 s to 15-22 s when torch, loaded before flash_cann,
+kept OpenMP's default wait policy). So the backend does not depend on OpenMP's wait
+policy: for the duration of a call, torch runs each op on one thread
+(``torch.set_num_threads(1)``, restored afterwards; it is process-wide, so other Python
+threads' ops run single-threaded meanwhile), and the backend spreads the blocks over
+its own pool of ``torch.get_num_threads()`` worker threads, which block, never spin,
+when idle (torch ops release the GIL). Forward: query blocks, the costliest first, each taken by
+whichever worker is free (a worker slowed by another process does less). Backward: key
+blocks, interleaved over the workers (a fixed assignment: each worker accumulates its
+own dQ and the partial sums are added in worker order, so the result is bitwise
+repeatable for a given thread count). benchmarks/cpu_contention.py measures it.
 """
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +65,61 @@ _NEG_INF = float("-inf")
 
 def available() -> bool:
     return True
+
+
+# ---------------------------------------------------------------------------------------
+# Threads (see the module docstring)
+# ---------------------------------------------------------------------------------------
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_SIZE = 0
+
+
+def _one_thread_per_op() -> None:
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def _own_threads():
+    """For the duration of a call: torch's ops on one thread each; yields the number of
+    workers the call may spread its blocks over (torch's thread count before the call)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _parts(threads: int, length: int, block: int) -> int:
+    """How many workers share ``length`` rows in blocks: no more than there are blocks
+    (at least one, which handles an empty sequence)."""
+    return max(1, min(threads, -(-length // block)))
+
+
+def _on_workers(work, parts: int) -> list:
+    """[work(0, parts), ..., work(parts - 1, parts)], part 0 on the calling thread, the
+    others on the pool's threads (their OpenMP settings are per thread, so each sets one
+    thread per op when it starts)."""
+    global _POOL, _POOL_SIZE
+    if parts == 1:
+        return [work(0, 1)]
+    if _POOL_SIZE < parts - 1:  # torch.set_num_threads raised the count: a larger pool
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
+        _POOL = ThreadPoolExecutor(parts - 1, thread_name_prefix="flash_cann_cpu",
+                                   initializer=_one_thread_per_op)
+        _POOL_SIZE = parts - 1
+    # Grad and inference mode are per thread: the workers take the caller's (a kernel
+    # records nothing for autograd, and writes into inference tensors under inference_mode).
+    inference = torch.is_inference_mode_enabled()
+
+    def as_the_caller(part: int):
+        with torch.inference_mode(inference), torch.no_grad():
+            return work(part, parts)
+
+    others = [_POOL.submit(as_the_caller, part) for part in range(1, parts)]
+    return [work(0, parts)] + [future.result() for future in others]
 
 
 def _grouped(t: torch.Tensor, layout: str, heads_kv: int) -> torch.Tensor:
@@ -165,12 +237,15 @@ def _scores(scale, causal, variant: Variant, seqlen_q, seqlen_k, heads_kv, group
 # Forward and backward of one batch of equal-length sequences (BNSD views)
 # ---------------------------------------------------------------------------------------
 
-def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int) -> None:
+def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int,
+                  starts) -> None:
     """q, out_g: (batch, heads_kv, group, seqlen_q, head_dim); k, v: (batch, heads_kv,
-    seqlen_k, head_dim); lse_g: (batch, heads_kv, group, seqlen_q). Writes out and lse."""
+    seqlen_k, head_dim); lse_g: (batch, heads_kv, group, seqlen_q). Writes out and lse
+    of the query blocks starting at ``starts`` (each block's rows are its own, so
+    workers may share one iterator of them)."""
     b, hk, g, sq, d = q.shape
     acc_dtype = lse_g.dtype
-    for i0 in range(0, sq, block_q):
+    for i0 in starts:
         i1 = min(i0 + block_q, sq)
         bq = i1 - i0
         lo, hi = sc.key_span(i0, i1)
@@ -206,14 +281,15 @@ def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int
 
 
 def _backward_core(q, k, v, do, lse, delta, dq, dk_h, dv_h, sc: _Scores, block_q: int,
-                   block_k: int) -> None:
+                   block_k: int, part: int = 0, parts: int = 1) -> None:
     """q, do: (batch, heads_kv, group, seqlen_q, head_dim); lse (+inf for rows that saw
     no key), delta: (batch, heads_kv, group, seqlen_q); dq: fp32 like q (accumulated);
-    dk_h, dv_h: (batch, heads_kv, seqlen_k, head_dim) (written)."""
+    dk_h, dv_h: (batch, heads_kv, seqlen_k, head_dim) (written) -- for key blocks part,
+    part + parts, ..."""
     b, hk, g, sq, d = q.shape
     sk = k.shape[2]
     acc_dtype = dq.dtype
-    for j0 in range(0, sk, block_k):
+    for j0 in range(part * block_k, sk, parts * block_k):
         j1 = min(j0 + block_k, sk)
         k_tile, v_tile = k[:, :, j0:j1].to(acc_dtype), v[:, :, j0:j1].to(acc_dtype)
         dk_acc = torch.zeros(b, hk, j1 - j0, d, dtype=acc_dtype)
@@ -291,9 +367,21 @@ def _forward_batch(query, key, value, out, lse, key_padding_mask, scale, causal,
     slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[batch_ids]
     sc = _scores(scale, causal, variant, seqlen_q, seqlen_k, heads_kv, heads_q // heads_kv,
                  key_padding_mask, batch_ids, slopes)
-    _forward_core(_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
-                  layouts.to_bnsd(value, layout), _grouped(out, layout, heads_kv),
-                  lse.unflatten(1, (heads_kv, -1)), sc, block_q, block_k)
+    views = (_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
+             layouts.to_bnsd(value, layout), _grouped(out, layout, heads_kv),
+             lse.unflatten(1, (heads_kv, -1)))
+    # The blocks with the most visible keys first, taken by whichever worker is free:
+    # a worker slowed by another process does less of the work.
+    starts = sorted(range(0, seqlen_q, block_q), key=lambda i0: -_span_length(
+        sc.key_span(i0, min(i0 + block_q, seqlen_q))))
+    shared = iter(starts)
+    with _own_threads() as threads:
+        _on_workers(lambda part, parts: _forward_core(*views, sc, block_q, block_k, shared),
+                    _parts(threads, seqlen_q, block_q))
+
+
+def _span_length(span: tuple[int, int]) -> int:
+    return max(0, span[1] - span[0])
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
@@ -336,13 +424,22 @@ def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_m
     slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[batch_ids]
     sc = _scores(scale, causal, variant, seqlen_q, seqlen_k, heads_kv, group, key_padding_mask,
                  batch_ids, slopes)
-    dq = torch.zeros(b, heads_kv, group, seqlen_q, d, dtype=acc_dtype)
     dk_h, dv_h = (layouts.to_bnsd(t, layout) for t in (grad_key, grad_value))
-    _backward_core(_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
-                   layouts.to_bnsd(value, layout), _grouped(grad_out, layout, heads_kv),
-                   lse.reshape(b, heads_kv, group, seqlen_q),
-                   delta.reshape(b, heads_kv, group, seqlen_q), dq, dk_h, dv_h, sc, block_q,
-                   block_k)
+    views = (_grouped(query, layout, heads_kv), layouts.to_bnsd(key, layout),
+             layouts.to_bnsd(value, layout), _grouped(grad_out, layout, heads_kv),
+             lse.reshape(b, heads_kv, group, seqlen_q),
+             delta.reshape(b, heads_kv, group, seqlen_q))
+
+    def key_blocks(part: int, parts: int) -> torch.Tensor:
+        dq = torch.zeros(b, heads_kv, group, seqlen_q, d, dtype=acc_dtype)
+        _backward_core(*views, dq, dk_h, dv_h, sc, block_q, block_k, part, parts)
+        return dq
+
+    with _own_threads() as threads:
+        partial_dq = _on_workers(key_blocks, _parts(threads, seqlen_k, block_k))
+        dq = partial_dq[0]
+        for more in partial_dq[1:]:  # in worker order: bitwise repeatable
+            dq += more
     _grouped(grad_query, layout, heads_kv).copy_(dq)
 
 
