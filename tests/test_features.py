@@ -14,7 +14,7 @@ import torch
 
 import flash_cann
 from flash_cann.contract import checks, kvcache, reference
-from flash_cann.contract.variant import Variant
+from flash_cann.contract.variant import PLAIN, Variant
 
 import oracle_checks
 from oracle_checks import assert_all_ok, check_variant, packed_lengths
@@ -55,7 +55,8 @@ def test_packed_features_match_the_oracle(name, features, gen):
     ((12, 12), False, (-1, -1)),                  # bounds >= seqlen_k: unbounded
     ([2, 40], False, (2, -1)),
     (np.array([3, 1]), False, (3, 1)),
-], ids=["causal-tensor", "beyond-seqlen_k", "list", "numpy"])
+    ((4, 12), False, (4, -1)),  # right = seqlen_k: bottom-right alignment would cut row 0
+], ids=["causal-tensor", "beyond-seqlen_k", "list", "numpy", "right-at-seqlen_k"])
 def test_window_size_is_normalised_as_in_flash_attn(window_size, causal, same_as):
     q = torch.randn(1, 20, 2, 16)
     k, v = torch.randn(2, 1, 12, 2, 16)
@@ -75,6 +76,22 @@ def test_kvcache_takes_causal_with_any_right_bound():
                                              causal=1, window_size=(-1, 5))
     torch.testing.assert_close(out, flash_cann.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=seqlens, causal=True), rtol=0, atol=0)
+
+
+def test_causal_with_a_right_bound_is_no_window(monkeypatch):
+    """causal=True sets the right bound whatever window_size[1] says (flash-attn 2.8), so
+    such a call uses no window: a backend without the window feature (the twin) takes it
+    and receives a plain causal call."""
+    from flash_cann.backends.twin import launcher as twin
+
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16) for _ in range(3))
+    served = []
+    monkeypatch.setattr(twin, "forward", lambda *a, **kw: served.append(kw) or (
+        torch.zeros_like(q), torch.zeros(1, 2, 8)))
+    with flash_cann.use_backend("twin"):
+        flash_cann.flash_attn_func(q, k, v, causal=True, window_size=(-1, 5))
+    assert len(served) == 1 and served[0]["causal"] is True
+    assert served[0].get("variant", None) in (None, PLAIN), served[0]
 
 
 @pytest.mark.parametrize("masked", [True])

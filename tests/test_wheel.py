@@ -17,24 +17,17 @@ import native_build
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tracked_copy(destination: Path) -> Path:
-    """The checkout's tracked files (links kept), so that the wheel is built from what a
-    clone has, never from a stale build/ directory."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True,
-                            capture_output=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source, target = ROOT / name, destination / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            target.symlink_to(os.readlink(source))
-        elif source.exists():
-            shutil.copy2(source, target)
+def _source_copy(destination: Path) -> Path:
+    """The checkout without what builds and installs leave in it (links kept), so that
+    the wheel is built from the sources alone, never from a stale build/ directory."""
+    shutil.copytree(ROOT, destination, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "build_out", "__pycache__", "*.egg-info", ".pytest_cache"))
     return destination
 
 
 @native_build.needs("cmake", "g++")
 def test_an_installed_wheel_builds_the_planner_and_the_twin(tmp_path):
-    source = _tracked_copy(tmp_path / "checkout")
+    source = _source_copy(tmp_path / "checkout")
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
                     "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
