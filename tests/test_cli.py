@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import native_build
+
 from flash_cann.tools import cli
 from flash_cann.ascend import native, planner
 from flash_cann.contract import ops
@@ -92,6 +94,9 @@ def test_bad_arguments_exit_2_in_the_one_style(argv, message, capsys):
     (["--deterministic"], "--deterministic applies to --backward only"),
 ])
 def test_plan_refuses_in_the_one_style(argv, message, capsys):
+    # Built beforehand: a first build says so on stderr (a progress line, not an error).
+    native_build.built("planner/libflash_cann_planner.so")
+    capsys.readouterr()
     line = _one_line_error(capsys, ["plan", "--shape", "1,8,128,64", *argv])
     assert line.startswith(f"flash-cann: error: {message}"), line
 
