@@ -21,8 +21,9 @@ cache_seqlens (+ the new tokens) beyond it, or below 0, is the caller's error:
   read, which a decoding loop calls where it synchronises anyway (after reading the
   sampled tokens, at the end of generation).
 
-Block ids in block_table are taken on trust (as in flash-attn): an id outside k_cache's
-blocks is not guarded.
+Block ids in block_table (and cache_batch_idx rows) are checked on CPU tensors
+(checks.check_kvcache) and taken on trust on a device, as in flash-attn: there an id
+outside k_cache's blocks is not guarded.
 """
 
 from __future__ import annotations
