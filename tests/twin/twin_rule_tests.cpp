@@ -806,11 +806,13 @@ void RaceQueueReuseWithoutFreeEdge()
 // order every pipe of the unit, or a SetFlag release every pipe's work, or a
 // PipeBarrier order every pipe, or a CrossCoreSetFlag release every pipe, passes them.)
 
-// MTE2 writes t; the flag is set from MTE3 (MTE3_V) instead of MTE2 (MTE2_V).
-void RaceFlagFromTheWrongPipe()
+// MTE2 writes t, V reads it; the synced body flags MTE2 -> V, the racy one flags WRONG:
+// from the wrong source pipe (MTE3_V) or to the wrong destination pipe (MTE2_MTE3).
+template <HardEvent WRONG>
+void RaceMte2ThenVectorFlagged(const char* name)
 {
     int line = 0;
-    ExpectRace("race: flag from the wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+    ExpectRace(name, 1, [&](bool synced, [[maybe_unused]] float* gm) {
         if (!OnAiv0()) return;
         TPipe pipe;
         TBuf<TPosition::VECCALC> buf;
@@ -823,37 +825,22 @@ void RaceFlagFromTheWrongPipe()
             SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
             WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
         } else {
-            SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+            SetFlag<WRONG>(EVENT_ID0);
+            WaitFlag<WRONG>(EVENT_ID0);
         }
         line = AT;
         Muls(t, t, 2.0f, 64);
     }, line);
 }
 
-// MTE2 writes t, V reads it; the flag waits on MTE3 (MTE2_MTE3) instead of V (MTE2_V).
+void RaceFlagFromTheWrongPipe()
+{
+    RaceMte2ThenVectorFlagged<HardEvent::MTE3_V>("race: flag from the wrong pipe");
+}
+
 void RaceWaitOnTheWrongPipe()
 {
-    int line = 0;
-    ExpectRace("race: wait on the wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
-        if (!OnAiv0()) return;
-        TPipe pipe;
-        TBuf<TPosition::VECCALC> buf;
-        pipe.InitBuffer(buf, 512);
-        LocalTensor<float> t = buf.Get<float>();
-        GlobalTensor<float> g;
-        g.SetGlobalBuffer(gm, 256);
-        DataCopy(t, g, 64);
-        if (synced) {
-            SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        } else {
-            SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
-        }
-        line = AT;
-        Muls(t, t, 2.0f, 64);
-    }, line);
+    RaceMte2ThenVectorFlagged<HardEvent::MTE2_MTE3>("race: wait on the wrong pipe");
 }
 
 // V writes a and reads it next; the barrier is PipeBarrier<MTE2> instead of <V>.
