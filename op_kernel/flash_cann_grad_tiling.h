@@ -86,6 +86,9 @@ struct GradTilingData {
     // leave L0C. l0cScratchBuffers * l0c + dkL0c + dvL0c <= L0C.
     uint32_t l0cScratchBuffers;
     uint32_t reserved2;
+    // Added with the features (additive): what the call computes beyond plain attention
+    // (flash_cann_variant.h), as the forward had it.
+    VariantTiling variant;
 };
 
 // The most L0C product scratch copies the planner gives the kernel.

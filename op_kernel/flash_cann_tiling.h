@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "flash_cann_variant.h"
+
 #ifndef __aicore__
 #define __aicore__
 #endif
@@ -85,6 +87,8 @@ struct TilingData {
     uint64_t rowStart[kMaxCores + 1];
     // Per-core user workspace (GM) for the cube <-> vector exchange (Workspace below).
     uint64_t workspacePerCore;
+    // The features beyond plain attention (flash_cann_variant.h).
+    VariantTiling variant;
 };
 
 __aicore__ inline uint32_t AlignUp(uint32_t value, uint32_t unit)

@@ -21,7 +21,7 @@ int64_t Emit(const std::string& text, char* out, uint64_t capacity)
 std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t headsKv,
                      int64_t seqlenQ, int64_t seqlenK, int64_t headDim, int32_t dtype,
                      int32_t layout, int32_t causal, int32_t hasMask, double scale,
-                     int32_t aicCores, Platform& platform,
+                     const flash_cann_variant* variant, int32_t aicCores, Platform& platform,
                      PlanRequest& request)
 {
     const Platform* known = FindPlatform(soc ? soc : "");
@@ -35,6 +35,14 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
     request = PlanRequest{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
                           static_cast<DType>(dtype), static_cast<Layout>(layout),
                           causal != 0, hasMask != 0, scale};
+    if (variant != nullptr) {
+        if (variant->alibi < 0 || variant->alibi > 2) {
+            return ErrorJson("alibi must be 0, 1 or 2");
+        }
+        request.variant = MakeVariant(variant->window_left, variant->window_right,
+                                      variant->softcap, variant->dropout_p,
+                                      static_cast<Alibi>(variant->alibi), variant->sinks != 0);
+    }
     return "";
 }
 
@@ -44,13 +52,14 @@ extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t 
                                         int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                         int64_t head_dim, int32_t dtype, int32_t layout,
                                         int32_t causal, int32_t has_mask, double scale,
-                                        int32_t aic_cores, char* out, uint64_t capacity)
+                                        const flash_cann_variant* variant, int32_t aic_cores,
+                                        char* out, uint64_t capacity)
 {
     Platform platform;
     PlanRequest request;
     const std::string refusal = ReadCall(soc, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
                                          head_dim, dtype, layout, causal, has_mask, scale,
-                                         aic_cores, platform, request);
+                                         variant, aic_cores, platform, request);
     if (!refusal.empty()) {
         return Emit(refusal, out, capacity);
     }
@@ -62,13 +71,14 @@ extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int
                                              int64_t head_dim, int32_t dtype, int32_t layout,
                                              int32_t causal, int32_t has_mask,
                                              int32_t deterministic, double scale,
+                                             const flash_cann_variant* variant,
                                              int32_t aic_cores, char* out, uint64_t capacity)
 {
     Platform platform;
     GradPlanRequest request;
     const std::string refusal = ReadCall(soc, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
                                          head_dim, dtype, layout, causal, has_mask, scale,
-                                         aic_cores, platform, request.problem);
+                                         variant, aic_cores, platform, request.problem);
     if (!refusal.empty()) {
         return Emit(refusal, out, capacity);
     }

@@ -8,14 +8,27 @@
 extern "C" {
 #endif
 
+// The features beyond plain attention (flash_cann_variant.h): window bounds (-1 unbounded),
+// softcap (0 off), dropout_p (0 off), alibi (0 none, 1 per head, 2 per batch and head),
+// sinks (0/1).
+struct flash_cann_variant {
+    int64_t window_left;
+    int64_t window_right;
+    double softcap;
+    double dropout_p;
+    int32_t alibi;
+    int32_t sinks;
+};
+
 // Plan a forward call on SoC `soc` (see flash_cann_platforms_json). dtype: 0 float16,
-// 1 bfloat16, 2 float32; layout: 0 BNSD, 1 BSND; aic_cores > 0 overrides the SoC's AI
-// core count. Writes JSON ({"error": ...} on refusal) to `out`; returns its length, or
+// 1 bfloat16, 2 float32; layout: 0 BNSD, 1 BSND; `variant` may be null (plain attention);
+// aic_cores > 0 overrides the SoC's AI core count. Writes JSON ({"error": ...} on refusal) to `out`; returns its length, or
 // minus the size needed when `capacity` is too small.
 int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q, int64_t heads_kv,
                              int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim,
                              int32_t dtype, int32_t layout, int32_t causal, int32_t has_mask,
-                             double scale, int32_t aic_cores, char* out, uint64_t capacity);
+                             double scale, const struct flash_cann_variant* variant,
+                             int32_t aic_cores, char* out, uint64_t capacity);
 
 // Plan a backward call: the same arguments as flash_cann_plan_json, and `deterministic`
 // (1: dQ reduced in a fixed order, 0: fp32 atomic adds). Same return convention.
@@ -23,6 +36,7 @@ int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_
                                   int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                   int64_t head_dim, int32_t dtype, int32_t layout, int32_t causal,
                                   int32_t has_mask, int32_t deterministic, double scale,
+                                  const struct flash_cann_variant* variant,
                                   int32_t aic_cores, char* out, uint64_t capacity);
 
 // The built-in platform table as JSON; same return convention.

@@ -256,6 +256,10 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradPlanResult result;
     const PlanRequest& r = request.problem;
     result.error = CheckRequest(r, platform);
+    if (result.ok() && !IsPlain(r.variant)) {
+        result.error = "the Ascend kernels do not compute window, softcap, ALiBi, dropout or "
+                       "sinks yet";
+    }
     if (!result.ok()) {
         return result;
     }

@@ -40,6 +40,7 @@ void SetProblem(Tiling& t, const PlanRequest& r)
     t.causalOffset = r.seqlenK - r.seqlenQ;
     t.scale = static_cast<float>(r.scale);
     t.layout = static_cast<uint32_t>(r.layout);
+    t.variant = r.variant;
     const uint64_t d = t.headDim;
     if (r.layout == Layout::BNSD) {  // (batch, heads, seqlen, head_dim)
         t.qStrideRow = d;

@@ -111,7 +111,40 @@ std::string ValidateProblem(const PlanRequest& r)
     if (!std::isfinite(r.scale)) {
         return "scale must be finite";
     }
+    const VariantTiling& v = r.variant;
+    if (v.windowLeft < -1 || v.windowRight < -1) {
+        return "window bounds must be >= -1 (-1: unbounded)";
+    }
+    if (r.causal && v.windowRight != -1) {
+        return "a causal call carries its right window bound in `causal` (window_right -1)";
+    }
+    if (!(v.softcap >= 0.0f) || !std::isfinite(v.softcap)) {
+        return "softcap must be finite and >= 0 (0: off)";
+    }
+    if (!(v.dropoutP >= 0.0f && v.dropoutP < 1.0f)) {
+        return "dropout_p must be in [0, 1)";
+    }
+    if (v.alibi > static_cast<uint32_t>(Alibi::kPerBatchHead) || v.sinks > 1u) {
+        return "alibi must be 0 (none), 1 (per head) or 2 (per batch and head); sinks 0 or 1";
+    }
     return "";
+}
+
+VariantTiling MakeVariant(int64_t windowLeft, int64_t windowRight, double softcap,
+                          double dropoutP, Alibi alibi, bool sinks)
+{
+    VariantTiling v = kPlainVariant;
+    v.windowLeft = windowLeft;
+    v.windowRight = windowRight;
+    v.softcap = static_cast<float>(softcap);
+    v.dropoutP = static_cast<float>(dropoutP);
+    // From the float32 p, as variant.dropout_threshold: the same threshold on every backend.
+    v.dropoutThreshold = v.dropoutP > 0.0f && v.dropoutP < 1.0f
+                             ? static_cast<uint32_t>(static_cast<double>(v.dropoutP) * 4294967296.0)
+                             : 0u;
+    v.alibi = static_cast<uint32_t>(alibi);
+    v.sinks = sinks ? 1u : 0u;
+    return v;
 }
 
 namespace {
@@ -308,6 +341,10 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
     result.error = CheckRequest(request, platform);
+    if (result.ok() && !IsPlain(request.variant)) {
+        result.error = "the Ascend kernels do not compute window, softcap, ALiBi, dropout or "
+                       "sinks yet";
+    }
     if (!result.ok()) {
         return result;
     }

@@ -32,6 +32,7 @@ struct PlanRequest {
     bool causal = false;
     bool hasMask = false;
     double scale = 0;
+    VariantTiling variant = kPlainVariant;  // features beyond plain attention
 };
 
 enum class MemLevel : uint32_t { L1, L0A, L0B, L0C, UB };
@@ -96,6 +97,12 @@ struct PlanResult {
 };
 
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform);
+
+// The encoding of a call's features (flash_cann_variant.h) from the op's arguments, as
+// contract/variant.py normalised them; the dropout threshold is derived from dropout_p
+// rounded to float32 (the CANN attribute's type), as every backend derives it.
+VariantTiling MakeVariant(int64_t windowLeft, int64_t windowRight, double softcap,
+                          double dropoutP, Alibi alibi, bool sinks);
 
 // Bytes per element of a supported dtype.
 uint32_t ElementBytes(DType dtype);

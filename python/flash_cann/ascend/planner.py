@@ -22,6 +22,28 @@ DTYPES = {name: i for i, name in enumerate(load().backends["npu"].dtypes)}
 LAYOUTS = {name: i for i, name in enumerate(load().cann_layouts)}
 
 
+class Variant(ctypes.Structure):
+    """The C ABI's ``flash_cann_variant``: the features beyond plain attention."""
+    _fields_ = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+                ("softcap", ctypes.c_double), ("dropout_p", ctypes.c_double),
+                ("alibi", ctypes.c_int32), ("sinks", ctypes.c_int32)]
+
+
+# The ``alibi`` argument's values: how the kernel indexes the slopes.
+ALIBI = {None: 0, "head": 1, "batch_head": 2}
+
+
+def variant(window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dropout_p: float = 0.0,
+            alibi: str | None = None, sinks: bool = False) -> Variant:
+    """The C ABI's encoding of a call's features. ``window``: (left, right) as
+    flash_cann.contract.variant.window_bounds normalised them (-1: unbounded); ``alibi``:
+    None, "head" ((heads_q,) slopes) or "batch_head" ((batch, heads_q))."""
+    if alibi not in ALIBI:
+        raise ValueError(f"flash_cann: alibi must be one of {list(ALIBI)} (got {alibi!r})")
+    return Variant(int(window[0]), int(window[1]), float(softcap), float(dropout_p),
+                   ALIBI[alibi], int(bool(sinks)))
+
+
 class PlanRefused(ValueError):
     """The planner refused the problem; the message says why."""
 
@@ -32,11 +54,11 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_plan_json.restype = ctypes.c_int64
     lib.flash_cann_plan_json.argtypes = (
         [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 4 + [ctypes.c_double]
-        + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+        + [ctypes.POINTER(Variant), ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_grad_plan_json.restype = ctypes.c_int64
     lib.flash_cann_grad_plan_json.argtypes = (
         [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 5 + [ctypes.c_double]
-        + [ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+        + [ctypes.POINTER(Variant), ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_platforms_json.restype = ctypes.c_int64
     lib.flash_cann_platforms_json.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     return lib
@@ -79,6 +101,10 @@ def _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype, layout, sca
             1.0 / head_dim ** 0.5 if scale is None else scale)
 
 
+def _pointer(features: Variant | None):
+    return None if features is None else ctypes.byref(features)
+
+
 def _checked(result: dict) -> dict:
     if "error" in result:
         raise PlanRefused(f"flash_cann: the planner refused: {result['error']}")
@@ -88,26 +114,28 @@ def _checked(result: dict) -> dict:
 def plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
          heads_kv: int | None = None, seqlen_k: int | None = None, dtype: str = "float16",
          layout: str = "BNSD", causal: bool = False, has_mask: bool = False,
-         scale: float | None = None, aic_cores: int = 0) -> dict:
-    """Plan a forward call on SoC ``soc`` (any case, see :func:`soc_name`); raises
-    PlanRefused with the planner's reason."""
+         scale: float | None = None, aic_cores: int = 0, features: Variant | None = None) -> dict:
+    """Plan a forward call on SoC ``soc`` (any case, see :func:`soc_name`); ``features``:
+    :func:`variant` (None: plain attention). Raises PlanRefused with the planner's reason."""
     heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
                                          layout, scale)
     return _checked(_json_call(lambda buf, cap: _library().flash_cann_plan_json(
         soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
-        LAYOUTS[layout], int(causal), int(has_mask), float(scale), aic_cores, buf, cap)))
+        LAYOUTS[layout], int(causal), int(has_mask), float(scale), _pointer(features), aic_cores,
+        buf, cap)))
 
 
 def grad_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
               heads_kv: int | None = None, seqlen_k: int | None = None,
               dtype: str = "float16", layout: str = "BNSD", causal: bool = False,
               has_mask: bool = False, deterministic: bool = False, scale: float | None = None,
-              aic_cores: int = 0) -> dict:
+              aic_cores: int = 0, features: Variant | None = None) -> dict:
     """Plan a backward call (``deterministic``: dQ reduced in a fixed order instead of
-    fp32 atomic adds); raises PlanRefused with the planner's reason."""
+    fp32 atomic adds; ``features`` as for :func:`plan`); raises PlanRefused with the
+    planner's reason."""
     heads_kv, seqlen_k, scale = _problem(head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, dtype,
                                          layout, scale)
     return _checked(_json_call(lambda buf, cap: _library().flash_cann_grad_plan_json(
         soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
         LAYOUTS[layout], int(causal), int(has_mask), int(deterministic), float(scale),
-        aic_cores, buf, cap)))
+        _pointer(features), aic_cores, buf, cap)))

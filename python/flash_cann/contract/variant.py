@@ -31,6 +31,7 @@ total_q). Sequences never attend across their boundaries.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -135,8 +136,12 @@ def philox(seed: int | torch.Tensor, c0, c1, c2, c3, rounds: int = PHILOX_ROUNDS
 
 
 def dropout_threshold(dropout_p: float) -> int:
-    """An element is kept iff its 32-bit draw is >= this (dropout_p in [0, 1))."""
-    return int(dropout_p * 2**32)
+    """An element is kept iff its 32-bit draw is >= this (dropout_p in [0, 1)).
+
+    dropout_p is first rounded to float32, the type of the CANN op's attribute, so the
+    Ascend kernels (whose host reads a float32 attribute) and every other backend derive
+    the same threshold, and one seed gives the same mask everywhere."""
+    return int(struct.unpack("f", struct.pack("f", dropout_p))[0] * 2**32)
 
 
 def keep_mask(rng_state: torch.Tensor, dropout_p: float, batch, head, rows, cols) -> torch.Tensor:
