@@ -16,18 +16,31 @@ namespace {
 // Input and output indices, in spec order (generated).
 using namespace flash_cann::contract::fwd::input;
 using namespace flash_cann::contract::fwd::output;
+namespace attr = flash_cann::contract::fwd::attr;
+
+constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, attr::kWindowLeft,
+                                   attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
 
 }  // namespace
 
 namespace optiling {
 
-static ge::graphStatus FlashCannAttentionTiling(gert::TilingContext* context)
+ge::graphStatus FlashCannAttentionRequest(gert::TilingContext* context,
+                                          flash_cann::PlanRequest& request)
 {
-    flash_cann::PlanRequest request;
     if (ReadProblem(context, kQuery, kKey, request) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
     }
     request.hasMask = context->GetOptionalInputShape(kKeyPaddingMask) != nullptr;
+    return ReadVariant(context, kFeatures, request);
+}
+
+static ge::graphStatus FlashCannAttentionTiling(gert::TilingContext* context)
+{
+    flash_cann::PlanRequest request;
+    if (FlashCannAttentionRequest(context, request) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     flash_cann::Platform platform;
     if (ReadPlatform(context, platform) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
@@ -83,9 +96,11 @@ public:
         DeclareInput(this->Input("key"), REQUIRED, kInputTypes);
         DeclareInput(this->Input("value"), REQUIRED, kInputTypes);
         DeclareInput(this->Input("key_padding_mask"), OPTIONAL, kBoolTypes);
+        FeatureInputs(*this);
         DeclareOutput(this->Output("out"), kInputTypes);
         DeclareOutput(this->Output("softmax_lse"), kFloatTypes);
         SharedAttributes(*this);
+        FeatureAttributes(*this);
         this->SetInferShape(ge::FlashCannAttentionInferShape)
             .SetInferDataType(ge::FlashCannAttentionInferDataType);
         AICoreConfigs(*this, optiling::FlashCannAttentionTiling);

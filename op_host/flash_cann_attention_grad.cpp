@@ -16,7 +16,11 @@ namespace {
 // inputs come last, so the required ones have the same instance index whether or not the
 // optional ones are given.
 using namespace flash_cann::contract::bwd::input;
-using flash_cann::contract::bwd::attr::kDeterministic;
+namespace attr = flash_cann::contract::bwd::attr;
+using attr::kDeterministic;
+
+constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, attr::kWindowLeft,
+                                   attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
 // grad_query, grad_key, grad_value: like inputs query, key, value (consecutive).
 constexpr size_t kGradients = flash_cann::contract::bwd::output::kCount;
 static_assert(kKey == kQuery + 1 && kValue == kQuery + 2 && kGradients == 3,
@@ -81,9 +85,9 @@ ge::graphStatus CheckOperands(gert::TilingContext* context, const flash_cann::Pl
 
 namespace optiling {
 
-static ge::graphStatus FlashCannAttentionGradTiling(gert::TilingContext* context)
+ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext* context,
+                                              flash_cann::GradPlanRequest& request)
 {
-    flash_cann::GradPlanRequest request;
     if (ReadProblem(context, kQuery, kKey, request.problem) != ge::GRAPH_SUCCESS ||
         CheckOperands(context, request.problem) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
@@ -92,6 +96,15 @@ static ge::graphStatus FlashCannAttentionGradTiling(gert::TilingContext* context
     const bool* deterministic = context->GetAttrs()->GetBool(kDeterministic);
     FLASH_CANN_CHECK(context, deterministic != nullptr, "deterministic missing");
     request.deterministic = *deterministic;
+    return ReadVariant(context, kFeatures, request.problem);
+}
+
+static ge::graphStatus FlashCannAttentionGradTiling(gert::TilingContext* context)
+{
+    flash_cann::GradPlanRequest request;
+    if (FlashCannAttentionGradRequest(context, request) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     flash_cann::Platform platform;
     if (ReadPlatform(context, platform) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
@@ -143,6 +156,7 @@ public:
         DeclareInput(this->Input("softmax_lse"), REQUIRED, kFloatTypes);
         DeclareInput(this->Input("key_padding_mask"), OPTIONAL, kBoolTypes);
         DeclareInput(this->Input("grad_softmax_lse"), OPTIONAL, kFloatTypes);
+        FeatureInputs(*this);
         DeclareOutput(this->Output("grad_query"), kInputTypes);
         DeclareOutput(this->Output("grad_key"), kInputTypes);
         DeclareOutput(this->Output("grad_value"), kInputTypes);
@@ -150,6 +164,7 @@ public:
         // flash-attn's deterministic=True: dQ reduced from per-core partials in a fixed
         // order instead of fp32 atomic adds (the tiling key's deterministic bit).
         this->Attr("deterministic").AttrType(OPTIONAL).Bool(false);
+        FeatureAttributes(*this);
         this->SetInferShape(ge::FlashCannAttentionGradInferShape)
             .SetInferDataType(ge::FlashCannAttentionGradInferDataType);
         AICoreConfigs(*this, optiling::FlashCannAttentionGradTiling);

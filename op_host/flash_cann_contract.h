@@ -30,16 +30,22 @@ enum Index : size_t {
     kKey = 1,
     kValue = 2,
     kKeyPaddingMask = 3,
+    kAlibiSlopes = 4,
+    kRngState = 5,
 };
-constexpr size_t kCount = 4;
+constexpr size_t kCount = 6;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
     kScale = 0,
     kCausal = 1,
     kLayout = 2,
+    kWindowLeft = 3,
+    kWindowRight = 4,
+    kSoftcap = 5,
+    kDropoutP = 6,
 };
-constexpr size_t kCount = 3;
+constexpr size_t kCount = 7;
 }  // namespace attr
 namespace output {
 enum Index : size_t {
@@ -62,8 +68,10 @@ enum Index : size_t {
     kSoftmaxLse = 5,
     kKeyPaddingMask = 6,
     kGradSoftmaxLse = 7,
+    kAlibiSlopes = 8,
+    kRngState = 9,
 };
-constexpr size_t kCount = 8;
+constexpr size_t kCount = 10;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
@@ -71,8 +79,12 @@ enum Index : size_t {
     kCausal = 1,
     kLayout = 2,
     kDeterministic = 3,
+    kWindowLeft = 4,
+    kWindowRight = 5,
+    kSoftcap = 6,
+    kDropoutP = 7,
 };
-constexpr size_t kCount = 4;
+constexpr size_t kCount = 8;
 }  // namespace attr
 namespace output {
 enum Index : size_t {

@@ -27,6 +27,19 @@
         }                                                                      \
     } while (0)
 
+namespace flash_cann {
+struct GradPlanRequest;
+}
+
+// The planner requests the TilingFuncs build from a node, before planning (separate so
+// that tests/cann_host's driver can check what reaches the planner, features included).
+namespace optiling {
+ge::graphStatus FlashCannAttentionRequest(gert::TilingContext* context,
+                                          flash_cann::PlanRequest& request);
+ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext* context,
+                                              flash_cann::GradPlanRequest& request);
+}  // namespace optiling
+
 namespace flash_cann_host {
 
 // Attribute indices both ops share, in spec order (generated; the backward appends its
@@ -106,6 +119,60 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     return ge::GRAPH_SUCCESS;
 }
 
+// Where a node keeps the arguments of the features (flash_cann_variant.h): the IR indices
+// of its optional inputs and the indices of its attributes (generated, per op).
+struct FeatureIndices {
+    size_t alibiSlopes, rngState;                       // optional inputs
+    size_t windowLeft, windowRight, softcap, dropoutP;  // attributes
+};
+
+// The features of a node into request.variant, after ReadProblem (it needs the sizes and
+// causal). The window is normalised as contract/variant.py's window_bounds (flash-attn
+// 2.8) does, because a graph (torchair) passes the attributes as the user wrote them:
+// a bound >= seqlen_k is unbounded, and causal is the right bound. What the planner
+// checks (bounds >= -1, softcap, dropout_p ranges) is left to it; the tensors' shapes,
+// which it never sees, are checked here. The tensors stay in GM: the kernel reads the
+// slopes and the (seed, offset) pair, never the host (a call stays capturable).
+inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIndices& at,
+                                   flash_cann::PlanRequest& request)
+{
+    const gert::RuntimeAttrs* attrs = context->GetAttrs();
+    const int64_t* left = attrs->GetInt(at.windowLeft);
+    const int64_t* right = attrs->GetInt(at.windowRight);
+    const float* softcap = attrs->GetFloat(at.softcap);
+    const float* dropoutP = attrs->GetFloat(at.dropoutP);
+    FLASH_CANN_CHECK(context, left != nullptr && right != nullptr && softcap != nullptr &&
+                                  dropoutP != nullptr,
+                     "window_left/window_right/softcap/dropout_p missing");
+    const int64_t windowLeft = *left >= request.seqlenK ? -1 : *left;
+    const int64_t windowRight = request.causal || *right >= request.seqlenK ? -1 : *right;
+
+    flash_cann::Alibi alibi = flash_cann::Alibi::kNone;
+    if (const gert::StorageShape* slopes = context->GetOptionalInputShape(at.alibiSlopes)) {
+        const gert::Shape& s = slopes->GetStorageShape();
+        const bool perHead = s.GetDimNum() == 1 && s.GetDim(0) == request.headsQ;
+        const bool perBatchHead = s.GetDimNum() == 2 && s.GetDim(0) == request.batch &&
+                                  s.GetDim(1) == request.headsQ;
+        FLASH_CANN_CHECK(context, perHead || perBatchHead,
+                         "alibi_slopes must have shape (heads_q,) = (%lld,) or (batch, "
+                         "heads_q) = (%lld, %lld) (got a %zu-D shape)",
+                         static_cast<long long>(request.headsQ),
+                         static_cast<long long>(request.batch),
+                         static_cast<long long>(request.headsQ), s.GetDimNum());
+        alibi = perHead ? flash_cann::Alibi::kPerHead : flash_cann::Alibi::kPerBatchHead;
+    }
+    const gert::StorageShape* rng = context->GetOptionalInputShape(at.rngState);
+    FLASH_CANN_CHECK(context, rng == nullptr || (rng->GetStorageShape().GetDimNum() == 1 &&
+                                                 rng->GetStorageShape().GetDim(0) == 2),
+                     "rng_state must have shape (2,): (seed, offset)");
+    FLASH_CANN_CHECK(context, rng != nullptr || !(*dropoutP > 0.0f),
+                     "dropout_p %g > 0 needs the rng_state input (int64 (seed, offset))",
+                     static_cast<double>(*dropoutP));
+    request.variant = flash_cann::MakeVariant(windowLeft, windowRight, *softcap, *dropoutP,
+                                              alibi, false);
+    return ge::GRAPH_SUCCESS;
+}
+
 // The platform the kernel runs on, as the platform API reports it.
 inline ge::graphStatus ReadPlatform(gert::TilingContext* context, flash_cann::Platform& platform)
 {
@@ -151,6 +218,7 @@ ge::graphStatus WritePlan(gert::TilingContext* context, const Tiling& tiling, ui
 inline const std::vector<ge::DataType> kInputTypes = {ge::DT_FLOAT16, ge::DT_BF16};
 inline const std::vector<ge::DataType> kFloatTypes = {ge::DT_FLOAT, ge::DT_FLOAT};
 inline const std::vector<ge::DataType> kBoolTypes = {ge::DT_BOOL, ge::DT_BOOL};
+inline const std::vector<ge::DataType> kInt64Types = {ge::DT_INT64, ge::DT_INT64};
 inline const std::vector<ge::Format> kFormats = {ge::FORMAT_ND, ge::FORMAT_ND};
 
 inline void DeclareInput(ops::OpParamDef& param, ops::Option presence,
@@ -166,12 +234,31 @@ inline void DeclareOutput(ops::OpParamDef& param, const std::vector<ge::DataType
     param.ParamType(ops::REQUIRED).DataType(types).Format(kFormats);
 }
 
-// The attributes both ops share, in spec order.
+// The attributes both ops start with, in spec order.
 inline void SharedAttributes(ops::OpDef& op)
 {
     op.Attr("scale").AttrType(ops::REQUIRED).Float();
     op.Attr("causal").AttrType(ops::OPTIONAL).Bool(false);
     op.Attr("layout").AttrType(ops::OPTIONAL).String("BNSD");
+}
+
+// The features' optional inputs, in spec order (after each op's own optional inputs).
+inline void FeatureInputs(ops::OpDef& op)
+{
+    // (heads_q,) or (batch, heads_q): the bias is generated in the kernel.
+    DeclareInput(op.Input("alibi_slopes"), ops::OPTIONAL, kFloatTypes);
+    // (seed, offset) of the Philox dropout draw, read by the kernel.
+    DeclareInput(op.Input("rng_state"), ops::OPTIONAL, kInt64Types);
+}
+
+// The features' attributes, in spec order (each op's last).
+inline void FeatureAttributes(ops::OpDef& op)
+{
+    // -1: unbounded on that side.
+    op.Attr("window_left").AttrType(ops::OPTIONAL).Int(-1);
+    op.Attr("window_right").AttrType(ops::OPTIONAL).Int(-1);
+    op.Attr("softcap").AttrType(ops::OPTIONAL).Float(0.0f);
+    op.Attr("dropout_p").AttrType(ops::OPTIONAL).Float(0.0f);
 }
 
 // The tiling function type spelled out: the alias for it moved between CANN versions

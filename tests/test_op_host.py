@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from flash_cann.ascend import planner
+from flash_cann.contract import variant
 
 import contract
 from contract import RAW
@@ -22,7 +23,8 @@ from native_build import built, run
 SPEC = RAW
 DRIVER = "cann_host/op_host_stub_driver"
 DTYPES = {"input": ["float16", "bfloat16"], "accumulator": ["float32", "float32"],
-          "bool": ["bool", "bool"]}
+          "bool": ["bool", "bool"], "float32": ["float32", "float32"],
+          "int64": ["int64", "int64"]}
 
 
 def _opdefs():
@@ -53,8 +55,12 @@ def test_opdef_matches_spec(op):
         assert got["presence"] == ("optional" if "default" in want else "required")
         if "default" in want:
             expected = want["default"]
-            assert got["default"] == (str(expected).lower() if isinstance(expected, bool)
-                                      else str(expected))
+            if isinstance(expected, bool):
+                assert got["default"] == str(expected).lower(), want["name"]
+            elif isinstance(expected, (int, float)):
+                assert float(got["default"]) == expected, want["name"]
+            else:
+                assert got["default"] == expected, want["name"]
     assert d["has_infer_shape"] and d["has_infer_dtype"]
     assert d["socs"] == ["ascend910b", "ascend910_93"] and d["has_tiling"]
 
@@ -181,6 +187,97 @@ def test_infer_shape_and_dtype(layout, q, lse):
     assert got["status"] == "ok"
     assert got["outputs"] == [{"dtype": "bfloat16", "shape": list(q)},
                               {"dtype": "float32", "shape": lse}]
+
+
+# The features reach the planner request: (NAME=VALUE arguments of the driver, what the
+# request's variant must hold). Problem: batch 2, heads_q 4, seqlen_q 128, seqlen_k 256.
+FEATURE_CASES = [
+    ({}, dict(window_left=-1, window_right=-1, softcap=0, dropout_p=0, alibi=0)),
+    ({"window_left": 32, "window_right": 8}, dict(window_left=32, window_right=8)),
+    # window_bounds' normalisation: causal is the right bound, a bound >= seqlen_k unbounded
+    ({"causal": True, "window_left": 300, "window_right": 5},
+     dict(window_left=-1, window_right=-1, causal=True)),
+    ({"window_left": 16, "window_right": 256}, dict(window_left=16, window_right=-1)),
+    ({"softcap": 30.0}, dict(softcap=30.0)),
+    ({"dropout_p": 0.1, "rng_state": "2"},
+     dict(dropout_p=pytest.approx(0.1), dropout_threshold=variant.dropout_threshold(0.1))),
+    ({"alibi_slopes": "4"}, dict(alibi=1)),
+    ({"alibi_slopes": "2x4"}, dict(alibi=2)),
+    ({"causal": True, "window_left": 64, "softcap": 50.0, "alibi_slopes": "2x4",
+      "dropout_p": 0.25, "rng_state": "2"},
+     dict(causal=True, window_left=64, window_right=-1, softcap=50.0, alibi=2, dropout_p=0.25,
+          dropout_threshold=variant.dropout_threshold(0.25))),
+]
+Q_SHAPE, K_SHAPE = (2, 4, 128, 64), (2, 4, 256, 64)
+
+
+def _feature_call(op, features, misshape=None):
+    """Runs op's TilingFunc in the driver with ``features``; (result, stderr)."""
+    features = dict(features)
+    causal = features.pop("causal", False)
+    named = [f"{k}={v}" for k, v in features.items()]
+    if op == "fwd":
+        args = ["tiling", "FlashCannAttention", "BNSD", "fp16", str(int(causal)), "0", "0.125",
+                *map(str, Q_SHAPE), *map(str, K_SHAPE)]
+    else:
+        args = ["grad-tiling", "BNSD", "fp16", str(int(causal)), "0", "0", "0", "0.125",
+                *map(str, Q_SHAPE), *map(str, K_SHAPE), "0"]
+    result = run(DRIVER, *args, *named)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+def _planner_features(features):
+    window = (-1 if features.get("window_left", -1) >= K_SHAPE[2] else
+              features.get("window_left", -1),
+              -1 if features.get("causal") or features.get("window_right", -1) >= K_SHAPE[2]
+              else features.get("window_right", -1))
+    alibi = {None: None, "4": "head", "2x4": "batch_head"}[features.get("alibi_slopes")]
+    return planner.variant(window=window, softcap=features.get("softcap", 0.0),
+                           dropout_p=features.get("dropout_p", 0.0), alibi=alibi)
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("features, expected", FEATURE_CASES, ids=str)
+def test_tiling_func_puts_the_features_into_the_plan_request(op, features, expected):
+    """The attributes and optional inputs of the features become the PlanRequest's variant
+    (normalised as variant.window_bounds, the alibi mode from the slopes' rank); the
+    TilingFunc then does what the planner says of that request."""
+    got, stderr = _feature_call(op, features)
+    request = got["request"]
+    plain = dict(window_left=-1, window_right=-1, softcap=0, dropout_p=0, dropout_threshold=0,
+                 alibi=0, sinks=0, causal=False)
+    assert {k: request[k] for k in plain} == {**plain, **expected}
+    assert (request["batch"], request["heads_q"], request["seqlen_k"]) == (2, 4, 256)
+    plan = planner.plan if op == "fwd" else planner.grad_plan
+    try:
+        p = plan("Ascend910B2", 2, 4, 128, 64, seqlen_k=256, causal=features.get("causal", False),
+                 scale=0.125, features=_planner_features(features))
+    except planner.PlanRefused as refused:
+        assert got["status"] == "failed"
+        assert f"refused: {str(refused).split('refused: ', 1)[1]}" in stderr
+    else:
+        assert got["status"] == "ok" and got["tiling_key"] == p["tiling_key"]
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("features, message", [
+    ({"alibi_slopes": "3"}, "alibi_slopes must have shape (heads_q,) = (4,) or (batch, heads_q) "
+                            "= (2, 4) (got a 1-D shape)"),
+    ({"alibi_slopes": "4x4"}, "alibi_slopes must have shape (heads_q,) = (4,)"),
+    ({"alibi_slopes": "2x4x1"}, "(got a 3-D shape)"),
+    ({"rng_state": "3", "dropout_p": 0.1}, "rng_state must have shape (2,): (seed, offset)"),
+    ({"dropout_p": 0.1}, "dropout_p 0.1 > 0 needs the rng_state input (int64 (seed, offset))"),
+    ({"window_left": -2}, "refused: window bounds must be >= -1 (-1: unbounded)"),
+    ({"softcap": -1.0}, "refused: softcap must be finite and >= 0 (0: off)"),
+    ({"dropout_p": 1.0, "rng_state": "2"}, "refused: dropout_p must be in [0, 1)"),
+], ids=str)
+def test_tiling_func_refuses_bad_feature_arguments_by_name(op, features, message):
+    got, stderr = _feature_call(op, features)
+    assert got["status"] == "failed"
+    assert message in stderr
+    if not message.startswith("refused"):  # the shell's own check: no request reached the planner
+        assert got["request"] is None
 
 
 @pytest.mark.parametrize("shell", ["flash_cann_attention.cpp", "flash_cann_attention_grad.cpp"])

@@ -6,16 +6,37 @@
 //   grad-tiling <layout> <fp16|bf16> <causal 0|1> <mask 0|1> <deterministic 0|1>
 //               <grad_lse 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic [input-to-misshape]]
 //   infer  <OpType> <layout> <fp16|bf16> q0 q1 q2 q3 k0 k1 k2 k3
+// Any argument NAME=VALUE sets a feature argument of the node instead (attributes
+// window_left, window_right (int), softcap, dropout_p (float); optional inputs
+// alibi_slopes, rng_state with VALUE its shape, e.g. 2x8); the tiling commands print the
+// planner request the shell built ("request", null when it failed) beside the plan.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "flash_cann_grad_tiling.h"
 #include "flash_cann_tiling.h"
+#include "grad_planner.h"
 #include "register/op_def_registry.h"
 
+namespace optiling {
+ge::graphStatus FlashCannAttentionRequest(gert::TilingContext*, flash_cann::PlanRequest&);
+ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext*, flash_cann::GradPlanRequest&);
+}  // namespace optiling
+
 namespace {
+
+// The NAME=VALUE arguments of the command line.
+std::map<std::string, std::string> g_features;
+
+std::string Feature(const char* name, const char* otherwise)
+{
+    const auto it = g_features.find(name);
+    return it == g_features.end() ? otherwise : it->second;
+}
 
 const char* TypeName(ge::DataType t)
 {
@@ -24,6 +45,7 @@ const char* TypeName(ge::DataType t)
         case ge::DT_FLOAT16: return "float16";
         case ge::DT_BF16: return "bfloat16";
         case ge::DT_BOOL: return "bool";
+        case ge::DT_INT64: return "int64";
         default: return "undefined";
     }
 }
@@ -100,6 +122,51 @@ void AddAbsentInput(gert::StubNode& node)
     node.inputDescs.push_back({ge::DT_UNDEFINED});
 }
 
+// The features' optional inputs (alibi_slopes, rng_state) and attributes (window_left,
+// window_right, softcap, dropout_p), in spec order, from the NAME=VALUE arguments; an
+// attribute not given has the OpDef's default, as CANN fills it in.
+void AddFeatures(gert::StubNode& node)
+{
+    for (const auto& [name, dtype] : {std::pair{"alibi_slopes", ge::DT_FLOAT},
+                                      {"rng_state", ge::DT_INT64}}) {
+        const std::string dims = Feature(name, "");
+        if (dims.empty()) {
+            AddAbsentInput(node);
+            continue;
+        }
+        gert::Shape shape;
+        for (const char* p = dims.c_str(); *p != '\0';) {
+            char* end = nullptr;
+            shape.AppendDim(std::strtoll(p, &end, 10));
+            p = *end == 'x' ? end + 1 : end;
+        }
+        AddInput(node, shape, dtype);
+    }
+    using V = gert::RuntimeAttrs::Value;
+    for (const char* name : {"window_left", "window_right"}) {
+        const int64_t value = std::atoll(Feature(name, "-1").c_str());
+        node.attrs.values.push_back(V{V::kInt, 0, false, "", value});
+    }
+    for (const char* name : {"softcap", "dropout_p"}) {
+        node.attrs.values.push_back(V{V::kFloat, std::strtof(Feature(name, "0").c_str(), nullptr),
+                                      false, "", 0});
+    }
+}
+
+// What the shell passed to the planner: the problem and its features.
+void PrintRequest(const flash_cann::PlanRequest& r)
+{
+    const flash_cann::VariantTiling& v = r.variant;
+    std::printf("{\"batch\":%lld,\"heads_q\":%lld,\"seqlen_k\":%lld,\"causal\":%s,"
+                "\"window_left\":%lld,\"window_right\":%lld,\"softcap\":%.9g,"
+                "\"dropout_p\":%.9g,\"dropout_threshold\":%u,\"alibi\":%u,\"sinks\":%u}",
+                static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
+                static_cast<long long>(r.seqlenK), r.causal ? "true" : "false",
+                static_cast<long long>(v.windowLeft), static_cast<long long>(v.windowRight),
+                static_cast<double>(v.softcap), static_cast<double>(v.dropoutP),
+                v.dropoutThreshold, v.alibi, v.sinks);
+}
+
 // A forward node: query, key, value (shaped like key), optional mask (batch, seqlen_k).
 gert::StubNode Node(const char* type, const char* layout, const char* dtype, bool causal,
                     bool mask, float scale, char** q, char** k)
@@ -123,6 +190,7 @@ gert::StubNode Node(const char* type, const char* layout, const char* dtype, boo
     using V = gert::RuntimeAttrs::Value;
     node.attrs.values = {V{V::kFloat, scale, false, ""}, V{V::kBool, 0, causal, ""},
                          V{V::kStr, 0, false, layout}};
+    AddFeatures(node);
     node.outputs.resize(2);
     node.outputTypes.resize(2, ge::DT_UNDEFINED);
     return node;
@@ -170,6 +238,7 @@ gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool
     using V = gert::RuntimeAttrs::Value;
     node.attrs.values = {V{V::kFloat, scale, false, ""}, V{V::kBool, 0, causal, ""},
                          V{V::kStr, 0, false, layout}, V{V::kBool, 0, deterministic, ""}};
+    AddFeatures(node);
     node.outputs.resize(3);
     node.outputTypes.resize(3, ge::DT_UNDEFINED);
     return node;
@@ -192,14 +261,22 @@ int GradTiling(int argc, char** argv)
         platform.aiv = 2 * platform.aic;
     }
     const auto& op = ops::Registry().at(node.type);
+    gert::TilingContext requestContext(node, platform, 2048);
+    flash_cann::GradPlanRequest request;
+    std::printf("{\"request\":");
+    if (optiling::FlashCannAttentionGradRequest(&requestContext, request) == ge::GRAPH_SUCCESS) {
+        PrintRequest(request.problem);
+    } else {
+        std::printf("null");
+    }
     gert::TilingContext context(node, platform, 2048);
     if (op->aicore.tiling(&context) != ge::GRAPH_SUCCESS) {
-        std::printf("{\"status\":\"failed\"}\n");
+        std::printf(",\"status\":\"failed\"}\n");
         return 0;
     }
     flash_cann::GradTilingData t;
     std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
-    std::printf("{\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
                 "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
                 "\"dq_slots\":%u,\"scale\":%g,\"units\":%llu,\"last_unit\":%llu}\n",
                 static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
@@ -224,15 +301,23 @@ int Tiling(int argc, char** argv)
         platform.aiv = 2 * platform.aic;
     }
     const auto& op = ops::Registry().at(argv[2]);
+    gert::TilingContext requestContext(node, platform, 2048);
+    flash_cann::PlanRequest request;
+    std::printf("{\"request\":");
+    if (optiling::FlashCannAttentionRequest(&requestContext, request) == ge::GRAPH_SUCCESS) {
+        PrintRequest(request);
+    } else {
+        std::printf("null");
+    }
     gert::TilingContext context(node, platform, 2048);
     const uint32_t status = op->aicore.tiling(&context);
     if (status != ge::GRAPH_SUCCESS) {
-        std::printf("{\"status\":\"failed\"}\n");
+        std::printf(",\"status\":\"failed\"}\n");
         return 0;
     }
     flash_cann::TilingData t;
     std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
-    std::printf("{\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
                 "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
                 "\"head_dim_pad\":%u,\"scale\":%g,\"last_row\":%llu}\n",
                 static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
@@ -271,8 +356,18 @@ int Infer(int argc, char** argv)
 
 }  // namespace
 
-int main(int argc, char** argv)
+int main(int rawArgc, char** rawArgv)
 {
+    std::vector<char*> positional;
+    for (int i = 0; i < rawArgc; ++i) {
+        if (const char* eq = std::strchr(rawArgv[i], '=')) {
+            g_features[std::string(rawArgv[i], static_cast<size_t>(eq - rawArgv[i]))] = eq + 1;
+        } else {
+            positional.push_back(rawArgv[i]);
+        }
+    }
+    const int argc = static_cast<int>(positional.size());
+    char** argv = positional.data();
     const std::string command = argc > 1 ? argv[1] : "";
     if (command == "opdefs") {
         return OpDefs();

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace ge {
-enum DataType { DT_FLOAT = 0, DT_FLOAT16 = 1, DT_BOOL = 12, DT_BF16 = 27, DT_UNDEFINED = 28 };
+enum DataType { DT_FLOAT = 0, DT_FLOAT16 = 1, DT_INT64 = 9, DT_BOOL = 12, DT_BF16 = 27, DT_UNDEFINED = 28 };
 enum Format { FORMAT_ND = 2 };
 using graphStatus = uint32_t;
 const graphStatus GRAPH_SUCCESS = 0;
@@ -74,13 +74,15 @@ public:
 class RuntimeAttrs {
 public:
     struct Value {
-        enum Kind { kFloat, kBool, kStr } kind;
+        enum Kind { kFloat, kBool, kStr, kInt } kind;
         float f = 0;
         bool b = false;
         std::string s;
+        int64_t i = 0;
     };
     std::vector<Value> values;  // by attribute index
     const float* GetFloat(size_t i) const { return Is(i, Value::kFloat) ? &values[i].f : nullptr; }
+    const int64_t* GetInt(size_t i) const { return Is(i, Value::kInt) ? &values[i].i : nullptr; }
     const bool* GetBool(size_t i) const { return Is(i, Value::kBool) ? &values[i].b : nullptr; }
     const char* GetStr(size_t i) const { return Is(i, Value::kStr) ? values[i].s.c_str() : nullptr; }
 
