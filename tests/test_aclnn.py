@@ -31,14 +31,18 @@ ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char
 EXPECTED_PROTOTYPES = {
     "fwd": "aclnnStatus aclnnFlashCannAttentionGetWorkspaceSize(const aclTensor *query, "
            "const aclTensor *key, const aclTensor *value, "
-           "const aclTensor *keyPaddingMaskOptional, double scale, bool causal, "
-           "char *layoutOptional, const aclTensor *outOut, const aclTensor *softmaxLseOut, "
+           "const aclTensor *keyPaddingMaskOptional, const aclTensor *alibiSlopesOptional, "
+           "const aclTensor *rngStateOptional, double scale, bool causal, "
+           "char *layoutOptional, int64_t windowLeft, int64_t windowRight, double softcap, "
+           "double dropoutP, const aclTensor *outOut, const aclTensor *softmaxLseOut, "
            "uint64_t *workspaceSize, aclOpExecutor **executor)",
     "bwd": "aclnnStatus aclnnFlashCannAttentionGradGetWorkspaceSize(const aclTensor *gradOut, "
            "const aclTensor *query, const aclTensor *key, const aclTensor *value, "
            "const aclTensor *out, const aclTensor *softmaxLse, "
            "const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional, "
+           "const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional, "
            "double scale, bool causal, char *layoutOptional, bool deterministic, "
+           "int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP, "
            "const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, "
            "const aclTensor *gradValueOut, uint64_t *workspaceSize, aclOpExecutor **executor)",
 }
@@ -76,6 +80,27 @@ def test_launcher_schema_is_the_aclnn_order_with_outputs_written_in_place(entry)
     assert [a.alias_info is not None and a.alias_info.is_write
             for a in schema.arguments] == [False] * len(names) + [True] * len(outputs)
     assert not schema.returns
+
+
+@pytest.mark.parametrize("entry", contract.CANN_OPS, ids=lambda e: e["name"])
+def test_launcher_schema_types_follow_the_yaml(entry):
+    """Optional inputs (the features' alibi_slopes, rng_state) are Tensor?, attributes
+    their spec type: window bounds int (aclnn int64_t), softcap and dropout_p float
+    (double); the generated kernel takes them with torch's C++ types."""
+    schema = torch._C.parse_schema(aclnn.launcher_schema(SPEC.ops[entry["name"]]))
+    types = {a.name: str(a.type) for a in schema.arguments}
+    for tensor in contract.cann_inputs(entry):
+        assert types[tensor["name"]] == ("Optional[Tensor]" if tensor.get("optional")
+                                         else "Tensor"), tensor["name"]
+    for attr in contract.cann_attrs(entry):
+        assert types[attr["name"]] == attr["type"], attr["name"]
+    header = aclnn.render_headers(SPEC)["flash_cann_aclnn_ops.h"]
+    launch = header[header.index(f"struct {entry['cann_op_type']} {{"):]
+    launch = launch[launch.index("static void Launch("):launch.index(") {")]
+    for declaration in ("const c10::optional<at::Tensor> &alibi_slopes",
+                        "const c10::optional<at::Tensor> &rng_state", "int64_t window_left",
+                        "int64_t window_right", "double softcap", "double dropout_p"):
+        assert declaration in launch, declaration
 
 
 def _one_op_spec(**op):

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "framework" / "csrc"
 STANDINS = Path(__file__).resolve().parent / "npu_standins"
 FAKE = STANDINS / "fake_npu"
-ACL_DTYPES = {"torch.float16": 1, "torch.bfloat16": 27, "torch.float32": 0, "torch.bool": 12}
+ACL_DTYPES = {"torch.float16": 1, "torch.bfloat16": 27, "torch.float32": 0, "torch.bool": 12,
+              "torch.int64": 9}
 ACL_FORMAT_ND = 2
 FAKE_STREAM = 0x5EED  # what the fake NPUStream::stream returns
 FAKE_WORKSPACE = 4096  # what the fake stage 1 asks for
@@ -183,6 +184,49 @@ def test_forward_reaches_aclnn_with_the_spec_arguments(results, case):
     assert lse["dtype"] == "torch.float32" and lse["contiguous"]
 
 
+FEATURE_ATTRS = ("window_left", "window_right", "softcap", "dropout_p")
+
+
+@pytest.mark.parametrize("case", ["fwd_window_softcap_alibi", "fwd_batch_alibi_dropout"])
+def test_forward_features_reach_aclnn(results, case):
+    """Window bounds (normalised: causal is the right bound), softcap and dropout_p as
+    int64_t / double attributes, the ALiBi slopes and rng_state as aclTensors: fp32
+    (heads_q,) slopes as the caller's tensor (not the checks' stride-0 expansion), fp32
+    (batch, heads_q) slopes, int64 (2,) rng_state, each without a copy."""
+    result = results[case]
+    _check_lifecycle(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize",
+                     "aclnnFlashCannAttention")
+    stage1 = _calls(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
+    for name, given in result["tensors"].items():
+        _check_tensor(stage1[name], given, name)
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+
+
+def test_plain_calls_pass_the_features_defaults(results):
+    stage1 = _calls(results["fwd_bnsd_gqa"]["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
+    assert {k: stage1[k] for k in FEATURE_ATTRS} == dict(window_left=-1, window_right=-1,
+                                                         softcap=0.0, dropout_p=0.0)
+    assert stage1["alibi_slopes"] is None and stage1["rng_state"] is None
+
+
+def test_backward_features_reach_the_grad_kernel(results):
+    """loss.backward() through flash_attn_func with dropout, window, softcap and ALiBi: the
+    Grad op's aclnn call gets the forward's attributes, slopes and rng_state tensor."""
+    result = results["bwd_features"]
+    log = result["log"]
+    _check_lifecycle(log, "aclnnFlashCannAttentionGradGetWorkspaceSize",
+                     "aclnnFlashCannAttentionGrad")
+    stage1 = _calls(log, "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+    _check_tensor(stage1["alibi_slopes"], result["tensors"]["alibi_slopes"], "alibi_slopes")
+    rng_state = stage1["rng_state"]
+    assert rng_state == result["forward_rng_state"]  # the very tensor the forward drew
+    assert rng_state["dims"] == [2] and rng_state["dtype"] == ACL_DTYPES["torch.int64"]
+    forward = _calls(log, "aclnnFlashCannAttentionGetWorkspaceSize")[0]
+    assert {k: forward[k] for k in FEATURE_ATTRS} == {k: result["attrs"][k]
+                                                      for k in FEATURE_ATTRS}
+
+
 def test_bsh_with_mqa_runs_as_a_bsnd_view(results):
     result = results["fwd_bsh_mqa"]
     stage1 = _calls(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
@@ -233,7 +277,8 @@ def test_a_failing_grad_call_is_explained_like_the_forwards(results, case, stage
     error, log = results[case]["error"], results[case]["log"]
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::bwd on NPU: {stage} "
                             f"returned aclnn status {status} (")
-    assert "layout=BNSD, deterministic=False, grad_query=Half[1, 2, 4, 8]" in error
+    assert ("layout=BNSD, deterministic=False, window_left=-1, window_right=-1, softcap=0, "
+            "dropout_p=0, grad_query=Half[1, 2, 4, 8]") in error
     assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))
 
 
@@ -277,8 +322,10 @@ def test_every_failing_status_is_an_exception_that_explains_it(results, case, st
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::fwd on NPU: {stage} "
                             f"returned aclnn status {status} ({meaning}")
     assert ("arguments: query=Half[2, 4, 8, 16], key=Half[2, 2, 12, 16], "
-            "value=Half[2, 2, 12, 16], key_padding_mask=None, scale=0.25, causal=False, "
-            "layout=BNSD, out=Half[2, 4, 8, 16], softmax_lse=Float[2, 4, 8]") in error
+            "value=Half[2, 2, 12, 16], key_padding_mask=None, alibi_slopes=None, "
+            "rng_state=None, scale=0.25, causal=False, layout=BNSD, window_left=-1, "
+            "window_right=-1, softcap=0, dropout_p=0, out=Half[2, 4, 8, 16], "
+            "softmax_lse=Float[2, 4, 8]") in error
     assert error.rstrip().endswith("CANN: fake CANN: the op rejected its arguments")
     # Nothing leaks on failure, and a failed stage 1 never reaches stage 2.
     assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))

@@ -60,12 +60,19 @@ def test_contract_header_follows_the_spec():
     bwd = header[header.index("namespace bwd {"):]
     attrs = bwd[bwd.index("namespace attr {"):bwd.index("}  // namespace attr")]
     assert "kLayout = 2," in attrs and "kDeterministic = 3," in attrs
-    assert "kWindowSize = 4," in attrs and "kCount = 5;" in attrs
-    assert "kWindowLeft" not in header  # a feature the npu backend does not list
+    # the npu backend's features' attributes, in spec order; varlen's are not the CANN op's
+    assert ("kWindowLeft = 4,\n    kWindowRight = 5,\n    kSoftcap = 6,\n    kDropoutP = 7,"
+            in attrs)
+    assert "kWindowSize = 8," in attrs and "kCount = 9;" in attrs
+    assert "kMaxSeqlenQ" not in header and "kCuSeqlensQ" not in header
     fwd = header[header.index("namespace fwd {"):header.index("namespace bwd {")]
     assert "kDeterministic" not in fwd  # autograd-only: the CANN op does not have it
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
     assert "kGradOut = 0," in inputs and "kGradSoftmaxLse = 7," in inputs
+    assert "kAlibiSlopes = 8," in inputs and "kRngState = 9," in inputs
+    # a feature the npu backend does not list leaves the CANN op
+    doc["backends"]["npu"]["features"].remove("softcap")
+    assert "kSoftcap" not in contract_header.render(spec.parse(doc))
 
 
 @pytest.mark.parametrize("op", [o["name"] for o in RAW["ops"]])
@@ -101,9 +108,10 @@ def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
     s = spec.load()
     assert [a.name for a in s.ops["fwd"].attrs if not a.feature] == ["scale", "causal", "layout",
                                                                     "deterministic"]
-    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout"]
+    features = ["window_left", "window_right", "softcap", "dropout_p"]
+    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout", *features]
     assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
-                                                         "deterministic"]
+                                                         "deterministic", *features]
 
 
 def test_backward_pairing_is_declared():

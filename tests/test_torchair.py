@@ -69,6 +69,10 @@ def _meta_outputs(torchair, op, *args):
     return [torchair.ge.TensorSpec(t) for t in op(*meta)]
 
 
+# The features' attributes of a plain call: the schema's defaults, as GE attrs.
+PLAIN_FEATURE_ATTRS = {"window_left": ("Int", -1), "window_right": ("Int", -1),
+                       "softcap": ("Float", 0.0), "dropout_p": ("Float", 0.0)}
+
 FWD_CASES = [  # layout, heads_q, heads_kv, masked, causal, how the FX node passes attributes
     ("BNSD", 4, 4, False, False, "positional"),
     ("BNSD", 8, 2, True, True, "keywords"),
@@ -97,9 +101,10 @@ def test_fwd_converter_emits_the_spec_op(registered, layout, hq, hk, masked, cau
 
     node = ge.GRAPH.nodes[-1]
     assert node.type == "FlashCannAttention"
-    assert node.inputs == {"query": ge_q, "key": ge_k, "value": ge_v, "key_padding_mask": ge_mask}
+    assert node.inputs == {"query": ge_q, "key": ge_k, "value": ge_v, "key_padding_mask": ge_mask,
+                           "alibi_slopes": None, "rng_state": None}
     assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", causal),
-                          "layout": ("Str", layout)}
+                          "layout": ("Str", layout), **PLAIN_FEATURE_ATTRS}
     assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]
     assert [m.size for m in meta] == [list(q.shape), [2, hq, 5]]
 
@@ -127,12 +132,95 @@ def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_gra
 
     node = ge.GRAPH.nodes[-1]
     assert node.type == "FlashCannAttentionGrad"
-    assert node.inputs == tensors
+    assert node.inputs == {**tensors, "alibi_slopes": None, "rng_state": None}
     assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
-                          "layout": ("Str", layout), "deterministic": ("Bool", deterministic)}
+                          "layout": ("Str", layout), "deterministic": ("Bool", deterministic),
+                          **PLAIN_FEATURE_ATTRS}
     assert node.outputs == ["grad_query", "grad_key", "grad_value"]
     assert len(outputs) == 3
     assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape)]
+
+
+def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
+    """window, softcap, ALiBi slopes and dropout (rng_state) on both nodes, as the FX node
+    has them: the window as the user wrote it (op_host normalises it as the checks do),
+    the window bounds as ge.attr.Int, softcap and dropout_p as ge.attr.Float, the slopes
+    and rng_state as the optional inputs after the op's own."""
+    ge = registered.ge
+    q, k, v = make_qkv(2, 4, 2, 5, 7, 16, torch.float16, "BNSD", generator=gen)
+    slopes, rng_state = torch.rand(2, 4), torch.tensor([7, 0])
+    features = dict(window_left=3, window_right=1, softcap=30.0, dropout_p=0.125)
+    fwd = torch.ops.flash_cann.fwd.default
+    names = ["query", "key", "value", "alibi_slopes", "rng_state"]
+    ge_in = dict(zip(names, _ge_inputs(registered, names)))
+    meta = _meta_outputs(registered, fwd, q, k, v, None, 0.25)
+    registered.convert_node(fwd, (ge_in["query"], ge_in["key"], ge_in["value"], None, 0.25),
+                            dict(alibi_slopes=ge_in["alibi_slopes"], rng_state=ge_in["rng_state"],
+                                 **features), meta)
+    node = ge.GRAPH.nodes[-1]
+    assert node.inputs == {**{n: ge_in[n] for n in names[:3]}, "key_padding_mask": None,
+                           "alibi_slopes": ge_in["alibi_slopes"], "rng_state": ge_in["rng_state"]}
+    assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", False),
+                          "layout": ("Str", "BNSD"), "window_left": ("Int", 3),
+                          "window_right": ("Int", 1), "softcap": ("Float", 30.0),
+                          "dropout_p": ("Float", 0.125)}
+
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, alibi_slopes=slopes,
+                                        rng_state=rng_state, **features)
+    bwd = torch.ops.flash_cann.bwd.default
+    grads = ["grad_out", "out", "softmax_lse"]
+    ge_in.update(zip(grads, _ge_inputs(registered, grads)))
+    meta = _meta_outputs(registered, bwd, out, q, k, v, out, lse, None, None, 0.25)
+    registered.convert_node(
+        bwd, tuple(ge_in[n] for n in ["grad_out", "query", "key", "value", "out",
+                                      "softmax_lse"]) + (None, None),
+        dict(scale=0.25, alibi_slopes=ge_in["alibi_slopes"], rng_state=ge_in["rng_state"],
+             **features), meta)
+    node = ge.GRAPH.nodes[-1]
+    assert node.type == "FlashCannAttentionGrad"
+    assert list(node.inputs)[-2:] == ["alibi_slopes", "rng_state"]
+    assert (node.inputs["alibi_slopes"], node.inputs["rng_state"]) == (ge_in["alibi_slopes"],
+                                                                       ge_in["rng_state"])
+    assert {k: node.attrs[k] for k in features} == {
+        "window_left": ("Int", 3), "window_right": ("Int", 1), "softcap": ("Float", 30.0),
+        "dropout_p": ("Float", 0.125)}
+
+
+@pytest.mark.parametrize("name, value, kind", [
+    ("window_left", 2.0, "int"), ("window_right", True, "int"), ("softcap", "30", "float"),
+    ("dropout_p", torch.tensor(0.1), "float"),
+])
+def test_feature_attribute_of_the_wrong_type_is_refused(registered, name, value, kind):
+    """A GE attr takes a constant of its proto type: an int window bound, a float softcap."""
+    convert = torch.ops.flash_cann.fwd.default._ge_converter
+    with pytest.raises(TypeError, match=f"attribute {name!r} must be a Python {kind}"):
+        convert(*_ge_inputs(registered, "qkv"), None, 0.25, **{name: value},
+                meta_outputs=[None, None])
+
+
+def test_compiled_model_with_features_lowers_both_ops(registered, gen):
+    """torch.compile of a model with every feature: both graphs' nodes carry them (the
+    backward gets the forward's rng_state and slopes through autograd)."""
+    ge = registered.ge
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 6, 10, 16, torch.float32, "BSND",
+                                                    generator=gen))
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+
+    def model(q_, k_, v_):
+        return flash_cann.flash_attn_func(q_, k_, v_, dropout_p=0.25, causal=True,
+                                          window_size=(4, 0), softcap=20.0,
+                                          alibi_slopes=slopes).sum()
+
+    torch._dynamo.reset()
+    ge.GRAPH.reset()
+    compiled = torch.compile(model, backend=registered.get_npu_backend(), fullgraph=True)
+    torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    emitted = [n for n in ge.GRAPH.nodes if n.type.startswith("FlashCann")]
+    assert sorted(n.type for n in emitted) == ["FlashCannAttention", "FlashCannAttentionGrad"]
+    for node in emitted:
+        assert {k: node.attrs[k][1] for k in ("causal", "window_left", "softcap", "dropout_p")} == {
+            "causal": True, "window_left": 4, "softcap": 20.0, "dropout_p": 0.25}, node.type
+        assert node.inputs["alibi_slopes"] is not None and node.inputs["rng_state"] is not None
 
 
 def test_bwd_converter_refuses_when_the_spec_says_there_is_no_ascend_backward_kernel(
@@ -226,15 +314,22 @@ def test_meta_output_count_is_checked(registered):
     (lambda kw: kw["inputs"].pop("key_padding_mask"), "inputs .* must be the proto's, in order"),
     (lambda kw: kw.update(outputs=["softmax_lse", "out"]), "outputs .* must be the proto's"),
     (lambda kw: kw["inputs"].update(query=None), "required input 'query' is None"),
+    (lambda kw: kw["attrs"].update(window_left=kw["ge"].attr.Float(3.0)),
+     "attr 'window_left' is ge.attr.Int in the proto, got ge.attr.Float"),
+    (lambda kw: kw["attrs"].pop("dropout_p"), "attrs .* must be the proto's"),
+    (lambda kw: kw["inputs"].update(rng_state=kw["inputs"].pop("alibi_slopes")),
+     "inputs .* must be the proto's, in order"),
 ])
 def test_standin_rejects_what_ge_would(registered, break_it, message):
     """The stand-in is strict: a converter that got the proto wrong would fail here."""
     ge = registered.ge
     kw = {"ge": ge, "inputs": dict(zip(["query", "key", "value"], _ge_inputs(registered, "qkv"))),
           "attrs": {"scale": ge.attr.Float(0.5), "causal": ge.attr.Bool(False),
-                    "layout": ge.attr.Str("BNSD")},
+                    "layout": ge.attr.Str("BNSD"), "window_left": ge.attr.Int(-1),
+                    "window_right": ge.attr.Int(-1), "softcap": ge.attr.Float(0.0),
+                    "dropout_p": ge.attr.Float(0.0)},
           "outputs": ["out", "softmax_lse"]}
-    kw["inputs"]["key_padding_mask"] = None
+    kw["inputs"].update(key_padding_mask=None, alibi_slopes=None, rng_state=None)
     ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
                  attrs=kw["attrs"])  # as given: accepted
     break_it(kw)
@@ -265,13 +360,10 @@ def test_enable_torchair_registers_every_spec_op(torchair):
         assert converter.require_meta
 
 
-@pytest.mark.parametrize("feature, kwargs", [
-    ("softcap", dict(softcap=30.0)), ("window", dict(window_left=128)),
-    ("dropout", dict(dropout_p=0.1)), ("varlen", dict(max_seqlen_q=8)),
-])
+@pytest.mark.parametrize("feature, kwargs", [("varlen", dict(max_seqlen_q=8))])
 def test_features_the_ascend_op_lacks_are_refused_at_conversion(registered, feature, kwargs):
-    """The CANN op has only the npu backend's features: a graph that uses another must not
-    be converted into an op that silently drops it."""
+    """The CANN op has only the npu backend's features (window, softcap, alibi, dropout):
+    a graph that uses another must not be converted into an op that silently drops it."""
     ge = registered.ge
     args = (*_ge_inputs(registered, ["q", "k", "v"]), None, 0.25)
     converter = torch.ops.flash_cann.fwd.default._ge_converter

@@ -23,9 +23,11 @@ aclDataType AclDataType(at::ScalarType dtype, const char *name) {
       return ACL_FLOAT;
     case at::kBool:
       return ACL_BOOL;
+    case at::kLong:  // rng_state: (seed, offset), read by the kernel
+      return ACL_INT64;
     default:
       TORCH_CHECK(false, "flash_cann: ", name, " has dtype ", dtype,
-                  ", which the NPU op does not take (float16, bfloat16, float32, bool)");
+                  ", which the NPU op does not take (float16, bfloat16, float32, bool, int64)");
   }
 }
 

@@ -132,9 +132,19 @@ static void Attrs(FILE *f, double scale, bool causal, const char *layout) {
           causal ? "true" : "false", layout);
 }
 
+/* The features' attributes: Int -> int64_t, Float -> double. */
+static void FeatureAttrs(FILE *f, int64_t windowLeft, int64_t windowRight, double softcap,
+                         double dropoutP) {
+  fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld, \"softcap\": %.17g, "
+          "\"dropout_p\": %.17g", (long long)windowLeft, (long long)windowRight, softcap,
+          dropoutP);
+}
+
 int aclnnFlashCannAttentionGetWorkspaceSize(
     const aclTensor *query, const aclTensor *key, const aclTensor *value,
-    const aclTensor *keyPaddingMaskOptional, double scale, bool causal, char *layoutOptional,
+    const aclTensor *keyPaddingMaskOptional, const aclTensor *alibiSlopesOptional,
+    const aclTensor *rngStateOptional, double scale, bool causal, char *layoutOptional,
+    int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP,
     const aclTensor *outOut, const aclTensor *softmaxLseOut, uint64_t *workspaceSize,
     aclOpExecutor **executor) {
   FILE *f = Log();
@@ -143,7 +153,10 @@ int aclnnFlashCannAttentionGetWorkspaceSize(
   Tensor(f, "key", key);
   Tensor(f, "value", value);
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
+  Tensor(f, "alibi_slopes", alibiSlopesOptional);
+  Tensor(f, "rng_state", rngStateOptional);
   Attrs(f, scale, causal, layoutOptional);
+  FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "out", outOut);
   Tensor(f, "softmax_lse", softmaxLseOut);
   return Stage1("aclnnFlashCannAttentionGetWorkspaceSize", workspaceSize, executor);
@@ -158,9 +171,11 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
     const aclTensor *gradOut, const aclTensor *query, const aclTensor *key,
     const aclTensor *value, const aclTensor *out, const aclTensor *softmaxLse,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional,
-    double scale, bool causal, char *layoutOptional, bool deterministic,
-    const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, const aclTensor *gradValueOut,
-    uint64_t *workspaceSize, aclOpExecutor **executor) {
+    const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional, double scale,
+    bool causal, char *layoutOptional, bool deterministic, int64_t windowLeft,
+    int64_t windowRight, double softcap, double dropoutP, const aclTensor *gradQueryOut,
+    const aclTensor *gradKeyOut, const aclTensor *gradValueOut, uint64_t *workspaceSize,
+    aclOpExecutor **executor) {
   FILE *f = Log();
   fputs("{\"call\": \"aclnnFlashCannAttentionGradGetWorkspaceSize\"", f);
   Tensor(f, "grad_out", gradOut);
@@ -171,8 +186,11 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
   Tensor(f, "softmax_lse", softmaxLse);
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
   Tensor(f, "grad_softmax_lse", gradSoftmaxLseOptional);
+  Tensor(f, "alibi_slopes", alibiSlopesOptional);
+  Tensor(f, "rng_state", rngStateOptional);
   Attrs(f, scale, causal, layoutOptional);
   fprintf(f, ", \"deterministic\": %s", deterministic ? "true" : "false");
+  FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "grad_query", gradQueryOut);
   Tensor(f, "grad_key", gradKeyOut);
   Tensor(f, "grad_value", gradValueOut);

@@ -27,6 +27,7 @@ from . import opp_paths
 from .aclnn import NAMESPACE, launcher_schema
 from ...contract.checks import accumulator_dtype
 from ...contract.spec import load
+from ...contract.variant import PLAIN, Variant
 
 EXTENSION = f"{NAMESPACE}._launcher"  # the library framework/setup.py builds
 BUILD_HINT = ("build it on the Ascend server with `pip install --no-build-isolation "
@@ -125,23 +126,50 @@ def _empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str):
+def _features(variant: Variant) -> dict:
+    """The CANN op's feature arguments, by their spec names, from the checked variant.
+
+    The window bounds are the normalised ones (a causal call carries window_right -1).
+    ALiBi slopes shared by every sequence reach the op as (heads_q,): the checks expand a
+    (heads_q,) argument to (batch, heads_q) with batch stride 0 (with batch 1, torch keeps
+    the row stride: one row is shared all the same), so row 0 is that argument (a view, no
+    copy), and the kernel indexes by head only; real (batch, heads_q) slopes go as they
+    are. Nothing here reads a device tensor on the host: the kernel reads the slopes and
+    rng_state from GM."""
+    slopes = variant.alibi_slopes
+    if slopes is not None and (slopes.stride(0) == 0 or slopes.shape[0] == 1):
+        slopes = slopes[0]
+    return dict(alibi_slopes=slopes, rng_state=variant.rng_state,
+                window_left=variant.window_left, window_right=variant.window_right,
+                softcap=float(variant.softcap), dropout_p=float(variant.dropout_p))
+
+
+# The launchers are called with keywords, the spec's names: an argument the extension's
+# schema (generated from the spec) does not have, or lacks, fails loudly, not shifted.
+def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
+            variant: Variant = PLAIN):
     launchers = _launcher_ops()
     batch, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
     out = _empty(query.shape, query.dtype, query)
     lse = _empty((batch, heads_q, seqlen_q), accumulator_dtype(query.dtype), query)
-    launchers.fwd(query, key, value, key_padding_mask, scale, causal, layout, out, lse)
+    launchers.fwd(query=query, key=key, value=value, key_padding_mask=key_padding_mask,
+                  scale=scale, causal=causal, layout=layout, **_features(variant),
+                  out=out, softmax_lse=lse)
     return out, lse
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
-             *, scale: float, causal: bool, layout: str, deterministic: bool):
+             *, scale: float, causal: bool, layout: str, deterministic: bool,
+             variant: Variant = PLAIN):
     if not load().backends["npu"].backward:
         raise NotImplementedError(
             "flash_cann: the spec says the Ascend package has no backward kernel "
             "(backends.npu.backward: false): the NPU backend runs the forward pass only")
     launchers = _launcher_ops()
-    grads = tuple(_empty(t.shape, t.dtype, t) for t in (query, key, value))
-    launchers.bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                  grad_softmax_lse, scale, causal, layout, deterministic, *grads)
-    return grads
+    grad_query, grad_key, grad_value = (_empty(t.shape, t.dtype, t) for t in (query, key, value))
+    launchers.bwd(grad_out=grad_out, query=query, key=key, value=value, out=out,
+                  softmax_lse=softmax_lse, key_padding_mask=key_padding_mask,
+                  grad_softmax_lse=grad_softmax_lse, scale=scale, causal=causal, layout=layout,
+                  deterministic=deterministic, **_features(variant), grad_query=grad_query,
+                  grad_key=grad_key, grad_value=grad_value)
+    return grad_query, grad_key, grad_value
