@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "register/op_def_registry.h"
@@ -119,6 +120,16 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     return ge::GRAPH_SUCCESS;
 }
 
+// "(2, 8)", "(8,)": a shape as error messages show it.
+inline std::string ShapeText(const gert::Shape& shape)
+{
+    std::string text = "(";
+    for (size_t i = 0; i < shape.GetDimNum(); ++i) {
+        text += (i ? ", " : "") + std::to_string(shape.GetDim(i));
+    }
+    return text + (shape.GetDimNum() == 1 ? ",)" : ")");
+}
+
 // Where a node keeps the arguments of the features (flash_cann_variant.h): the IR indices
 // of its optional inputs and the indices of its attributes (generated, per op).
 struct FeatureIndices {
@@ -144,6 +155,10 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
     FLASH_CANN_CHECK(context, left != nullptr && right != nullptr && softcap != nullptr &&
                                   dropoutP != nullptr,
                      "window_left/window_right/softcap/dropout_p missing");
+    // Before the normalisation, which would hide a bad right bound behind causal.
+    FLASH_CANN_CHECK(context, *left >= -1 && *right >= -1,
+                     "window_left and window_right must be >= -1 (-1: unbounded) (got %lld, %lld)",
+                     static_cast<long long>(*left), static_cast<long long>(*right));
     const int64_t windowLeft = *left >= request.seqlenK ? -1 : *left;
     const int64_t windowRight = request.causal || *right >= request.seqlenK ? -1 : *right;
 
@@ -155,16 +170,17 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
                                   s.GetDim(1) == request.headsQ;
         FLASH_CANN_CHECK(context, perHead || perBatchHead,
                          "alibi_slopes must have shape (heads_q,) = (%lld,) or (batch, "
-                         "heads_q) = (%lld, %lld) (got a %zu-D shape)",
+                         "heads_q) = (%lld, %lld) (got %s)",
                          static_cast<long long>(request.headsQ),
                          static_cast<long long>(request.batch),
-                         static_cast<long long>(request.headsQ), s.GetDimNum());
+                         static_cast<long long>(request.headsQ), ShapeText(s).c_str());
         alibi = perHead ? flash_cann::Alibi::kPerHead : flash_cann::Alibi::kPerBatchHead;
     }
     const gert::StorageShape* rng = context->GetOptionalInputShape(at.rngState);
     FLASH_CANN_CHECK(context, rng == nullptr || (rng->GetStorageShape().GetDimNum() == 1 &&
                                                  rng->GetStorageShape().GetDim(0) == 2),
-                     "rng_state must have shape (2,): (seed, offset)");
+                     "rng_state must have shape (2,): (seed, offset) (got %s)",
+                     ShapeText(rng->GetStorageShape()).c_str());
     FLASH_CANN_CHECK(context, rng != nullptr || !(*dropoutP > 0.0f),
                      "dropout_p %g > 0 needs the rng_state input (int64 (seed, offset))",
                      static_cast<double>(*dropoutP));

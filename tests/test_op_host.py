@@ -263,12 +263,17 @@ def test_tiling_func_puts_the_features_into_the_plan_request(op, features, expec
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 @pytest.mark.parametrize("features, message", [
     ({"alibi_slopes": "3"}, "alibi_slopes must have shape (heads_q,) = (4,) or (batch, heads_q) "
-                            "= (2, 4) (got a 1-D shape)"),
-    ({"alibi_slopes": "4x4"}, "alibi_slopes must have shape (heads_q,) = (4,)"),
-    ({"alibi_slopes": "2x4x1"}, "(got a 3-D shape)"),
-    ({"rng_state": "3", "dropout_p": 0.1}, "rng_state must have shape (2,): (seed, offset)"),
+                            "= (2, 4) (got (3,))"),
+    ({"alibi_slopes": "4x4"}, "alibi_slopes must have shape (heads_q,) = (4,) or (batch, "
+                              "heads_q) = (2, 4) (got (4, 4))"),
+    ({"alibi_slopes": "2x4x1"}, "(got (2, 4, 1))"),
+    ({"rng_state": "3", "dropout_p": 0.1}, "rng_state must have shape (2,): (seed, offset) "
+                                           "(got (3,))"),
     ({"dropout_p": 0.1}, "dropout_p 0.1 > 0 needs the rng_state input (int64 (seed, offset))"),
-    ({"window_left": -2}, "refused: window bounds must be >= -1 (-1: unbounded)"),
+    ({"window_left": -2}, "window_left and window_right must be >= -1 (-1: unbounded) "
+                          "(got -2, -1)"),
+    # causal replaces the right bound, but a bad one is refused first
+    ({"causal": True, "window_right": -3}, "(got -1, -3)"),
     ({"softcap": -1.0}, "refused: softcap must be finite and >= 0 (0: off)"),
     ({"dropout_p": 1.0, "rng_state": "2"}, "refused: dropout_p must be in [0, 1)"),
 ], ids=str)
