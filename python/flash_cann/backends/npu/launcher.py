@@ -172,4 +172,4 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
                   grad_softmax_lse=grad_softmax_lse, scale=scale, causal=causal, layout=layout,
                   deterministic=deterministic, **_features(variant), grad_query=grad_query,
                   grad_key=grad_key, grad_value=grad_value)
-    return grad_query, grad_key, grad_value
+    return grad_query, grad_key, grad_value, None  # grad_sinks: no sinks on the NPU yet

@@ -432,7 +432,7 @@ def backward_planned(grad_out, query, key, value, out, softmax_lse, key_padding_
 
 def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, deterministic, variant, record=False):
-    """((dq, dk, dv), {stage: its Launch if ``record`` and replayable}). Always
+    """((dq, dk, dv, dsinks or None), {stage: its Launch if ``record`` and replayable}). Always
     deterministic: no atomic adds (NOTES.md, step 9: an atomic dQ was slower)."""
     del deterministic
     packed = layout == layouts.PACKED
@@ -491,7 +491,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
             *inputs, dq, *input_strides, *dq.stride(), *scalars, record=8 * record,
             **shared, **varlen, **({"max_seqlen_q": rows_q} if packed else {}))
-    return (grad_query, grad_key, grad_value), launches
+    return (grad_query, grad_key, grad_value, None), launches
 
 
 class _ForwardPlan:
@@ -539,7 +539,7 @@ class _BackwardPlan:
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
             launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
             launches["dq"](*inputs, grad_query, stream=stream)
-        return grad_query, grad_key, grad_value
+        return grad_query, grad_key, grad_value, None
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,

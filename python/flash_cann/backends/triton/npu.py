@@ -127,7 +127,7 @@ def _plain_only(variant: Variant) -> None:
     if not variant.plain:
         raise NotImplementedError("flash_cann: the triton backend on NPUs (triton-ascend) "
                                   "runs plain attention only so far: no window, softcap, "
-                                  "ALiBi, dropout or packed sequences")
+                                  "ALiBi, dropout, sinks or packed sequences")
 
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
@@ -188,4 +188,4 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     launch(Launch("dq", kernels.attn_bwd_dq, cores,
                   (*inputs, dq, *strides, *dq.stride(), *scalars),
                   dict(shared, **tiles("dq", head_dim, query.dtype))))
-    return grads
+    return (*grads, None)  # grad_sinks: plain attention only here
