@@ -18,7 +18,7 @@ using namespace flash_cann::contract::fwd::input;
 using namespace flash_cann::contract::fwd::output;
 namespace attr = flash_cann::contract::fwd::attr;
 
-constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, attr::kWindowLeft,
+constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, kSinks, attr::kWindowLeft,
                                    attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
 
 }  // namespace

@@ -19,12 +19,15 @@ using namespace flash_cann::contract::bwd::input;
 namespace attr = flash_cann::contract::bwd::attr;
 using attr::kDeterministic;
 
-constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, attr::kWindowLeft,
+constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, kSinks, attr::kWindowLeft,
                                    attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
-// grad_query, grad_key, grad_value: like inputs query, key, value (consecutive).
-constexpr size_t kGradients = flash_cann::contract::bwd::output::kCount;
-static_assert(kKey == kQuery + 1 && kValue == kQuery + 2 && kGradients == 3,
-              "the gradients follow query, key, value");
+// grad_query, grad_key, grad_value: like inputs query, key, value (consecutive); then
+// grad_sinks (heads_q,), always written (zeros without sinks).
+using flash_cann::contract::bwd::output::kGradSinks;
+constexpr size_t kGradients = 3;
+static_assert(kKey == kQuery + 1 && kValue == kQuery + 2 && kGradSinks == kGradients &&
+                  flash_cann::contract::bwd::output::kCount == kGradients + 1,
+              "the gradients follow query, key, value; grad_sinks comes last");
 
 bool SameShape(const gert::Shape& a, const gert::Shape& b)
 {
@@ -120,7 +123,8 @@ static ge::graphStatus FlashCannAttentionGradTiling(gert::TilingContext* context
 
 namespace ge {
 
-// Each gradient has the shape and dtype of its input.
+// Each gradient has the shape and dtype of its input; grad_sinks is fp32 (heads_q,),
+// whether or not the sinks input is given (an output's shape does not depend on it).
 static graphStatus FlashCannAttentionGradInferShape(gert::InferShapeContext* context)
 {
     for (size_t i = 0; i < kGradients; ++i) {
@@ -129,6 +133,17 @@ static graphStatus FlashCannAttentionGradInferShape(gert::InferShapeContext* con
         FLASH_CANN_CHECK(context, input != nullptr && grad != nullptr, "missing shape");
         *grad = *input;
     }
+    const gert::Shape* query = context->GetInputShape(kQuery);
+    const gert::RuntimeAttrs* attrs = context->GetAttrs();
+    gert::Shape* gradSinks = context->GetOutputShape(kGradSinks);
+    flash_cann::Layout layout;
+    FLASH_CANN_CHECK(context, attrs != nullptr && gradSinks != nullptr &&
+                                  query->GetDimNum() == kRank,
+                     "query must be 4-D");
+    FLASH_CANN_CHECK(context, ParseLayout(attrs->GetStr(kLayout), layout),
+                     "layout must be BNSD or BSND");
+    gradSinks->SetDimNum(1);  // SetDim alone does not grow the rank
+    gradSinks->SetDim(0, query->GetDim(AxesOf(layout).heads));
     return GRAPH_SUCCESS;
 }
 
@@ -137,6 +152,7 @@ static graphStatus FlashCannAttentionGradInferDataType(gert::InferDataTypeContex
     for (size_t i = 0; i < kGradients; ++i) {
         context->SetOutputDataType(i, context->GetInputDataType(kQuery + i));
     }
+    context->SetOutputDataType(kGradSinks, DT_FLOAT);
     return GRAPH_SUCCESS;
 }
 
@@ -160,6 +176,7 @@ public:
         DeclareOutput(this->Output("grad_query"), kInputTypes);
         DeclareOutput(this->Output("grad_key"), kInputTypes);
         DeclareOutput(this->Output("grad_value"), kInputTypes);
+        DeclareOutput(this->Output("grad_sinks"), kFloatTypes);
         SharedAttributes(*this);
         // flash-attn's deterministic=True: dQ reduced from per-core partials in a fixed
         // order instead of fp32 atomic adds (the tiling key's deterministic bit).

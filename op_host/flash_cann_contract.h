@@ -32,8 +32,9 @@ enum Index : size_t {
     kKeyPaddingMask = 3,
     kAlibiSlopes = 4,
     kRngState = 5,
+    kSinks = 6,
 };
-constexpr size_t kCount = 6;
+constexpr size_t kCount = 7;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
@@ -70,8 +71,9 @@ enum Index : size_t {
     kGradSoftmaxLse = 7,
     kAlibiSlopes = 8,
     kRngState = 9,
+    kSinks = 10,
 };
-constexpr size_t kCount = 10;
+constexpr size_t kCount = 11;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
@@ -91,8 +93,9 @@ enum Index : size_t {
     kGradQuery = 0,
     kGradKey = 1,
     kGradValue = 2,
+    kGradSinks = 3,
 };
-constexpr size_t kCount = 3;
+constexpr size_t kCount = 4;
 }  // namespace output
 }  // namespace bwd
 

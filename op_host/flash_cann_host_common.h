@@ -133,7 +133,7 @@ inline std::string ShapeText(const gert::Shape& shape)
 // Where a node keeps the arguments of the features (flash_cann_variant.h): the IR indices
 // of its optional inputs and the indices of its attributes (generated, per op).
 struct FeatureIndices {
-    size_t alibiSlopes, rngState;                       // optional inputs
+    size_t alibiSlopes, rngState, sinks;                // optional inputs
     size_t windowLeft, windowRight, softcap, dropoutP;  // attributes
 };
 
@@ -141,9 +141,9 @@ struct FeatureIndices {
 // causal). The window is normalised as contract/variant.py's window_bounds (flash-attn
 // 2.8) does, because a graph (torchair) passes the attributes as the user wrote them:
 // a bound >= seqlen_k is unbounded, and causal is the right bound. What the planner
-// checks (bounds >= -1, softcap, dropout_p ranges) is left to it; the tensors' shapes,
-// which it never sees, are checked here. The tensors stay in GM: the kernel reads the
-// slopes and the (seed, offset) pair, never the host (a call stays capturable).
+// checks (softcap, dropout_p ranges) is left to it; the tensors' shapes, which it never
+// sees, are checked here. The tensors stay in GM: the kernel reads the slopes, the
+// (seed, offset) pair and the sink logits, never the host (a call stays capturable).
 inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIndices& at,
                                    flash_cann::PlanRequest& request)
 {
@@ -184,8 +184,15 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
     FLASH_CANN_CHECK(context, rng != nullptr || !(*dropoutP > 0.0f),
                      "dropout_p %g > 0 needs the rng_state input (int64 (seed, offset))",
                      static_cast<double>(*dropoutP));
+    const gert::StorageShape* sinks = context->GetOptionalInputShape(at.sinks);
+    FLASH_CANN_CHECK(context, sinks == nullptr ||
+                                  (sinks->GetStorageShape().GetDimNum() == 1 &&
+                                   sinks->GetStorageShape().GetDim(0) == request.headsQ),
+                     "sinks must have shape (heads_q,) = (%lld,) (got %s)",
+                     static_cast<long long>(request.headsQ),
+                     ShapeText(sinks->GetStorageShape()).c_str());
     request.variant = flash_cann::MakeVariant(windowLeft, windowRight, *softcap, *dropoutP,
-                                              alibi, false);
+                                              alibi, sinks != nullptr);
     return ge::GRAPH_SUCCESS;
 }
 
@@ -265,6 +272,8 @@ inline void FeatureInputs(ops::OpDef& op)
     DeclareInput(op.Input("alibi_slopes"), ops::OPTIONAL, kFloatTypes);
     // (seed, offset) of the Philox dropout draw, read by the kernel.
     DeclareInput(op.Input("rng_state"), ops::OPTIONAL, kInt64Types);
+    // (heads_q,): one sink logit per query head, joining each row's softmax denominator.
+    DeclareInput(op.Input("sinks"), ops::OPTIONAL, kFloatTypes);
 }
 
 // The features' attributes, in spec order (each op's last).

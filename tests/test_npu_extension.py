@@ -207,11 +207,24 @@ def test_plain_calls_pass_the_features_defaults(results):
     assert {k: stage1[k] for k in FEATURE_ATTRS} == dict(window_left=-1, window_right=-1,
                                                          softcap=0.0, dropout_p=0.0)
     assert stage1["alibi_slopes"] is None and stage1["rng_state"] is None
+    assert stage1["sinks"] is None
+
+
+def test_the_grad_kernel_always_gets_a_grad_sinks_output(results):
+    """grad_sinks is an output of the CANN backward op with or without sinks: fp32
+    (heads_q,), dense, allocated by the launcher."""
+    for case, heads_q in (("bwd_loss_backward", 4), ("bwd_autograd", 2), ("bwd_features", 4)):
+        stage1 = _calls(results[case]["log"], "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
+        grad_sinks = stage1["grad_sinks"]
+        assert grad_sinks["dims"] == [heads_q], case
+        assert grad_sinks["dtype"] == ACL_DTYPES["torch.float32"], case
+        assert grad_sinks["strides"] == [1] and grad_sinks["offset"] == 0, case
 
 
 def test_backward_features_reach_the_grad_kernel(results):
-    """loss.backward() through flash_attn_func with dropout, window, softcap and ALiBi: the
-    Grad op's aclnn call gets the forward's attributes, slopes and rng_state tensor."""
+    """loss.backward() through the op with dropout, window, softcap, ALiBi and sinks:
+    the Grad op's aclnn call gets the forward's attributes, slopes, rng_state tensor and
+    sinks."""
     result = results["bwd_features"]
     log = result["log"]
     _check_lifecycle(log, "aclnnFlashCannAttentionGradGetWorkspaceSize",
@@ -219,6 +232,8 @@ def test_backward_features_reach_the_grad_kernel(results):
     stage1 = _calls(log, "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
     assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
     _check_tensor(stage1["alibi_slopes"], result["tensors"]["alibi_slopes"], "alibi_slopes")
+    _check_tensor(stage1["sinks"], result["tensors"]["sinks"], "sinks")
+    assert result["sinks_grad"] == [4]  # grad_sinks reached the sinks through autograd
     rng_state = stage1["rng_state"]
     assert rng_state == result["forward_rng_state"]  # the very tensor the forward drew
     assert rng_state["dims"] == [2] and rng_state["dtype"] == ACL_DTYPES["torch.int64"]
@@ -278,7 +293,8 @@ def test_a_failing_grad_call_is_explained_like_the_forwards(results, case, stage
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::bwd on NPU: {stage} "
                             f"returned aclnn status {status} (")
     assert ("layout=BNSD, deterministic=False, window_left=-1, window_right=-1, softcap=0, "
-            "dropout_p=0, grad_query=Half[1, 2, 4, 8]") in error
+            "dropout_p=0, grad_query=Half[1, 2, 4, 8], grad_key=Half[1, 2, 6, 8], "
+            "grad_value=Half[1, 2, 6, 8], grad_sinks=Float[2]") in error
     assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))
 
 
@@ -323,7 +339,7 @@ def test_every_failing_status_is_an_exception_that_explains_it(results, case, st
                             f"returned aclnn status {status} ({meaning}")
     assert ("arguments: query=Half[2, 4, 8, 16], key=Half[2, 2, 12, 16], "
             "value=Half[2, 2, 12, 16], key_padding_mask=None, alibi_slopes=None, "
-            "rng_state=None, scale=0.25, causal=False, layout=BNSD, window_left=-1, "
+            "rng_state=None, sinks=None, scale=0.25, causal=False, layout=BNSD, window_left=-1, "
             "window_right=-1, softcap=0, dropout_p=0, out=Half[2, 4, 8, 16], "
             "softmax_lse=Float[2, 4, 8]") in error
     assert error.rstrip().endswith("CANN: fake CANN: the op rejected its arguments")

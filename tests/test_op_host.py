@@ -174,7 +174,10 @@ def test_grad_infer_shape_and_dtype(layout, q, k):
                  *map(str, k))
     got = json.loads(result.stdout)
     assert got["status"] == "ok"
-    assert got["outputs"] == [{"dtype": "bfloat16", "shape": list(s)} for s in (q, k, k)]
+    # grad_sinks: fp32 (heads_q,), whether or not the sinks input is given
+    heads_q = q[1] if layout == "BNSD" else q[2]
+    assert got["outputs"] == [{"dtype": "bfloat16", "shape": list(s)} for s in (q, k, k)] + [
+        {"dtype": "float32", "shape": [heads_q]}]
 
 
 @pytest.mark.parametrize("layout, q, lse", [
@@ -204,10 +207,11 @@ FEATURE_CASES = [
      dict(dropout_p=pytest.approx(0.1), dropout_threshold=variant.dropout_threshold(0.1))),
     ({"alibi_slopes": "4"}, dict(alibi=1)),
     ({"alibi_slopes": "2x4"}, dict(alibi=2)),
+    ({"sinks": "4"}, dict(sinks=1)),
     ({"causal": True, "window_left": 64, "softcap": 50.0, "alibi_slopes": "2x4",
-      "dropout_p": 0.25, "rng_state": "2"},
+      "dropout_p": 0.25, "rng_state": "2", "sinks": "4"},
      dict(causal=True, window_left=64, window_right=-1, softcap=50.0, alibi=2, dropout_p=0.25,
-          dropout_threshold=variant.dropout_threshold(0.25))),
+          dropout_threshold=variant.dropout_threshold(0.25), sinks=1)),
 ]
 Q_SHAPE, K_SHAPE = (2, 4, 128, 64), (2, 4, 256, 64)
 
@@ -235,7 +239,8 @@ def _planner_features(features):
               else features.get("window_right", -1))
     alibi = {None: None, "4": "head", "2x4": "batch_head"}[features.get("alibi_slopes")]
     return planner.variant(window=window, softcap=features.get("softcap", 0.0),
-                           dropout_p=features.get("dropout_p", 0.0), alibi=alibi)
+                           dropout_p=features.get("dropout_p", 0.0), alibi=alibi,
+                           sinks="sinks" in features)
 
 
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
@@ -271,6 +276,8 @@ def test_tiling_func_puts_the_features_into_the_plan_request(op, features, expec
     ({"rng_state": "3", "dropout_p": 0.1}, "rng_state must have shape (2,): (seed, offset) "
                                            "(got (3,))"),
     ({"dropout_p": 0.1}, "dropout_p 0.1 > 0 needs the rng_state input (int64 (seed, offset))"),
+    ({"sinks": "2"}, "sinks must have shape (heads_q,) = (4,) (got (2,))"),
+    ({"sinks": "2x4"}, "sinks must have shape (heads_q,) = (4,) (got (2, 4))"),
     ({"window_left": -2}, "window_left and window_right must be >= -1 (-1: unbounded) "
                           "(got -2, -1)"),
     # causal replaces the right bound, but a bad one is refused first

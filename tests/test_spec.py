@@ -70,9 +70,15 @@ def test_contract_header_follows_the_spec():
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
     assert "kGradOut = 0," in inputs and "kGradSoftmaxLse = 7," in inputs
     assert "kAlibiSlopes = 8," in inputs and "kRngState = 9," in inputs
-    # a feature the npu backend does not list leaves the CANN op
+    assert "kSinks = 10," in inputs and "kCount = 11;" in inputs
+    outputs = bwd[bwd.index("namespace output {"):bwd.index("}  // namespace output")]
+    assert "kGradValue = 2,\n    kGradSinks = 3," in outputs and "kCount = 4;" in outputs
+    # a feature the npu backend does not list leaves the CANN op: its attributes, inputs
+    # and outputs
     doc["backends"]["npu"]["features"].remove("softcap")
-    assert "kSoftcap" not in contract_header.render(spec.parse(doc))
+    doc["backends"]["npu"]["features"].remove("sinks")
+    header = contract_header.render(spec.parse(doc))
+    assert "kSoftcap" not in header and "kSinks" not in header and "kGradSinks" not in header
 
 
 @pytest.mark.parametrize("op", [o["name"] for o in RAW["ops"]])

@@ -102,7 +102,7 @@ def test_fwd_converter_emits_the_spec_op(registered, layout, hq, hk, masked, cau
     node = ge.GRAPH.nodes[-1]
     assert node.type == "FlashCannAttention"
     assert node.inputs == {"query": ge_q, "key": ge_k, "value": ge_v, "key_padding_mask": ge_mask,
-                           "alibi_slopes": None, "rng_state": None}
+                           "alibi_slopes": None, "rng_state": None, "sinks": None}
     assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", causal),
                           "layout": ("Str", layout), **PLAIN_FEATURE_ATTRS}
     assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]
@@ -131,7 +131,7 @@ def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_gra
         dict(scale=0.5, causal=True, layout=layout, deterministic=deterministic), meta)
 
     node = next(n for n in ge.GRAPH.nodes[::-1] if n.type == "FlashCannAttentionGrad")
-    assert node.inputs == {**tensors, "alibi_slopes": None, "rng_state": None}
+    assert node.inputs == {**tensors, "alibi_slopes": None, "rng_state": None, "sinks": None}
     assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
                           "layout": ("Str", layout), "deterministic": ("Bool", deterministic),
                           **PLAIN_FEATURE_ATTRS}
@@ -140,50 +140,53 @@ def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_gra
     # a constant of zeros (its value without sinks).
     assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape), [6]]
     assert [(o.node, o.index) for o in outputs[:3]] == [(node, 0), (node, 1), (node, 2)]
-    if "sinks" not in contract.NPU_FEATURES:
+    if "sinks" in contract.NPU_FEATURES:  # the Grad node's own output, zeros without sinks
+        assert (outputs[3].node, outputs[3].index) == (node, 3)
+    else:
         assert outputs[3].node.type == "Const"
         assert outputs[3].node.attrs["value"] == ("Tensor", [0.0] * 6)
 
 
 def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
-    """window, softcap, ALiBi slopes and dropout (rng_state) on both nodes, as the FX node
-    has them: the window as the user wrote it (op_host normalises it as the checks do),
-    the window bounds as ge.attr.Int, softcap and dropout_p as ge.attr.Float, the slopes
-    and rng_state as the optional inputs after the op's own."""
+    """window, softcap, ALiBi slopes, dropout (rng_state) and sinks on both nodes, as the
+    FX node has them: the window as the user wrote it (op_host normalises it as the checks
+    do), the window bounds as ge.attr.Int, softcap and dropout_p as ge.attr.Float, the
+    slopes, rng_state and sinks as the optional inputs after the op's own; the Grad node
+    outputs grad_sinks."""
     ge = registered.ge
     q, k, v = make_qkv(2, 4, 2, 5, 7, 16, torch.float16, "BNSD", generator=gen)
-    slopes, rng_state = torch.rand(2, 4), torch.tensor([7, 0])
+    slopes, rng_state, sinks = torch.rand(2, 4), torch.tensor([7, 0]), torch.randn(4)
     features = dict(window_left=3, window_right=1, softcap=30.0, dropout_p=0.125)
     fwd = torch.ops.flash_cann.fwd.default
-    names = ["query", "key", "value", "alibi_slopes", "rng_state"]
+    names = ["query", "key", "value", "alibi_slopes", "rng_state", "sinks"]
     ge_in = dict(zip(names, _ge_inputs(registered, names)))
+    optional = {n: ge_in[n] for n in ("alibi_slopes", "rng_state", "sinks")}
     meta = _meta_outputs(registered, fwd, q, k, v, None, 0.25)
     registered.convert_node(fwd, (ge_in["query"], ge_in["key"], ge_in["value"], None, 0.25),
-                            dict(alibi_slopes=ge_in["alibi_slopes"], rng_state=ge_in["rng_state"],
-                                 **features), meta)
+                            dict(**optional, **features), meta)
     node = ge.GRAPH.nodes[-1]
     assert node.inputs == {**{n: ge_in[n] for n in names[:3]}, "key_padding_mask": None,
-                           "alibi_slopes": ge_in["alibi_slopes"], "rng_state": ge_in["rng_state"]}
+                           **optional}
     assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", False),
                           "layout": ("Str", "BNSD"), "window_left": ("Int", 3),
                           "window_right": ("Int", 1), "softcap": ("Float", 30.0),
                           "dropout_p": ("Float", 0.125)}
 
     out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, alibi_slopes=slopes,
-                                        rng_state=rng_state, **features)
+                                        rng_state=rng_state, sinks=sinks, **features)
     bwd = torch.ops.flash_cann.bwd.default
     grads = ["grad_out", "out", "softmax_lse"]
     ge_in.update(zip(grads, _ge_inputs(registered, grads)))
     meta = _meta_outputs(registered, bwd, out, q, k, v, out, lse, None, None, 0.25)
-    registered.convert_node(
+    outputs = registered.convert_node(
         bwd, tuple(ge_in[n] for n in ["grad_out", "query", "key", "value", "out",
                                       "softmax_lse"]) + (None, None),
-        dict(scale=0.25, alibi_slopes=ge_in["alibi_slopes"], rng_state=ge_in["rng_state"],
-             **features), meta)
+        dict(scale=0.25, **optional, **features), meta)
     node = next(n for n in ge.GRAPH.nodes[::-1] if n.type == "FlashCannAttentionGrad")
-    assert list(node.inputs)[-2:] == ["alibi_slopes", "rng_state"]
-    assert (node.inputs["alibi_slopes"], node.inputs["rng_state"]) == (ge_in["alibi_slopes"],
-                                                                       ge_in["rng_state"])
+    assert list(node.inputs)[-3:] == ["alibi_slopes", "rng_state", "sinks"]
+    assert {n: node.inputs[n] for n in optional} == optional
+    assert node.outputs == ["grad_query", "grad_key", "grad_value", "grad_sinks"]
+    assert [(o.node, o.index) for o in outputs] == [(node, i) for i in range(4)]
     assert {k: node.attrs[k] for k in features} == {
         "window_left": ("Int", 3), "window_right": ("Int", 1), "softcap": ("Float", 30.0),
         "dropout_p": ("Float", 0.125)}
@@ -203,27 +206,40 @@ def test_feature_attribute_of_the_wrong_type_is_refused(registered, name, value,
 
 def test_compiled_model_with_features_lowers_both_ops(registered, gen):
     """torch.compile of a model with every feature: both graphs' nodes carry them (the
-    backward gets the forward's rng_state and slopes through autograd)."""
+    backward gets the forward's rng_state, slopes and sinks through autograd, and its
+    grad_sinks output becomes the sinks' gradient)."""
     ge = registered.ge
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 6, 10, 16, torch.float32, "BSND",
                                                     generator=gen))
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    sinks = torch.randn(4, generator=gen).requires_grad_()
 
-    def model(q_, k_, v_):
-        return flash_cann.flash_attn_func(q_, k_, v_, dropout_p=0.25, causal=True,
-                                          window_size=(4, 0), softcap=20.0,
-                                          alibi_slopes=slopes).sum()
+    def model(q_, k_, v_, sinks_):
+        a = flash_cann.flash_attn_func(q_, k_, v_, dropout_p=0.25, causal=True,
+                                       window_size=(4, 0), softcap=20.0, alibi_slopes=slopes)
+        b, _ = torch.ops.flash_cann.fwd(q_, k_, v_, None, 0.25, False, "BSND", sinks=sinks_)
+        return a.sum() + b.sum()
 
     torch._dynamo.reset()
     ge.GRAPH.reset()
     compiled = torch.compile(model, backend=registered.get_npu_backend(), fullgraph=True)
-    torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    grads = torch.autograd.grad(compiled(q, k, v, sinks), (q, k, v, sinks))
     emitted = [n for n in ge.GRAPH.nodes if n.type.startswith("FlashCann")]
-    assert sorted(n.type for n in emitted) == ["FlashCannAttention", "FlashCannAttentionGrad"]
-    for node in emitted:
+    assert sorted(n.type for n in emitted) == ["FlashCannAttention"] * 2 + [
+        "FlashCannAttentionGrad"] * 2
+    featured = [n for n in emitted if n.inputs["sinks"] is None]
+    with_sinks = [n for n in emitted if n.inputs["sinks"] is not None]
+    assert len(featured) == len(with_sinks) == 2
+    for node in featured:
         assert {k: node.attrs[k][1] for k in ("causal", "window_left", "softcap", "dropout_p")} == {
             "causal": True, "window_left": 4, "softcap": 20.0, "dropout_p": 0.25}, node.type
         assert node.inputs["alibi_slopes"] is not None and node.inputs["rng_state"] is not None
+    for node in with_sinks:
+        assert node.attrs["dropout_p"][1] == 0.0 and node.inputs["rng_state"] is None
+    grad_node = next(n for n in with_sinks if n.type == "FlashCannAttentionGrad")
+    assert grad_node.outputs[-1] == "grad_sinks"
+    # the stand-in then runs the graph: the sinks' gradient is the op's
+    torch.testing.assert_close(grads[3], torch.autograd.grad(model(q, k, v, sinks), sinks)[0])
 
 
 def test_bwd_converter_refuses_when_the_spec_says_there_is_no_ascend_backward_kernel(
@@ -332,7 +348,7 @@ def test_standin_rejects_what_ge_would(registered, break_it, message):
                     "window_right": ge.attr.Int(-1), "softcap": ge.attr.Float(0.0),
                     "dropout_p": ge.attr.Float(0.0)},
           "outputs": ["out", "softmax_lse"]}
-    kw["inputs"].update(key_padding_mask=None, alibi_slopes=None, rng_state=None)
+    kw["inputs"].update(key_padding_mask=None, alibi_slopes=None, rng_state=None, sinks=None)
     ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
                  attrs=kw["attrs"])  # as given: accepted
     break_it(kw)

@@ -8,7 +8,7 @@
 //   infer  <OpType> <layout> <fp16|bf16> q0 q1 q2 q3 k0 k1 k2 k3
 // Any argument NAME=VALUE sets a feature argument of the node instead (attributes
 // window_left, window_right (int), softcap, dropout_p (float); optional inputs
-// alibi_slopes, rng_state with VALUE its shape, e.g. 2x8); the tiling commands print the
+// alibi_slopes, rng_state, sinks with VALUE its shape, e.g. 2x8); the tiling commands print the
 // planner request the shell built ("request", null when it failed) beside the plan.
 #include <cstdio>
 #include <cstdlib>
@@ -122,13 +122,13 @@ void AddAbsentInput(gert::StubNode& node)
     node.inputDescs.push_back({ge::DT_UNDEFINED});
 }
 
-// The features' optional inputs (alibi_slopes, rng_state) and attributes (window_left,
-// window_right, softcap, dropout_p), in spec order, from the NAME=VALUE arguments; an
-// attribute not given has the OpDef's default, as CANN fills it in.
+// The features' optional inputs (alibi_slopes, rng_state, sinks) and attributes
+// (window_left, window_right, softcap, dropout_p), in spec order, from the NAME=VALUE
+// arguments; an attribute not given has the OpDef's default, as CANN fills it in.
 void AddFeatures(gert::StubNode& node)
 {
     for (const auto& [name, dtype] : {std::pair{"alibi_slopes", ge::DT_FLOAT},
-                                      {"rng_state", ge::DT_INT64}}) {
+                                      {"rng_state", ge::DT_INT64}, {"sinks", ge::DT_FLOAT}}) {
         const std::string dims = Feature(name, "");
         if (dims.empty()) {
             AddAbsentInput(node);
@@ -239,8 +239,8 @@ gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool
     node.attrs.values = {V{V::kFloat, scale, false, ""}, V{V::kBool, 0, causal, ""},
                          V{V::kStr, 0, false, layout}, V{V::kBool, 0, deterministic, ""}};
     AddFeatures(node);
-    node.outputs.resize(3);
-    node.outputTypes.resize(3, ge::DT_UNDEFINED);
+    node.outputs.resize(4);
+    node.outputTypes.resize(4, ge::DT_UNDEFINED);
     return node;
 }
 

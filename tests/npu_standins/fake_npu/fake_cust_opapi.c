@@ -143,10 +143,10 @@ static void FeatureAttrs(FILE *f, int64_t windowLeft, int64_t windowRight, doubl
 int aclnnFlashCannAttentionGetWorkspaceSize(
     const aclTensor *query, const aclTensor *key, const aclTensor *value,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *alibiSlopesOptional,
-    const aclTensor *rngStateOptional, double scale, bool causal, char *layoutOptional,
-    int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP,
-    const aclTensor *outOut, const aclTensor *softmaxLseOut, uint64_t *workspaceSize,
-    aclOpExecutor **executor) {
+    const aclTensor *rngStateOptional, const aclTensor *sinksOptional, double scale,
+    bool causal, char *layoutOptional, int64_t windowLeft, int64_t windowRight,
+    double softcap, double dropoutP, const aclTensor *outOut, const aclTensor *softmaxLseOut,
+    uint64_t *workspaceSize, aclOpExecutor **executor) {
   FILE *f = Log();
   fputs("{\"call\": \"aclnnFlashCannAttentionGetWorkspaceSize\"", f);
   Tensor(f, "query", query);
@@ -155,6 +155,7 @@ int aclnnFlashCannAttentionGetWorkspaceSize(
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
   Tensor(f, "alibi_slopes", alibiSlopesOptional);
   Tensor(f, "rng_state", rngStateOptional);
+  Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
   FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "out", outOut);
@@ -171,10 +172,11 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
     const aclTensor *gradOut, const aclTensor *query, const aclTensor *key,
     const aclTensor *value, const aclTensor *out, const aclTensor *softmaxLse,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional,
-    const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional, double scale,
-    bool causal, char *layoutOptional, bool deterministic, int64_t windowLeft,
-    int64_t windowRight, double softcap, double dropoutP, const aclTensor *gradQueryOut,
-    const aclTensor *gradKeyOut, const aclTensor *gradValueOut, uint64_t *workspaceSize,
+    const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional,
+    const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional,
+    bool deterministic, int64_t windowLeft, int64_t windowRight, double softcap,
+    double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut,
+    const aclTensor *gradValueOut, const aclTensor *gradSinksOut, uint64_t *workspaceSize,
     aclOpExecutor **executor) {
   FILE *f = Log();
   fputs("{\"call\": \"aclnnFlashCannAttentionGradGetWorkspaceSize\"", f);
@@ -188,12 +190,14 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
   Tensor(f, "grad_softmax_lse", gradSoftmaxLseOptional);
   Tensor(f, "alibi_slopes", alibiSlopesOptional);
   Tensor(f, "rng_state", rngStateOptional);
+  Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
   fprintf(f, ", \"deterministic\": %s", deterministic ? "true" : "false");
   FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "grad_query", gradQueryOut);
   Tensor(f, "grad_key", gradKeyOut);
   Tensor(f, "grad_value", gradValueOut);
+  Tensor(f, "grad_sinks", gradSinksOut);
   return Stage1("aclnnFlashCannAttentionGradGetWorkspaceSize", workspaceSize, executor);
 }
 

@@ -105,21 +105,23 @@ out = flash_cann.flash_attn_func(q, k, v, softmax_scale=0.25, window_size=(3, 1)
 record("fwd_window_softcap_alibi",
        {"attrs": {"scale": 0.25, "causal": False, "layout": "BSND", "window_left": 3,
                   "window_right": 1, "softcap": 20.0, "dropout_p": 0.0}},
-       query=q, key=k, value=v, key_padding_mask=None, alibi_slopes=slopes, rng_state=None)
+       query=q, key=k, value=v, key_padding_mask=None, alibi_slopes=slopes, rng_state=None,
+       sinks=None)
 
 # The op itself (BNSD, causal): (batch, heads_q) slopes, dropout with its rng_state, a left
-# window; causal is the right bound, so window_right reaches aclnn as -1.
+# window, sinks; causal is the right bound, so window_right reaches aclnn as -1.
 q, k, v = on_npu(2, 4, 8, 16), on_npu(2, 4, 8, 16), on_npu(2, 4, 8, 16)
 slopes = torch.rand(2, 4).to("npu")
 rng_state = torch.tensor([1234, 8], dtype=torch.int64).to("npu")
+sinks = torch.randn(4).to("npu")
 out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, causal=True, alibi_slopes=slopes,
-                                    rng_state=rng_state, window_left=5, window_right=2,
-                                    dropout_p=0.1)
+                                    rng_state=rng_state, sinks=sinks, window_left=5,
+                                    window_right=2, dropout_p=0.1)
 record("fwd_batch_alibi_dropout",
        {"attrs": {"scale": 0.25, "causal": True, "layout": "BNSD", "window_left": 5,
                   "window_right": -1, "softcap": 0.0, "dropout_p": 0.1}},
        query=q, key=k, value=v, key_padding_mask=None, alibi_slopes=slopes,
-       rng_state=rng_state, out=out, softmax_lse=lse)
+       rng_state=rng_state, sinks=sinks, out=out, softmax_lse=lse)
 
 # Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors reaches the Grad
 # kernel's aclnn API. First loss.backward() through flash_attn_func (BSND, GQA,
@@ -150,21 +152,27 @@ record("bwd_autograd",
        grad_value=dv)
 
 # loss.backward() with every feature: the Grad op gets the forward's feature arguments,
-# the same rng_state tensor (the mask is regenerated from it, never stored).
+# the same rng_state tensor (the mask is regenerated from it, never stored) and the sinks,
+# and writes grad_sinks, which autograd hands to the sinks.
 # (Names of their own: the failure cases below reuse the tensors above.)
 fq = on_npu(1, 6, 4, 8).requires_grad_()
 fk, fv = on_npu(1, 6, 2, 8).requires_grad_(), on_npu(1, 6, 2, 8).requires_grad_()
 slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]).to("npu")
+fsinks = torch.randn(4).to("npu").requires_grad_()
 log_lines()
-flash_cann.flash_attn_func(fq, fk, fv, dropout_p=0.2, softmax_scale=0.5, causal=True,
-                           window_size=(2, 0), softcap=10.0, alibi_slopes=slopes).sum().backward()
+rng_state = torch.tensor([99, 0], dtype=torch.int64).to("npu")
+fout, _ = torch.ops.flash_cann.fwd(fq, fk, fv, None, 0.5, True, "BSND", alibi_slopes=slopes,
+                                   rng_state=rng_state, sinks=fsinks, window_left=2,
+                                   window_right=0, softcap=10.0, dropout_p=0.2)
+fout.sum().backward()
 log = log_lines()
 forward_call = next(c for c in log if c["call"] == "aclnnFlashCannAttentionGetWorkspaceSize")
 results["bwd_features"] = {
     "log": log, "forward_rng_state": forward_call["rng_state"],
     "attrs": {"scale": 0.5, "causal": True, "layout": "BSND", "deterministic": False,
               "window_left": 2, "window_right": -1, "softcap": 10.0, "dropout_p": 0.2},
-    "tensors": {"alibi_slopes": describe(slopes)}}
+    "tensors": {"alibi_slopes": describe(slopes), "sinks": describe(fsinks)},
+    "sinks_grad": None if fsinks.grad is None else list(fsinks.grad.shape)}
 
 # A failing Grad call is explained as the forward's are, at either stage.
 for name, fail in [("bwd_stage1_561002", "aclnnFlashCannAttentionGradGetWorkspaceSize=561002"),
@@ -205,7 +213,7 @@ for name, fail in [("stage1_161002", "aclnnFlashCannAttentionGetWorkspaceSize=16
                      "log": log_lines()}
 os.environ.pop("FAKE_ACLNN_FAIL")
 results["strided_output"] = {"error": error_of(lambda: torch.ops.flash_cann_npu.fwd(
-    q, k, v, None, None, None, 0.25, False, "BNSD", -1, -1, 0.0, 0.0,
+    q, k, v, None, None, None, None, 0.25, False, "BNSD", -1, -1, 0.0, 0.0,
     on_npu(2, 16, 8, 4).transpose(1, 3), on_npu(2, 4, 8, dtype=torch.float32)))}
 
 print(json.dumps(results))

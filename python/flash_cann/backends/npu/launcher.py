@@ -134,12 +134,12 @@ def _features(variant: Variant) -> dict:
     (heads_q,) argument to (batch, heads_q) with batch stride 0 (with batch 1, torch keeps
     the row stride: one row is shared all the same), so row 0 is that argument (a view, no
     copy), and the kernel indexes by head only; real (batch, heads_q) slopes go as they
-    are. Nothing here reads a device tensor on the host: the kernel reads the slopes and
-    rng_state from GM."""
+    are. Nothing here reads a device tensor on the host: the kernel reads the slopes,
+    rng_state and the sink logits from GM."""
     slopes = variant.alibi_slopes
     if slopes is not None and (slopes.stride(0) == 0 or slopes.shape[0] == 1):
         slopes = slopes[0]
-    return dict(alibi_slopes=slopes, rng_state=variant.rng_state,
+    return dict(alibi_slopes=slopes, rng_state=variant.rng_state, sinks=variant.sinks,
                 window_left=variant.window_left, window_right=variant.window_right,
                 softcap=float(variant.softcap), dropout_p=float(variant.dropout_p))
 
@@ -167,9 +167,12 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
             "(backends.npu.backward: false): the NPU backend runs the forward pass only")
     launchers = _launcher_ops()
     grad_query, grad_key, grad_value = (_empty(t.shape, t.dtype, t) for t in (query, key, value))
+    # Always an output of the CANN op (fp32 (heads_q,), zeros without sinks); handed back
+    # only with sinks, as the backend protocol says.
+    grad_sinks = _empty((layouts.sizes(query, layout)[1],), torch.float32, query)
     launchers.bwd(grad_out=grad_out, query=query, key=key, value=value, out=out,
                   softmax_lse=softmax_lse, key_padding_mask=key_padding_mask,
                   grad_softmax_lse=grad_softmax_lse, scale=scale, causal=causal, layout=layout,
                   deterministic=deterministic, **_features(variant), grad_query=grad_query,
-                  grad_key=grad_key, grad_value=grad_value)
-    return grad_query, grad_key, grad_value, None  # grad_sinks: no sinks on the NPU yet
+                  grad_key=grad_key, grad_value=grad_value, grad_sinks=grad_sinks)
+    return grad_query, grad_key, grad_value, None if variant.sinks is None else grad_sinks
