@@ -95,20 +95,34 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
                    "%s: unit %llu keys [%u, +%u)", what.c_str(),
                    static_cast<unsigned long long>(unit), u.key0, u.keys);
             keysCovered += u.keys;
-            // Query block b's last row is min(seqlenQ, (b + 1) blockQ) - 1; it sees key0
-            // iff key0 <= row + causalOffset.
+            // Query block b sees the unit iff one of its rows i sees one of its keys j:
+            // i + offset - left <= j <= i + offset + right (right 0 with causal; a
+            // negative bound is unbounded), checked row by row.
             auto seesUnit = [&](uint32_t block) {
-                const int64_t last = std::min<int64_t>(t.seqlenQ, int64_t{block + 1} * t.blockQ) - 1;
-                return !causal || static_cast<int64_t>(u.key0) <= last + t.causalOffset;
+                const int64_t right = causal ? 0 : t.variant.windowRight;
+                const int64_t left = t.variant.windowLeft;
+                const int64_t end = std::min<int64_t>(t.seqlenQ, int64_t{block + 1} * t.blockQ);
+                for (int64_t i = int64_t{block} * t.blockQ; i < end; ++i) {
+                    const int64_t lo = left < 0 ? 0 : i + t.causalOffset - left;
+                    const int64_t hi = right < 0 ? int64_t{t.seqlenK} - 1 : i + t.causalOffset + right;
+                    if (std::max<int64_t>(lo, u.key0) <= std::min<int64_t>(hi, u.key0 + u.keys - 1)) {
+                        return true;
+                    }
+                }
+                return false;
             };
-            EXPECT(u.firstQueryBlock < u.queryBlocks && seesUnit(u.firstQueryBlock) &&
-                       (u.firstQueryBlock == 0 || !seesUnit(u.firstQueryBlock - 1)),
-                   "%s: unit %llu starts at query block %u of %u", what.c_str(),
-                   static_cast<unsigned long long>(unit), u.firstQueryBlock, u.queryBlocks);
+            const uint32_t queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
+            bool exact = u.firstQueryBlock <= u.endQueryBlock && u.endQueryBlock <= queryBlocks;
+            for (uint32_t block = 0; exact && block < queryBlocks; ++block) {
+                exact = seesUnit(block) == (block >= u.firstQueryBlock && block < u.endQueryBlock);
+            }
+            EXPECT(exact, "%s: unit %llu walks query blocks [%u, %u) of %u", what.c_str(),
+                   static_cast<unsigned long long>(unit), u.firstQueryBlock, u.endQueryBlock,
+                   queryBlocks);
             EXPECT(u.dqSlot < t.dqSlots && (deterministic || u.dqSlot == 0),
                    "%s: unit %llu dQ slot %u of %u", what.c_str(),
                    static_cast<unsigned long long>(unit), u.dqSlot, t.dqSlots);
-            steps += uint64_t{t.group} * (u.queryBlocks - u.firstQueryBlock);
+            steps += uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock);
             macs += GradUnitMacs(t, causal, unit);
             if (unit == t.unitStart[c] || unit + 1 == t.unitStart[c + 1]) {
                 GradStep step{};
@@ -121,7 +135,7 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
                            static_cast<unsigned long long>(unit), index);
                     ++index;
                 }
-                EXPECT(index == GradUnitSteps(t, causal, unit) && step.last,
+                EXPECT(index == GradUnitSteps(t, causal, unit) && (index == 0 || step.last),
                        "%s: unit %llu walked %u steps, UnitCost says %llu", what.c_str(),
                        static_cast<unsigned long long>(unit), index,
                        static_cast<unsigned long long>(GradUnitSteps(t, causal, unit)));

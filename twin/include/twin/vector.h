@@ -206,6 +206,7 @@ void And(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
 TWIN_SCALAR(Adds, twin_detail::F(a) + s)
 TWIN_SCALAR(Muls, twin_detail::F(a) * s)
 TWIN_SCALAR(Maxs, std::max(twin_detail::F(a), s))
+TWIN_SCALAR(Mins, std::min(twin_detail::F(a), s))
 #undef TWIN_SCALAR
 
 #define TWIN_UNARY(Name, expr)                                                                 \
@@ -219,6 +220,7 @@ TWIN_SCALAR(Maxs, std::max(twin_detail::F(a), s))
 
 TWIN_UNARY(Exp, std::exp(twin_detail::F(a)))
 TWIN_UNARY(Ln, std::log(twin_detail::F(a)))
+TWIN_UNARY(Abs, std::fabs(twin_detail::F(a)))
 #undef TWIN_UNARY
 
 template <typename T>
