@@ -344,7 +344,7 @@ BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& 
 {
     const PlanRequest& r = request.problem;
     const BackwardProblem problem{r.batch, r.headsQ, r.headsKv, r.seqlenQ, r.seqlenK,
-                                  r.headDim, r.causal};
+                                  r.headDim, r.causal, r.variant};
     return PredictBackward(GradDesign(plan, r.dtype, request.deterministic), problem,
                            GradModelWork(plan), platform);
 }
