@@ -55,8 +55,8 @@ VecProgram KeyMaskProgram(double rows, double keys);
 // Dropout's keep mask (op_kernel/flash_attention_philox.h): which Philox draws, and how
 // many elements' keep bits one Philox4x32 call gives.
 struct DropoutDraw {
-    uint32_t rounds = 10;        // Philox4x32-10 (the contract); 7 is the least Salmon et al.
-                                 // found Crush-resistant (and Ascend 950's PhiloxRandom default)
+    uint32_t rounds = 10;        // Philox4x32-10 (the contract); 7 is the default of Ascend
+                                 // 950's PhiloxRandom (asc-devkit adv_api/math/philox.h)
     uint32_t drawsPerCall = 1;   // 1: the first output per element (variant.keep_mask today);
                                  // 4: all four 32-bit outputs; 16: their 16 bytes against an
                                  // 8-bit threshold (flash-attn 2's CUDA layout)
