@@ -60,7 +60,7 @@ class PhiloxDropout {
 public:
     // rngState: int64 (seed, offset) in GM. threshold: VariantTiling.dropoutThreshold.
     // scratch: PhiloxScratchBytes(passElements) bytes of UB, 32-byte aligned (a
-    // TBuf<VECCALC>); passElements: a multiple of 256, at most kPhiloxMaxPass.
+    // TBuf<VECCALC>); passElements: a multiple of 64, at most kPhiloxMaxPass.
     __aicore__ inline void Init(GM_ADDR rngState, uint32_t threshold,
                                 const AscendC::LocalTensor<uint8_t>& scratch, uint32_t passElements)
     {
@@ -85,9 +85,12 @@ public:
 
     // keepBits: bit r * width + c = keep(query row row0 + r, key column col0 + c) of
     // sequence `batch`, query head `head` (rows and columns are positions within the
-    // sequence). width: a multiple of 64, at most passElements; the slice runs in passes
-    // of passElements / width rows, whose row count times width must be a multiple of 256
-    // when there is more than one pass. keepBits holds rows * width bits.
+    // sequence). width: a multiple of 8 (32-byte rows of words), at most passElements;
+    // the slice runs in passes of passElements / width rows. Every pass's elements (its
+    // rows times width) must be a multiple of 64 (whole repeats, for Compares), and of 256
+    // when there is more than one pass (each pass's bits start 32-byte aligned): e.g.
+    // width 512 or 1024 with any rows; width 96 (the backward's 32 x 96 steps) with an
+    // even row count and passElements a multiple of 768. keepBits holds rows * width bits.
     // Barriers: Generate writes keepBits only after PipeBarrier<PIPE_V>s of its own, so
     // earlier vector readers of keepBits need none (the scratch is its own); its last instruction
     // (Compares) writes keepBits, so the caller puts a PipeBarrier<PIPE_V> before reading

@@ -54,6 +54,7 @@ CASES = [
     (-2, 2**40 + 5, 0.3, 3, 15, 1000, 3, 70000, 256, 768),    # negative seed, large offset
     (2**63 - 1, 2**32 - 1, 0.9, 2**16 + 1, 2**20, 2**24 + 3, 8, 2**31 - 64, 64, 512),
     (987654321, 0, 0.25, 0, 1, 0, 1, 0, 1024, 1024),          # one 1024-key round row
+    (31337, 2**33, 0.2, 1, 5, 64, 16, 96, 96, 768),            # the backward's 96-key blocks
 ]
 
 
@@ -117,3 +118,10 @@ def test_every_barrier_of_the_generator_is_needed():
     finally:
         lib.flash_cann_twin_drop_sync(b"")
     assert not uncaught, f"barriers whose removal nothing catches: {uncaught}"
+
+
+def test_a_slice_of_partial_repeats_is_refused():
+    """A pass of 72 elements is not whole 64-element repeats: the twin stops the
+    generator at its Compares (R25) instead of returning a silently truncated mask."""
+    with pytest.raises(AssertionError, match=r"flash_attention_philox.h:\d+: \[R25\]"):
+        twin_keep(1, 2, 0.5, 0, 0, 0, 1, 0, 72, 128)
