@@ -25,9 +25,14 @@
 
 #include "flash_attention_grad_common.h"
 #include "flash_attention_features.h"
+#include "flash_attention_philox.h"
 #include "flash_attention_vector_ops.h"
 
 namespace flash_cann {
+
+static_assert(GradPhiloxScratchBytes(96) == PhiloxScratchBytes(GradDropoutPass(96)) &&
+                  GradPhiloxScratchBytes(128) == PhiloxScratchBytes(GradDropoutPass(128)),
+              "the planner's dropout scratch is PhiloxDropout's");
 
 // The zeroing pass moves whole 512-byte units (the workspace alignment).
 constexpr uint32_t kZeroUnitFloats = kGradWorkspaceAlign / sizeof(float);
@@ -121,6 +126,15 @@ private:
         }
         if (windowed_) {
             band_.Init(pipe_, v, t_.causalOffset, t_.blockK, bytes.bandKeyUb, bytes.bandBitsUb);
+        }
+        dropout_ = v.dropoutP > 0.0f;
+        if (dropout_) {
+            pipe_->InitBuffer(philoxBuf_, bytes.philoxUb);
+            pipe_->InitBuffer(keepBuf_, bytes.keepUb);
+            keep_ = keepBuf_.template Get<uint8_t>();
+            philox_.Init(gm.rngState, v.dropoutThreshold, philoxBuf_.template Get<uint8_t>(),
+                         GradDropoutPass(t_.blockK));
+            keepScale_ = 1.0f / (1.0f - v.dropoutP);
         }
     }
 
@@ -317,6 +331,17 @@ private:
             }
             RowBroadcast<RowOp::kSubtract>(s, lse, broadcast_, rows_, bk);
             AscendC::Exp(s, s, static_cast<int32_t>(count));
+            if (dropout_) {
+                // The forward's keep mask Z, regenerated: dP <- dP Z / (1 - p) (the dropped
+                // output's gradient reaches P through the kept entries only).
+                // Whole repeats: 8 rows of blockK (a multiple of 16) are; the rows past the
+                // step's (at most blockQ / 2 in all) draw bits nobody reads.
+                philox_.Generate(keep_, unit.batch, step.headQ, firstRow, AlignUp(rows_, 8u), unit.key0, bk);
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Select(dp, keep_, dp, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Muls(dp, dp, keepScale_, static_cast<int32_t>(count));
+            }
             // dS = P (dP - D)
             RowBroadcast<RowOp::kSubtract>(dp, delta, broadcast_, rows_, bk);
             AscendC::Mul(dp, dp, s, static_cast<int32_t>(count));
@@ -328,6 +353,12 @@ private:
                 AscendC::Mul(feature_, feature_, dp, static_cast<int32_t>(count));
                 AscendC::PipeBarrier<PIPE_V>();
                 AscendC::Sub(dp, dp, feature_, static_cast<int32_t>(count));
+                AscendC::PipeBarrier<PIPE_V>();
+            }
+            if (dropout_) {
+                // dV += (P Z)^T dO: the cube takes the dropped P; its 1 / (1 - p) is
+                // applied to dV once, in the post-pass.
+                AscendC::Select(s, keep_, s, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
                 AscendC::PipeBarrier<PIPE_V>();
             }
             lseQue_.FreeTensor(lse);
@@ -409,8 +440,8 @@ private:
                 AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
                 AscendC::PipeBarrier<PIPE_V>();
                 AddRows(value == 0 ? buffers_.KeyGrad(row) : buffers_.ValueGrad(row), chunk.rows);
-                StoreRows((value == 0 ? dk_ : dv_)[KeyOffset(chunk)], chunk.rows, value == 0 ? t_.scale : 1.0f,
-                          t_.kvStrideRow);
+                StoreRows((value == 0 ? dk_ : dv_)[KeyOffset(chunk)], chunk.rows,
+                          value == 0 ? t_.scale : keepScale_, t_.kvStrideRow);
             }
         }
     }
@@ -492,16 +523,21 @@ private:
     bool windowed_ = false;
     bool alibi_ = false;
     float softcap_ = 0.0f;
+    bool dropout_ = false;
+    float keepScale_ = 1.0f;  // 1 / (1 - p) with dropout
     GradBuffers<T> buffers_;
     ScoreMasking<GradTilingData, CAUSAL, MASK> masking_;
     AlibiBias alibiBias_;
     BandMasking band_;
+    PhiloxDropout philox_;
     AscendC::GlobalTensor<T> out_, do_, dq_, dk_, dv_;
     AscendC::GlobalTensor<float> lse_, gradLse_, sinks_, gradSinks_;
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, dpQue_, lseQue_, deltaQue_, passLoadQue_;
     AscendC::TQue<AscendC::TPosition::VECIN, 2> passInQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, dsQue_, passOutQue_, rowOutQue_;
-    AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_, featureBuf_, tanhBuf_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_, featureBuf_, tanhBuf_, philoxBuf_,
+        keepBuf_;
+    AscendC::LocalTensor<uint8_t> keep_;
     AscendC::LocalTensor<float> broadcast_, acc_, operand_, rowPartial_, feature_, tanh_;
 };
 

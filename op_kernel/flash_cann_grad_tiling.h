@@ -135,6 +135,8 @@ struct GradBufferBytes {
     uint32_t alibiUb;     // ALiBi's column-minus-row template, fp32
     uint32_t bandKeyUb;   // the window's column index, fp32, kKeyLanes-padded
     uint32_t bandBitsUb;  // the window's comparison bit mask
+    uint32_t philoxUb;    // dropout: PhiloxDropout's scratch for passes of GradDropoutPass
+    uint32_t keepUb;      // dropout: the tile's keep bits (rows x blockK bits)
 };
 
 // Per-row statistics of the main loop's vector core: lse, D.
@@ -143,6 +145,22 @@ constexpr uint32_t kGradRowStats = 2;
 constexpr uint32_t kGradKeyRows = kKeyRows;
 // Per-key rows span whole fp32 vector repeats (Compares works on 256-byte repeats).
 constexpr uint32_t kKeyLanes = 64;
+
+// Dropout's keep mask is drawn in passes of this many elements (PhiloxDropout: a multiple
+// of 256, whole rows of blockK keys): 8 rows where 8 blockK is whole repeats of 256, else
+// 16 (blockK is a multiple of 16).
+__aicore__ inline constexpr uint32_t GradDropoutPass(uint32_t blockK)
+{
+    return (8u * blockK % 256u == 0u ? 8u : 16u) * blockK;
+}
+
+// PhiloxScratchBytes (flash_attention_philox.h, a kernel header the host does not
+// include) for GradDropoutPass(blockK): fourteen uint32 word arrays and two key repeats;
+// the vector kernel static_asserts the two agree.
+__aicore__ inline constexpr uint32_t GradPhiloxScratchBytes(uint32_t blockK)
+{
+    return 14u * GradDropoutPass(blockK) * 4u + 512u;
+}
 
 __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t, uint32_t elemBytes)
 {
@@ -184,6 +202,8 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     b.alibiUb = v.alibi != 0u ? rows * bk * 4u : 0u;
     b.bandKeyUb = IsWindowed(v) ? b.keyUb : 0u;
     b.bandBitsUb = IsWindowed(v) ? b.bitsUb : 0u;
+    b.philoxUb = v.dropoutP > 0.0f ? GradPhiloxScratchBytes(bk) : 0u;
+    b.keepUb = v.dropoutP > 0.0f ? AlignUp(rows * bk / 8u, kByteBlock) : 0u;
     return b;
 }
 

@@ -22,7 +22,7 @@ from flash_cann.ascend import planner
 from flash_cann.backends.cpu import attention as cpu
 from flash_cann.backends.twin import launcher as twin
 from flash_cann.contract import reference
-from flash_cann.contract.variant import Variant, window_bounds
+from flash_cann.contract.variant import Variant, keep_mask, window_bounds
 from flash_cann.tools import accuracy
 
 from conftest import make_qkv, random_key_padding_mask
@@ -43,10 +43,21 @@ def _with_sinks(variant: Variant, sinks):
     return variant
 
 
+def _keep(variant: Variant, b, hq, sq, sk):
+    """Dropout's keep mask, from the contract's Philox (variant.keep_mask), or None."""
+    if not variant.dropout_p:
+        return None
+    return keep_mask(variant.rng_state, variant.dropout_p, torch.arange(b).view(-1, 1, 1, 1),
+                     torch.arange(hq).view(1, -1, 1, 1), torch.arange(sq).view(1, 1, -1, 1),
+                     torch.arange(sk).view(1, 1, 1, -1))
+
+
 def _attention(q, k, v, sinks, mask, causal, variant, compute_dtype):
     """The materialising reference with sinks joining each row's denominator."""
+    keep = _keep(variant, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     out, lse = reference.attention(q, k, v, mask, scale=1 / math.sqrt(q.shape[-1]),
-                                   causal=causal, compute_dtype=compute_dtype, variant=variant)
+                                   causal=causal, compute_dtype=compute_dtype, variant=variant,
+                                   dropout_mask=keep)
     if sinks is None:
         return out, lse
     sink = sinks.to(lse.dtype).view(1, -1, 1).expand_as(lse)
@@ -82,14 +93,16 @@ def _twin_gradients(q, k, v, sinks, mask, causal, variant, grad_out, grad_lse, f
     return grads if sinks is not None else grads[:3]
 
 
-def _variant(b, hq, sq, sk, causal, gen, window=(-1, -1), softcap=0.0, alibi=None):
+def _variant(b, hq, sq, sk, causal, gen, window=(-1, -1), softcap=0.0, alibi=None, dropout=0.0):
     left, right = window_bounds(*window, causal, sk)
     slopes = None
     if alibi == "head":
         slopes = (torch.rand(hq, generator=gen) * 0.5 + 0.05).expand(b, hq)
     elif alibi == "batch_head":
         slopes = torch.rand(b, hq, generator=gen) * 0.5 + 0.05
-    return Variant(window_left=left, window_right=right, softcap=softcap, alibi_slopes=slopes)
+    rng = torch.tensor([int(torch.randint(1 << 40, (1,), generator=gen)), 3]) if dropout else None
+    return Variant(window_left=left, window_right=right, softcap=softcap, alibi_slopes=slopes,
+                   dropout_p=dropout, rng_state=rng)
 
 
 def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, **features):
@@ -129,8 +142,12 @@ def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, 
          window=(60, -1), alibi="head", softcap=3.0, sinks=True),
     dict(b=1, hq=2, hk=1, sq=64, sk=96, d=256, dtype=torch.float16, causal=False,
          window=(20, 30), alibi="batch_head", softcap=5.0, sinks=True, masked=True),
+    dict(b=2, hq=2, hk=2, sq=70, sk=100, d=64, dtype=torch.float16, causal=False, dropout=0.2),
+    dict(b=1, hq=2, hk=1, sq=90, sk=110, d=128, dtype=torch.bfloat16, causal=True, dropout=0.3,
+         window=(40, -1), alibi="head", softcap=4.0, sinks=True, masked=True),
 ], ids=["window", "window-causal-gqa", "softcap-d128", "alibi-head-d40",
-        "alibi-batch-head-mask", "sinks-causal-mask", "all-causal-d72", "all-d256"])
+        "alibi-batch-head-mask", "sinks-causal-mask", "all-causal-d72", "all-d256",
+        "dropout", "all-dropout-d128"])
 def test_matches_oracle(case, gen):
     _check(**case, gen=gen)
 
@@ -157,11 +174,21 @@ def test_window_skips_key_blocks_that_no_query_sees(gen):
 
 def _all_features(b, gen, sq=130, sk=150, hq=2, hk=1, d=64):
     q, k, v = make_qkv(b, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=gen)
-    variant = _variant(b, hq, sq, sk, True, gen, window=(50, -1), softcap=4.0, alibi="head")
+    variant = _variant(b, hq, sq, sk, True, gen, window=(50, -1), softcap=4.0, alibi="head",
+                       dropout=0.15)
     sinks = torch.randn(hq, generator=gen)
     grad_out = torch.randn(q.shape, generator=gen).to(q.dtype)
     grad_lse = torch.randn(b, hq, sq, generator=gen)
     return q, k, v, sinks, variant, grad_out, grad_lse
+
+
+def _sequence(variant: Variant, i: int) -> Variant:
+    """The variant of sequence i of a batch as a batch of its own: its ALiBi slopes, and
+    dropout's counter offset moved by i (the counter's batch word is b + offset)."""
+    rng = variant.rng_state
+    return dataclasses.replace(
+        variant, alibi_slopes=variant.alibi_slopes[i:i + 1],
+        rng_state=None if rng is None else rng + torch.tensor([0, i]))
 
 
 def _bits(t):
@@ -169,7 +196,7 @@ def _bits(t):
 
 
 def test_deterministic_with_every_feature_across_core_counts(gen):
-    """Window + causal + GQA + ALiBi + softcap + sinks, deterministic: the same bits for
+    """Window + causal + GQA + ALiBi + softcap + dropout + sinks, deterministic: the same bits for
     1, 3 and 7 cores (different cuts of the units), and no atomic adds from two cores in
     an order the hardware does not fix."""
     q, k, v, sinks, variant, grad_out, grad_lse = _all_features(2, gen)
@@ -187,7 +214,8 @@ def test_deterministic_with_every_feature_across_core_counts(gen):
 
 def test_batch_invariant_with_every_feature(gen):
     """A sequence's dq, dk, dv do not depend on the rest of the batch: each of 7 sequences
-    alone (batch 1) gives the bits it gets inside the batch of 7 (deterministic). The
+    alone (batch 1, dropout's offset moved to its index) gives the bits it gets inside the
+    batch of 7 (deterministic). The
     sink gradient sums over the batch: it equals the fixed-order float32 sum of the
     sequences' own sink gradients."""
     batch = 7
@@ -197,7 +225,7 @@ def test_batch_invariant_with_every_feature(gen):
                                forward=(out, lse), deterministic=True, ai_cores=3)
     total = torch.zeros(q.shape[1])
     for i in range(batch):
-        one = dataclasses.replace(variant, alibi_slopes=variant.alibi_slopes[i:i + 1])
+        one = _sequence(variant, i)
         alone = _twin_gradients(q[i:i + 1], k[i:i + 1], v[i:i + 1], sinks, None, True, one,
                                 grad_out[i:i + 1], grad_lse[i:i + 1],
                                 forward=(out[i:i + 1], lse[i:i + 1]), deterministic=True,
@@ -213,7 +241,8 @@ def test_cpu_backend_is_batch_invariant(gen):
     bits it gets inside a batch of 7."""
     b, hq, hk, sq, sk, d = 7, 2, 1, 70, 90, 32
     q, k, v = make_qkv(b, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=gen)
-    variant = _variant(b, hq, sq, sk, True, gen, window=(40, -1), softcap=3.0, alibi="batch_head")
+    variant = _variant(b, hq, sq, sk, True, gen, window=(40, -1), softcap=3.0, alibi="batch_head",
+                       dropout=0.2)
     grad_out = torch.randn(q.shape, generator=gen).to(q.dtype)
     grad_lse = torch.randn(b, hq, sq, generator=gen)
 
@@ -226,19 +255,9 @@ def test_cpu_backend_is_batch_invariant(gen):
 
     together = run(slice(0, b), variant)
     for i in (0, 4, 6):
-        alone = run(slice(i, i + 1), dataclasses.replace(
-            variant, alibi_slopes=variant.alibi_slopes[i:i + 1]))
+        alone = run(slice(i, i + 1), _sequence(variant, i))
         for name, a, c in zip(("out", "lse", "dq", "dk", "dv"), together, alone):
             assert torch.equal(_bits(a[i:i + 1]), _bits(c)), f"{name} of sequence {i}"
-
-
-def test_dropout_is_refused_by_name(gen):
-    q, k, v = make_qkv(1, 2, 2, 32, 32, 32, torch.float16, "BNSD", generator=gen)
-    out, lse = cpu.forward(q, k, v, None, scale=0.2, causal=False, layout="BNSD")
-    variant = Variant(dropout_p=0.1, rng_state=torch.tensor([1, 0], dtype=torch.int64))
-    with pytest.raises(twin.TwinViolation, match="dropout: the backward kernel"):
-        twin.backward(out, q, k, v, out, lse, None, None, scale=0.2, causal=False,
-                      layout="BNSD", variant=variant)
 
 
 def test_alibi_past_exact_fp32_distances_is_refused():

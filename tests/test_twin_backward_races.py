@@ -21,7 +21,7 @@ from native_build import built
 
 BACKWARD_FILES = ("flash_attention_grad_cube.h", "flash_attention_grad_vector.h",
                   "flash_attention_vector_ops.h", "flash_attention_fractal.h",
-                  "flash_attention_features.h")
+                  "flash_attention_features.h", "flash_attention_philox.h")
 EXPLICIT = {"PipeBarrier", "SetFlag", "WaitFlag", "CrossCoreSetFlag", "CrossCoreWaitFlag",
             "SyncAll"}
 # Sites whose edge another edge always implies; kept because they protect non-queue buffers.
@@ -35,7 +35,7 @@ def _problems():
     """Small shapes that, together, take every path: key mask + causal + deterministic on 2
     cores; causal without a mask and head_dim 128 (row sums over two column groups); one
     core whose units are single steps (the dK/dV accumulators reused back to back); the
-    features: window + ALiBi + sinks with causal and a mask, and a window (hiding key
+    features: window + ALiBi + dropout + sinks with causal and a mask, and a window (hiding key
     blocks from every query) with softcap alone, and with ALiBi alone, where the band's mask
     reads the scores straight after the feature wrote them."""
     g = torch.Generator().manual_seed(11)
@@ -46,7 +46,7 @@ def _problems():
             (1, 1, 1, 100, 300, 32, False, False, False, 1, {}),
             (2, 2, 1, 80, 100, 32, True, True, True, 2,
              dict(window_left=30, alibi_slopes=torch.tensor([[0.3, 0.1]]).expand(2, 2),
-                  sinks=torch.tensor([0.5, -1.0]))),
+                  dropout_p=0.2, rng_state=torch.tensor([7, 1]), sinks=torch.tensor([0.5, -1.0]))),
             (1, 2, 2, 40, 300, 32, False, False, False, 1,
              dict(window_left=20, window_right=5, softcap=3.0)),
             (1, 1, 1, 256, 256, 32, False, False, False, 1,

@@ -173,9 +173,6 @@ std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, const Segmen
 std::string CheckGradVariant(const PlanRequest& r)
 {
     const VariantTiling& v = r.variant;
-    if (v.dropoutP > 0.0f) {
-        return "dropout: the backward kernel does not regenerate the Philox keep mask yet";
-    }
     // ALiBi's distances |i + offset - j| are formed in fp32 on the vector unit: exact up
     // to 2^24 only.
     if (v.alibi != 0u && std::max(r.seqlenQ, r.seqlenK) > kMaxAlibiDistance) {
@@ -227,6 +224,8 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"vector: ALiBi column-minus-row template, fp32", "alibi_ub", MemLevel::UB, b.alibiUb, 1},
         {"vector: window column index", "band_keys_ub", MemLevel::UB, b.bandKeyUb, 1},
         {"vector: window comparison bits", "band_bits_ub", MemLevel::UB, b.bandBitsUb, 1},
+        {"vector: dropout's Philox scratch", "philox_ub", MemLevel::UB, b.philoxUb, 1},
+        {"vector: dropout's keep bits", "keep_ub", MemLevel::UB, b.keepUb, 1},
     };
     for (const BufferUse& feature : features) {
         if (feature.bytes > 0) {
@@ -255,6 +254,7 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.l0cScratchBuffers = t.l0cScratchBuffers;  // the kernel's product buffers (c_l0c)
     d.deterministic = deterministic;
     d.dqSlots = t.dqSlots;
+    d.dropoutPassElements = t.variant.dropoutP > 0.0f ? GradDropoutPass(t.blockK) : 0;
     return d;
 }
 
