@@ -236,7 +236,8 @@ VariantTiling RandomGradVariant(std::mt19937_64& rng, const PlanRequest& r)
     const int64_t right = r.causal ? -1 : side();
     const double softcap = rng() & 1 ? 0.0 : 5.0;
     const Alibi alibi = static_cast<Alibi>(rng() % 3);
-    return MakeVariant(left, right, softcap, 0.0, alibi, rng() & 1);
+    const double dropout = rng() % 4 == 0 ? 0.1 : 0.0;
+    return MakeVariant(left, right, softcap, dropout, alibi, rng() & 1);
 }
 
 void TestRandomShapes(uint64_t seed)
@@ -250,7 +251,7 @@ void TestRandomShapes(uint64_t seed)
         // Every unit is walked: at most ~1M query rows per plan.
         r.problem = RandomProblem(rng, int64_t{1} << 20);
         r.deterministic = rng() & 1;
-        if (rng() % 3 == 0) {  // the features (no dropout: refused until the kernel has it)
+        if (rng() % 3 == 0) {  // the features
             r.problem.variant = RandomGradVariant(rng, r.problem);
         }
         const uint32_t cores = RandomCores(rng);
