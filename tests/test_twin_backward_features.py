@@ -133,7 +133,7 @@ def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, 
          window=(40, 10)),
     dict(b=1, hq=2, hk=1, sq=96, sk=200, d=64, dtype=torch.bfloat16, causal=True, window=(30, -1)),
     dict(b=1, hq=2, hk=2, sq=100, sk=100, d=128, dtype=torch.float16, causal=False, softcap=2.0),
-    dict(b=2, hq=2, hk=1, sq=80, sk=120, d=40, dtype=torch.bfloat16, causal=True, alibi="head"),
+    dict(b=2, hq=2, hk=1, sq=80, sk=120, d=37, dtype=torch.bfloat16, causal=True, alibi="head"),
     dict(b=2, hq=2, hk=2, sq=90, sk=70, d=64, dtype=torch.float16, causal=False,
          alibi="batch_head", masked=True),
     dict(b=2, hq=2, hk=1, sq=100, sk=130, d=64, dtype=torch.float16, causal=True, sinks=True,
@@ -145,7 +145,7 @@ def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, 
     dict(b=2, hq=2, hk=2, sq=70, sk=100, d=64, dtype=torch.float16, causal=False, dropout=0.2),
     dict(b=1, hq=2, hk=1, sq=90, sk=110, d=128, dtype=torch.bfloat16, causal=True, dropout=0.3,
          window=(40, -1), alibi="head", softcap=4.0, sinks=True, masked=True),
-], ids=["window", "window-causal-gqa", "softcap-d128", "alibi-head-d40",
+], ids=["window", "window-causal-gqa", "softcap-d128", "alibi-head-d37",
         "alibi-batch-head-mask", "sinks-causal-mask", "all-causal-d72", "all-d256",
         "dropout", "all-dropout-d128"])
 def test_matches_oracle(case, gen):
@@ -196,12 +196,12 @@ def _bits(t):
 
 
 def test_deterministic_with_every_feature_across_core_counts(gen):
-    """Window + causal + GQA + ALiBi + softcap + dropout + sinks, deterministic: the same bits for
-    1, 3 and 7 cores (different cuts of the units), and no atomic adds from two cores in
-    an order the hardware does not fix."""
+    """Window + causal + GQA + ALiBi + softcap + dropout + sinks, deterministic: the same bits
+    for two runs and for 1, 3 and 7 cores (different cuts of the units), and no atomic adds
+    from two cores in an order the hardware does not fix."""
     q, k, v, sinks, variant, grad_out, grad_lse = _all_features(2, gen)
     first = None
-    for cores in (3, 1, 7):
+    for cores in (3, 3, 1, 7):
         unordered = []
         grads = _twin_gradients(q, k, v, sinks, None, True, variant, grad_out, grad_lse,
                                 deterministic=True, ai_cores=cores,
