@@ -131,6 +131,9 @@ def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, 
 @pytest.mark.parametrize("case", [
     dict(b=1, hq=2, hk=2, sq=150, sk=150, d=64, dtype=torch.float16, causal=False,
          window=(40, 10)),
+    # 64 x 128 blocks: key block 0's last row, 127 + 65, is query block 3's first.
+    dict(b=1, hq=2, hk=2, sq=256, sk=256, d=64, dtype=torch.float16, causal=False,
+         window=(65, 0)),
     dict(b=1, hq=2, hk=1, sq=96, sk=200, d=64, dtype=torch.bfloat16, causal=True, window=(30, -1)),
     dict(b=1, hq=2, hk=2, sq=100, sk=100, d=128, dtype=torch.float16, causal=False, softcap=2.0),
     dict(b=2, hq=2, hk=1, sq=80, sk=120, d=37, dtype=torch.bfloat16, causal=True, alibi="head"),
@@ -145,7 +148,7 @@ def _check(b, hq, hk, sq, sk, d, dtype, causal, gen, masked=False, sinks=False, 
     dict(b=2, hq=2, hk=2, sq=70, sk=100, d=64, dtype=torch.float16, causal=False, dropout=0.2),
     dict(b=1, hq=2, hk=1, sq=90, sk=110, d=128, dtype=torch.bfloat16, causal=True, dropout=0.3,
          window=(40, -1), alibi="head", softcap=4.0, sinks=True, masked=True),
-], ids=["window", "window-causal-gqa", "softcap-d128", "alibi-head-d37",
+], ids=["window", "window-edge-row", "window-causal-gqa", "softcap-d128", "alibi-head-d37",
         "alibi-batch-head-mask", "sinks-causal-mask", "all-causal-d72", "all-d256",
         "dropout", "all-dropout-d128"])
 def test_matches_oracle(case, gen):
