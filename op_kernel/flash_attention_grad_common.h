@@ -15,16 +15,22 @@ constexpr uint16_t kFlagGradScores = 4;
 constexpr uint16_t kFlagGradProbs = 5;
 
 // The GM tensors the vector half reads and writes; gradSoftmaxLse may be null (no
-// gradient reaches lse) and keyPaddingMask is null without a mask.
+// gradient reaches lse), keyPaddingMask is null without a mask, and the feature inputs
+// (alibiSlopes, rngState, sinks) are null when the call does not use them. gradSinks
+// (fp32, heads_q) is always written: zeros without sinks.
 struct GradTensors {
     GM_ADDR out;
     GM_ADDR gradOut;
     GM_ADDR softmaxLse;
     GM_ADDR gradSoftmaxLse;
     GM_ADDR keyPaddingMask;
+    GM_ADDR alibiSlopes;
+    GM_ADDR rngState;
+    GM_ADDR sinks;
     GM_ADDR gradQuery;
     GM_ADDR gradKey;
     GM_ADDR gradValue;
+    GM_ADDR gradSinks;
 };
 
 // Both halves' view of the workspace: the global fp32 accumulators and this AI core's

@@ -1,26 +1,38 @@
 // The vector (AIV) half of the FlashAttention backward kernel.
 //
-//   PrePass       ZeroQueryGrad: the fp32 dQ accumulator slots <- 0 (the cube adds into
-//                 them); ComputeDelta: D = rowsum(dO * O) - dLSE per query row (dLSE is
-//                 optional: softmax_lse is a differentiable output); then SyncAll of
-//                 the vector cores (the cube is already computing S and dP).
+//   PrePass       ZeroAccumulators: the fp32 dQ accumulator slots <- 0 (the cube adds
+//                 into them), and dK, dV of the units a sliding window hides from every
+//                 query (no step writes them); ComputeDelta: D = rowsum(dO * O) - dLSE
+//                 per query row (dLSE is optional: softmax_lse is a differentiable
+//                 output); then SyncAll of the vector cores (the cube is already
+//                 computing S and dP).
 //   SoftmaxGrad   per step of the main loop (the cube's query block x key block), on this
-//                 vector core's half of the rows: P = exp(S scale + mask - lse) from the
-//                 saved lse, dS = P (dP - D); P and dS in the input dtype -> exchange slot
-//                 -> flag the cube. Rows whose lse is -inf (they see no key) have every
-//                 column masked; lse is clamped to the lowest float so their P is exp(-inf)
-//                 = 0, never NaN, and their gradients are zero.
+//                 vector core's half of the rows: the scores as the forward made them,
+//                 s = S scale, softcapped (t = tanh(s / softcap), s = softcap t), ALiBi
+//                 (s -= slope |i + offset - j|), masked (key bias, causal, window);
+//                 P = exp(s - lse) from the saved lse, dS = P (dP - D), times 1 - t^2
+//                 with softcap; P and dS in the input dtype -> exchange slot -> flag the
+//                 cube. Rows whose lse is -inf (they see no key) have every column
+//                 masked; lse is clamped to the lowest float so their P is exp(-inf) = 0,
+//                 never NaN, and their gradients are zero.
 //   PostPass      after SyncAll: dQ = scale * (sum of its accumulator slots, in slot
 //                 order), dK = scale * dK, dV; cast; DataCopyPad into the output layout
-//                 (row pitch of BNSD/BSND, head_dim not a multiple of 16).
+//                 (row pitch of BNSD/BSND, head_dim not a multiple of 16). SinkGrad:
+//                 grad_sinks[h] = -sum_{b,i} exp(sink_h - lse) D, in a fixed order.
 // The pre- and post-passes split their rows evenly over all vector cores of the launch.
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_VECTOR_H
 #define FLASH_CANN_FLASH_ATTENTION_GRAD_VECTOR_H
 
 #include "flash_attention_grad_common.h"
+#include "flash_attention_features.h"
+#include "flash_attention_philox.h"
 #include "flash_attention_vector_ops.h"
 
 namespace flash_cann {
+
+static_assert(GradPhiloxScratchBytes(96) == PhiloxScratchBytes(GradDropoutPass(96)) &&
+                  GradPhiloxScratchBytes(128) == PhiloxScratchBytes(GradDropoutPass(128)),
+              "the planner's dropout scratch is PhiloxDropout's");
 
 // The zeroing pass moves whole 512-byte units (the workspace alignment).
 constexpr uint32_t kZeroUnitFloats = kGradWorkspaceAlign / sizeof(float);
@@ -46,6 +58,11 @@ public:
         dq_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradQuery));
         dk_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradKey));
         dv_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(gm.gradValue));
+        gradSinks_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gm.gradSinks));
+        hasSinks_ = t_.variant.sinks != 0u;
+        if (hasSinks_) {
+            sinks_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gm.sinks));
+        }
         buffers_.Init(userWorkspace, core_, t_);
 
         const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
@@ -57,6 +74,7 @@ public:
         pipe->InitBuffer(deltaQue_, 1, bytes.rowUb);
         pipe->InitBuffer(brcBuf_, bytes.brcUb);
         masking_.Init(pipe, gm.keyPaddingMask, t_, bytes.keyUb, bytes.maskUb, bytes.maskHalfUb, bytes.bitsUb);
+        InitFeatures(gm, bytes);
         pipe->InitBuffer(passInQue_, 2, bytes.passInUb);
         pipe->InitBuffer(passLoadQue_, 1, bytes.passAccUb);
         pipe->InitBuffer(passBuf_, 2 * bytes.passAccUb);
@@ -71,7 +89,7 @@ public:
 
     __aicore__ inline void Process()
     {
-        ZeroQueryGrad();
+        ZeroAccumulators();
         ComputeDelta();
         // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
         // this core's P/dS flags, so the cube need not join this barrier.
@@ -82,14 +100,49 @@ public:
         }
         AscendC::SyncAll<false>();
         PostPass();
+        SinkGrad();
     }
 
 private:
     __aicore__ inline uint32_t Aivs() const { return t_.usedCores * kVectorCoresPerCube; }
 
+    // The feature buffers, only for the features the call uses (GradBufferBytes).
+    __aicore__ inline void InitFeatures(const GradTensors& gm, const GradBufferBytes& bytes)
+    {
+        const VariantTiling& v = t_.variant;
+        softcap_ = v.softcap;
+        windowed_ = IsWindowed(v);
+        alibi_ = v.alibi != 0u;
+        if (bytes.featureUb > 0) {
+            pipe_->InitBuffer(featureBuf_, bytes.featureUb);
+            feature_ = featureBuf_.template Get<float>();
+        }
+        if (bytes.tanhUb > 0) {
+            pipe_->InitBuffer(tanhBuf_, bytes.tanhUb);
+            tanh_ = tanhBuf_.template Get<float>();
+        }
+        if (alibi_) {
+            alibiBias_.Init(pipe_, gm.alibiSlopes, v, t_.headsQ, t_.causalOffset, t_.blockQ / 2, t_.blockK);
+        }
+        if (windowed_) {
+            band_.Init(pipe_, v, t_.causalOffset, t_.blockK, bytes.bandKeyUb, bytes.bandBitsUb);
+        }
+        dropout_ = v.dropoutP > 0.0f;
+        if (dropout_) {
+            pipe_->InitBuffer(philoxBuf_, bytes.philoxUb);
+            pipe_->InitBuffer(keepBuf_, bytes.keepUb);
+            keep_ = keepBuf_.template Get<uint8_t>();
+            philox_.Init(gm.rngState, v.dropoutThreshold, philoxBuf_.template Get<uint8_t>(),
+                         GradDropoutPass(t_.blockK));
+            keepScale_ = 1.0f / (1.0f - v.dropoutP);
+        }
+    }
+
     // ---- pre-pass -------------------------------------------------------------------
 
-    __aicore__ inline void ZeroQueryGrad()
+    // The dQ slots <- 0, and dK, dV of the units no query sees (a window can hide a key
+    // block from every query: the walk skips the unit, so no step writes them).
+    __aicore__ inline void ZeroAccumulators()
     {
         const GradWorkspace ws(t_, sizeof(T));
         uint64_t begin, end;
@@ -109,9 +162,28 @@ private:
             const uint64_t left = end * kZeroUnitFloats - at;
             AscendC::DataCopy(dq[at], acc_, static_cast<uint32_t>(left < chunk ? left : chunk));
         }
+        if (windowed_) {
+            PassRange(t_.units, aiv_, Aivs(), begin, end);
+            for (uint64_t unit = begin; unit < end; ++unit) {
+                const GradUnit u = UnitAt<CAUSAL>(t_, unit);
+                if (u.firstQueryBlock == u.endQueryBlock) {
+                    const uint64_t row = (uint64_t{u.batch} * t_.headsKv + u.headKv) * t_.seqlenK + u.key0;
+                    ZeroRows(buffers_.KeyGrad(row), u.keys * t_.headDimPad, chunk);
+                    ZeroRows(buffers_.ValueGrad(row), u.keys * t_.headDimPad, chunk);
+                }
+            }
+        }
         const AscendC::TEventID toVector = pipe_->FetchEventID<AscendC::HardEvent::MTE3_V>();
         AscendC::SetFlag<AscendC::HardEvent::MTE3_V>(toVector);
         AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(toVector);
+    }
+
+    // `count` fp32 zeros from acc_ (zeroed, `chunk` of them) into dst.
+    __aicore__ inline void ZeroRows(const AscendC::GlobalTensor<float>& dst, uint32_t count, uint32_t chunk)
+    {
+        for (uint32_t at = 0; at < count; at += chunk) {
+            AscendC::DataCopy(dst[at], acc_, MinU32(chunk, count - at));
+        }
     }
 
     // `rows` rows of head_dim elements (GM row pitch `pitch`) -> UB rows of headDimPad,
@@ -235,22 +307,60 @@ private:
         const uint32_t count = rows_ * bk;
         AscendC::CrossCoreWaitFlag(kFlagGradScores);
         if (rows_ > 0) {
-            const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + step.row0 + rowOffset;
+            const uint32_t firstRow = step.row0 + rowOffset;
+            const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + firstRow;
+            // A scalar read of GM, issued before the tile's loads are waited for.
+            const float slope = alibi_ ? alibiBias_.Slope(unit.batch, step.headQ) : 0.0f;
             AscendC::LocalTensor<float> lse = LoadRowValues(lseQue_, lse_[row]);
             AscendC::LocalTensor<float> delta = LoadRowValues(deltaQue_, buffers_.Delta(row));
             AscendC::LocalTensor<float> s = LoadBlock(sQue_, buffers_.Scores(slot, rowOffset * bk));
             AscendC::LocalTensor<float> dp = LoadBlock(dpQue_, buffers_.ProbsGrad(slot, rowOffset * bk));
-            // P = exp(S scale + mask - lse)
+            // P = exp(features(S scale) + mask - lse)
             AscendC::Muls(s, s, t_.scale, static_cast<int32_t>(count));
             AscendC::Maxs(lse, lse, kLowest, static_cast<int32_t>(rows_));
             AscendC::PipeBarrier<PIPE_V>();
-            masking_.Apply(s, rows_, unit.batch, step.row0 + rowOffset, unit.key0, unit.keys);
+            if (softcap_ > 0.0f) {
+                Softcap(s, tanh_, feature_, softcap_, count);
+            }
+            if (alibi_) {
+                alibiBias_.Apply(s, feature_, rows_, firstRow, unit.key0, slope);
+            }
+            masking_.Apply(s, rows_, unit.batch, firstRow, unit.key0, unit.keys);
+            if (windowed_) {
+                band_.Apply(s, rows_, firstRow, unit.key0, unit.keys);
+            }
             RowBroadcast<RowOp::kSubtract>(s, lse, broadcast_, rows_, bk);
             AscendC::Exp(s, s, static_cast<int32_t>(count));
+            if (dropout_) {
+                // The forward's keep mask Z, regenerated: dP <- dP Z / (1 - p) (the dropped
+                // output's gradient reaches P through the kept entries only).
+                // Whole repeats: 8 rows of blockK (a multiple of 16) are; the rows past the
+                // step's (at most blockQ / 2 in all) draw bits nobody reads.
+                philox_.Generate(keep_, unit.batch, step.headQ, firstRow, AlignUp(rows_, 8u), unit.key0, bk);
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Select(dp, keep_, dp, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Muls(dp, dp, keepScale_, static_cast<int32_t>(count));
+            }
             // dS = P (dP - D)
             RowBroadcast<RowOp::kSubtract>(dp, delta, broadcast_, rows_, bk);
             AscendC::Mul(dp, dp, s, static_cast<int32_t>(count));
             AscendC::PipeBarrier<PIPE_V>();
+            if (softcap_ > 0.0f) {
+                // The softcap's chain rule: dS *= d(softcap tanh(x / softcap))/dx = 1 - t^2.
+                AscendC::Mul(feature_, tanh_, tanh_, static_cast<int32_t>(count));
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Mul(feature_, feature_, dp, static_cast<int32_t>(count));
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Sub(dp, dp, feature_, static_cast<int32_t>(count));
+                AscendC::PipeBarrier<PIPE_V>();
+            }
+            if (dropout_) {
+                // dV += (P Z)^T dO: the cube takes the dropped P; its 1 / (1 - p) is
+                // applied to dV once, in the post-pass.
+                AscendC::Select(s, keep_, s, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
+                AscendC::PipeBarrier<PIPE_V>();
+            }
             lseQue_.FreeTensor(lse);
             deltaQue_.FreeTensor(delta);
             StoreBlock(pQue_, buffers_.Probs(slot, rowOffset * bk), s);
@@ -330,10 +440,76 @@ private:
                 AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
                 AscendC::PipeBarrier<PIPE_V>();
                 AddRows(value == 0 ? buffers_.KeyGrad(row) : buffers_.ValueGrad(row), chunk.rows);
-                StoreRows((value == 0 ? dk_ : dv_)[KeyOffset(chunk)], chunk.rows, value == 0 ? t_.scale : 1.0f,
-                          t_.kvStrideRow);
+                StoreRows((value == 0 ? dk_ : dv_)[KeyOffset(chunk)], chunk.rows,
+                          value == 0 ? t_.scale : keepScale_, t_.kvStrideRow);
             }
         }
+    }
+
+    // grad_sinks[h] = -sum_{b, i} exp(sink_h - lse_{b,h,i}) D_{b,h,i}, for the query heads
+    // h of this vector core (h mod the vector cores). The order of the sum is fixed by the
+    // problem alone, so the result is bitwise the same for every split over cores: per
+    // (batch, head), the rows in passRows chunks into 64 lane sums, reduced; then the
+    // batches added in order. Zeros without sinks (the op always has the output).
+    __aicore__ inline void SinkGrad()
+    {
+        for (uint32_t h = aiv_; h < t_.headsQ; h += Aivs()) {
+            AscendC::LocalTensor<float> total = rowOutQue_.template AllocTensor<float>();
+            AscendC::Duplicate(total, 0.0f, static_cast<int32_t>(kFloatsPerBlock));
+            if (hasSinks_) {
+                const float sink = sinks_.GetValue(h);
+                for (uint32_t b = 0; b < t_.batch; ++b) {
+                    SumSinkTerms((uint64_t{b} * t_.headsQ + h) * t_.seqlenQ, sink);
+                    AscendC::PipeBarrier<PIPE_V>();
+                    AscendC::Add(total, total, rowPartial_, 1);
+                }
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Muls(total, total, -1.0f, 1);
+            }
+            rowOutQue_.EnQue(total);
+            total = rowOutQue_.template DeQue<float>();
+            AscendC::DataCopyPad(gradSinks_[h], total, AscendC::DataCopyExtParams(1, sizeof(float), 0, 0, 0));
+            rowOutQue_.FreeTensor(total);
+        }
+    }
+
+    // rowPartial_[0] = sum over the seqlenQ rows from flattened row `first` of
+    // exp(sink - lse) D.
+    __aicore__ inline void SumSinkTerms(uint64_t first, float sink)
+    {
+        AscendC::Duplicate(operand_, 0.0f, static_cast<int32_t>(kFloatsPerRepeat));
+        for (uint32_t row0 = 0; row0 < t_.seqlenQ; row0 += t_.passRows) {
+            const uint32_t rows = MinU32(t_.passRows, t_.seqlenQ - row0);
+            const AscendC::DataCopyExtParams copy(1, rows * sizeof(float), 0, 0, 0);
+            const AscendC::DataCopyPadExtParams<float> noPad(false, 0, 0, 0.0f);
+            AscendC::LocalTensor<float> lse = passLoadQue_.template AllocTensor<float>();
+            AscendC::DataCopyPad(lse, lse_[first + row0], copy, noPad);
+            passLoadQue_.EnQue(lse);
+            AscendC::LocalTensor<float> delta = passInQue_.template AllocTensor<float>();
+            AscendC::DataCopyPad(delta, buffers_.Delta(first + row0), copy, noPad);
+            passInQue_.EnQue(delta);
+            lse = passLoadQue_.template DeQue<float>();
+            delta = passInQue_.template DeQue<float>();
+            const uint32_t lanes = AlignUp(rows, kFloatsPerRepeat);
+            AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(lanes));  // lanes past `rows` stay 0
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Muls(acc_, lse, -1.0f, static_cast<int32_t>(rows));
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Adds(acc_, acc_, sink, static_cast<int32_t>(rows));
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Exp(acc_, acc_, static_cast<int32_t>(rows));
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Mul(acc_, acc_, delta, static_cast<int32_t>(rows));
+            passLoadQue_.FreeTensor(lse);
+            passInQue_.FreeTensor(delta);
+            for (uint32_t lane = 0; lane < lanes; lane += kFloatsPerRepeat) {
+                AscendC::PipeBarrier<PIPE_V>();
+                AscendC::Add(operand_, operand_, acc_[lane], static_cast<int32_t>(kFloatsPerRepeat));
+            }
+            AscendC::PipeBarrier<PIPE_V>();
+        }
+        AscendC::WholeReduceSum(rowPartial_, operand_, static_cast<int32_t>(kFloatsPerRepeat), 1, 1, 1,
+                                static_cast<int32_t>(kFloatsPerRepeat / kFloatsPerBlock));
     }
 
     GradTilingData t_;
@@ -343,15 +519,26 @@ private:
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;  // this vector core's rows of the current step
     bool hasGradLse_ = false;
+    bool hasSinks_ = false;
+    bool windowed_ = false;
+    bool alibi_ = false;
+    float softcap_ = 0.0f;
+    bool dropout_ = false;
+    float keepScale_ = 1.0f;  // 1 / (1 - p) with dropout
     GradBuffers<T> buffers_;
     ScoreMasking<GradTilingData, CAUSAL, MASK> masking_;
+    AlibiBias alibiBias_;
+    BandMasking band_;
+    PhiloxDropout philox_;
     AscendC::GlobalTensor<T> out_, do_, dq_, dk_, dv_;
-    AscendC::GlobalTensor<float> lse_, gradLse_;
+    AscendC::GlobalTensor<float> lse_, gradLse_, sinks_, gradSinks_;
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, dpQue_, lseQue_, deltaQue_, passLoadQue_;
     AscendC::TQue<AscendC::TPosition::VECIN, 2> passInQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, dsQue_, passOutQue_, rowOutQue_;
-    AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_;
-    AscendC::LocalTensor<float> broadcast_, acc_, operand_, rowPartial_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_, featureBuf_, tanhBuf_, philoxBuf_,
+        keepBuf_;
+    AscendC::LocalTensor<uint8_t> keep_;
+    AscendC::LocalTensor<float> broadcast_, acc_, operand_, rowPartial_, feature_, tanh_;
 };
 
 }  // namespace flash_cann

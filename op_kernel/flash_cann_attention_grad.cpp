@@ -5,7 +5,8 @@
 // The grad tiling key (flash_cann_grad_tiling.h, GradTilingKey) picks the element type,
 // whether the causal and key-padding masks are compiled in, and the dQ variant (fast
 // atomic accumulation or deterministic per-chunk slots); everything else comes from the
-// planner's GradTilingData.
+// planner's GradTilingData, the features too (GradTilingData::variant: window, softcap,
+// ALiBi, dropout, sinks are run-time flags, docs/kernel.md says why).
 #include "kernel_operator.h"
 #include "flash_cann_grad_tiling.h"
 #include "flash_attention_grad_cube.h"
@@ -35,15 +36,17 @@ __aicore__ inline void RunBackward(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM
 
 extern "C" __global__ __aicore__ void flash_cann_attention_grad(
     GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR out, GM_ADDR softmaxLse,
-    GM_ADDR keyPaddingMask, GM_ADDR gradSoftmaxLse, GM_ADDR gradQuery, GM_ADDR gradKey,
-    GM_ADDR gradValue, GM_ADDR workspace, GM_ADDR tiling)
+    GM_ADDR keyPaddingMask, GM_ADDR gradSoftmaxLse, GM_ADDR alibiSlopes, GM_ADDR rngState,
+    GM_ADDR sinks, GM_ADDR gradQuery, GM_ADDR gradKey, GM_ADDR gradValue, GM_ADDR gradSinks,
+    GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(flash_cann::GradTilingData);
     GET_TILING_DATA_WITH_STRUCT(flash_cann::GradTilingData, tilingData, tiling);
     GM_ADDR user = AscendC::GetUserWorkspace(workspace);
-    const flash_cann::GradTensors gm{out, gradOut, softmaxLse, gradSoftmaxLse, keyPaddingMask,
-                                     gradQuery, gradKey, gradValue};
+    const flash_cann::GradTensors gm{out,         gradOut,  softmaxLse, gradSoftmaxLse,
+                                     keyPaddingMask, alibiSlopes, rngState, sinks,
+                                     gradQuery,   gradKey,  gradValue,  gradSinks};
     // Keys: flash_cann::GradTilingKey(isBf16, causal, hasMask, deterministic)
     //     = 20000 + 1000 x + 100 b + 10 c + m.
     if (TILING_KEY_IS(20000)) {

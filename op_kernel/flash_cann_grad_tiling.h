@@ -128,6 +128,15 @@ struct GradBufferBytes {
     uint32_t passAccUb; // rows in fp32 (three: accumulator, operand, load from GM)
     uint32_t passOutUb; // rows of a gradient, input dtype
     uint32_t passRowUb; // one value per row, fp32 (two: D, partial row sums)
+    // AIV, features (flash_cann_variant.h): 0 bytes, and no buffer, when the call does not
+    // use the feature. Rows as the main loop's (blockQ / 2 x blockK).
+    uint32_t tanhUb;      // tanh(S / softcap), fp32: the softcap chain rule needs it for dS
+    uint32_t featureUb;   // scratch rows, fp32 (softcap's exp, ALiBi's distances)
+    uint32_t alibiUb;     // ALiBi's column-minus-row template, fp32
+    uint32_t bandKeyUb;   // the window's column index, fp32, kKeyLanes-padded
+    uint32_t bandBitsUb;  // the window's comparison bit mask
+    uint32_t philoxUb;    // dropout: PhiloxDropout's scratch for passes of GradDropoutPass
+    uint32_t keepUb;      // dropout: the tile's keep bits (rows x blockK bits)
 };
 
 // Per-row statistics of the main loop's vector core: lse, D.
@@ -136,6 +145,22 @@ constexpr uint32_t kGradRowStats = 2;
 constexpr uint32_t kGradKeyRows = kKeyRows;
 // Per-key rows span whole fp32 vector repeats (Compares works on 256-byte repeats).
 constexpr uint32_t kKeyLanes = 64;
+
+// Dropout's keep mask is drawn in passes of this many elements (PhiloxDropout: a multiple
+// of 256, whole rows of blockK keys): 8 rows where 8 blockK is whole repeats of 256, else
+// 16 (blockK is a multiple of 16).
+__aicore__ inline constexpr uint32_t GradDropoutPass(uint32_t blockK)
+{
+    return (8u * blockK % 256u == 0u ? 8u : 16u) * blockK;
+}
+
+// PhiloxScratchBytes (flash_attention_philox.h, a kernel header the host does not
+// include) for GradDropoutPass(blockK): fourteen uint32 word arrays and two key repeats;
+// the vector kernel static_asserts the two agree.
+__aicore__ inline constexpr uint32_t GradPhiloxScratchBytes(uint32_t blockK)
+{
+    return 14u * GradDropoutPass(blockK) * 4u + 512u;
+}
 
 __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t, uint32_t elemBytes)
 {
@@ -171,6 +196,14 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     b.passAccUb = t.passRows * d * 4u;
     b.passOutUb = t.passRows * d * elemBytes;
     b.passRowUb = AlignUp(t.passRows * 4u, kByteBlock);
+    const VariantTiling& v = t.variant;
+    b.tanhUb = v.softcap > 0.0f ? rows * bk * 4u : 0u;
+    b.featureUb = v.softcap > 0.0f || v.alibi != 0u ? rows * bk * 4u : 0u;
+    b.alibiUb = v.alibi != 0u ? rows * bk * 4u : 0u;
+    b.bandKeyUb = IsWindowed(v) ? b.keyUb : 0u;
+    b.bandBitsUb = IsWindowed(v) ? b.bitsUb : 0u;
+    b.philoxUb = v.dropoutP > 0.0f ? GradPhiloxScratchBytes(bk) : 0u;
+    b.keepUb = v.dropoutP > 0.0f ? AlignUp(rows * bk / 8u, kByteBlock) : 0u;
     return b;
 }
 
@@ -223,23 +256,35 @@ struct GradUnit {
     uint32_t keyBlock;
     uint32_t key0;             // first key
     uint32_t keys;             // keys in the block (< blockK only for the last block)
-    uint32_t firstQueryBlock;  // query blocks [firstQueryBlock, queryBlocks) see a key of it
-    uint32_t queryBlocks;      // ceil(seqlenQ / blockQ)
+    uint32_t firstQueryBlock;  // query blocks [firstQueryBlock, endQueryBlock) see a key
+    uint32_t endQueryBlock;    // of it; none (first == end) when a window hides the block
     uint32_t dqSlot;           // the deterministic dQ slot of its chunk (0 when fast)
 };
 
-// The first query row that sees key `key0` (bottom-right causal), or 0 without causal.
+// The query rows [first, end) that see a key of [key0, key0 + keys). Query row i sees
+// key j only if i + causalOffset - left <= j <= i + causalOffset + right (bottom-right
+// aligned, flash_cann_variant.h; causal is right = 0, a window side < 0 is unbounded),
+// so the block's keys are seen by rows key0 - causalOffset - right .. key0 + keys - 1 -
+// causalOffset + left. Rows outside are skipped, not masked: a sliding window costs its
+// band, not the square.
 template <bool CAUSAL>
-__aicore__ inline uint32_t FirstQueryRow(const GradTilingData& t, uint32_t key0)
+__aicore__ inline void QueryRowRange(const GradTilingData& t, uint32_t key0, uint32_t keys,
+                                     uint32_t& first, uint32_t& end)
 {
-    if (!CAUSAL) {
-        return 0;
+    const int64_t seqlenQ = t.seqlenQ;
+    int64_t lo = 0;
+    int64_t hi = seqlenQ;  // exclusive
+    const int64_t right = CAUSAL ? 0 : t.variant.windowRight;
+    if (right >= 0) {
+        lo = static_cast<int64_t>(key0) - t.causalOffset - right;
     }
-    const int64_t first = static_cast<int64_t>(key0) - t.causalOffset;
-    if (first <= 0) {
-        return 0;
+    if (t.variant.windowLeft >= 0) {
+        hi = static_cast<int64_t>(key0) + keys - 1 - t.causalOffset + t.variant.windowLeft + 1;
     }
-    return first < static_cast<int64_t>(t.seqlenQ) ? static_cast<uint32_t>(first) : t.seqlenQ;
+    lo = lo < 0 ? 0 : (lo > seqlenQ ? seqlenQ : lo);
+    hi = hi < lo ? lo : (hi > seqlenQ ? seqlenQ : hi);
+    first = static_cast<uint32_t>(lo);
+    end = static_cast<uint32_t>(hi);
 }
 
 template <bool CAUSAL>
@@ -252,8 +297,10 @@ __aicore__ inline GradUnit UnitAt(const GradTilingData& t, uint64_t unit)
     u.headKv = static_cast<uint32_t>(pair - uint64_t{u.batch} * t.headsKv);
     u.key0 = u.keyBlock * t.blockK;
     u.keys = MinU32(t.blockK, t.seqlenK - u.key0);
-    u.queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
-    u.firstQueryBlock = FirstQueryRow<CAUSAL>(t, u.key0) / t.blockQ;
+    uint32_t firstRow, endRow;
+    QueryRowRange<CAUSAL>(t, u.key0, u.keys, firstRow, endRow);
+    u.firstQueryBlock = firstRow / t.blockQ;
+    u.endQueryBlock = endRow > firstRow ? (endRow + t.blockQ - 1) / t.blockQ : u.firstQueryBlock;
     u.dqSlot = u.keyBlock / t.dqChunkBlocks;
     return u;
 }
@@ -263,7 +310,7 @@ template <bool CAUSAL>
 __aicore__ inline uint64_t UnitCost(const GradTilingData& t, uint64_t unit)
 {
     const GradUnit u = UnitAt<CAUSAL>(t, unit);
-    return uint64_t{t.group} * (u.queryBlocks - u.firstQueryBlock);
+    return uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock);
 }
 
 // One step of a unit: a query block of one query head of the group.
@@ -280,7 +327,7 @@ struct GradStep {
 __aicore__ inline bool StepAt(const GradTilingData& t, const GradUnit& u, uint32_t index,
                               GradStep& step)
 {
-    const uint32_t perHead = u.queryBlocks - u.firstQueryBlock;
+    const uint32_t perHead = u.endQueryBlock - u.firstQueryBlock;
     const uint32_t steps = t.group * perHead;
     if (index >= steps) {
         return false;

@@ -139,7 +139,8 @@ def test_cli_prints_the_backward_plan(capsys):
     for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
                    "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
                    "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00",
-                   "PREDICTION (backward schedule model", "% of cube peak", "bound"):
+                   "PREDICTION (backward schedule model", "% of cube peak", "bound",
+                   "of compute per step and vector core"):
         assert needle in out, needle
     assert cli.main([*shape, "--backward", "--json"]) == 0
     json_plan = json.loads(capsys.readouterr().out)

@@ -14,12 +14,14 @@ import torch
 from flash_cann.ascend import native
 from flash_cann.backends.cpu import attention as cpu
 from flash_cann.backends.twin import launcher as twin
+from flash_cann.contract.variant import Variant
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built
 
 BACKWARD_FILES = ("flash_attention_grad_cube.h", "flash_attention_grad_vector.h",
-                  "flash_attention_vector_ops.h", "flash_attention_fractal.h")
+                  "flash_attention_vector_ops.h", "flash_attention_fractal.h",
+                  "flash_attention_features.h", "flash_attention_philox.h")
 EXPLICIT = {"PipeBarrier", "SetFlag", "WaitFlag", "CrossCoreSetFlag", "CrossCoreWaitFlag",
             "SyncAll"}
 # Sites whose edge another edge always implies; kept because they protect non-queue buffers.
@@ -32,21 +34,37 @@ IMPLIED = {
 def _problems():
     """Small shapes that, together, take every path: key mask + causal + deterministic on 2
     cores; causal without a mask and head_dim 128 (row sums over two column groups); one
-    core whose units are single steps (the dK/dV accumulators reused back to back)."""
+    core whose units are single steps (the dK/dV accumulators reused back to back); the
+    features: window + ALiBi + dropout + sinks with causal and a mask, and a window (hiding key
+    blocks from every query) with softcap alone, and with ALiBi alone, where the band's mask
+    reads the scores straight after the feature wrote them."""
     g = torch.Generator().manual_seed(11)
     problems = []
-    for b, hq, hk, sq, sk, d, causal, masked, det, cores in [
-            (1, 2, 1, 130, 150, 32, True, True, True, 2),
-            (1, 2, 1, 70, 90, 128, True, False, False, 1),
-            (1, 1, 1, 100, 300, 32, False, False, False, 1)]:
+    for b, hq, hk, sq, sk, d, causal, masked, det, cores, features in [
+            (1, 2, 1, 130, 150, 32, True, True, True, 2, {}),
+            (1, 2, 1, 70, 90, 128, True, False, False, 1, {}),
+            (1, 1, 1, 100, 300, 32, False, False, False, 1, {}),
+            (2, 2, 1, 80, 100, 32, True, True, True, 2,
+             dict(window_left=30, alibi_slopes=torch.tensor([[0.3, 0.1]]).expand(2, 2),
+                  dropout_p=0.2, rng_state=torch.tensor([7, 1]), sinks=torch.tensor([0.5, -1.0]))),
+            (1, 2, 2, 40, 300, 32, False, False, False, 1,
+             dict(window_left=20, window_right=5, softcap=3.0)),
+            (1, 1, 1, 256, 256, 32, False, False, False, 1,
+             dict(window_left=10, window_right=10, alibi_slopes=torch.tensor([[0.2]])))]:
         q, k, v = make_qkv(b, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=g)
         mask = random_key_padding_mask(b, sk, g) if masked else None
-        out, lse = cpu.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD")
+        sinks = features.pop("sinks", None)
+        variant = Variant(**features)
+        out, lse = cpu.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD",
+                               variant=variant)
+        if sinks is not None:  # the sinks join the denominator (their definition)
+            lse = torch.logaddexp(lse, sinks.view(1, -1, 1))
+            object.__setattr__(variant, "sinks", sinks)  # Variant.sinks: the sinks branch
         grad_out = torch.randn(out.shape, generator=g).to(out.dtype)
         grad_lse = torch.randn(lse.shape, generator=g)
         problems.append(((grad_out, q, k, v, out, lse, mask, grad_lse),
                          dict(scale=0.1, causal=causal, layout="BNSD", deterministic=det,
-                              ai_cores=cores)))
+                              ai_cores=cores, variant=variant)))
     return problems
 
 

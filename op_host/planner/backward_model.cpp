@@ -26,8 +26,28 @@ struct StepCosts {
     double l2BytesStep, l2BytesUnit;
 };
 
-StepCosts CostStep(const BackwardDesign& d, const EngineRates& r)
+// The fraction of a windowed call's steps whose tile a band edge crosses (BandMasking's
+// per-row Compares and Selects run only there): per query block, the key blocks it
+// touches, of which about (blockQ / blockK + 1) per bounded side hold an edge.
+double BandEdgeFraction(const BackwardDesign& d, const BackwardProblem& pr)
 {
+    const VariantTiling& v = pr.variant;
+    const bool left = v.windowLeft >= 0;
+    const bool right = !pr.causal && v.windowRight >= 0;
+    if (!left && !right) {
+        return 0;
+    }
+    const double width = (left ? double(v.windowLeft) : double(pr.seqlenK)) +
+                         (right ? double(v.windowRight) : double(pr.seqlenK)) + 1;
+    const double touched = std::ceil((std::min(width, double(pr.seqlenK)) + d.blockQ) / d.blockK) + 1;
+    const double edges = (left + right) * (double(d.blockQ) / d.blockK + 1);
+    return std::min(1.0, edges / touched);
+}
+
+StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const EngineRates& r)
+{
+    const VariantTiling& variant = pr.variant;
+    const double edgeFraction = BandEdgeFraction(d, pr);
     const double bq = d.blockQ, bk = d.blockK, dim = d.headDimPad, e = d.elemBytes;
     const double rows = bq / 2;
     StepCosts c{};
@@ -47,6 +67,22 @@ StepCosts CostStep(const BackwardDesign& d, const EngineRates& r)
     const double tile = FloatRepeats(rows * bk);
     VecProgram v;
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
+    if (variant.softcap > 0) {  // Softcap (flash_attention_features.h)
+        AppendVec(v, VecOp::kScalarArith, tile, true, 2);           // 2x / softcap, Mins
+        AppendVec(v, VecOp::kExp, tile, true);                      // e = exp(2x)
+        AppendVec(v, VecOp::kScalarArith, tile, true, 2);           // e + 1, e - 1
+        AppendVec(v, VecOp::kDiv, tile, true);                      // t
+        AppendVec(v, VecOp::kScalarArith, tile, true);              // softcap t
+    }
+    if (variant.alibi != 0) {  // AlibiBias::Apply; Abs costs as a scalar op (one pass)
+        AppendVec(v, VecOp::kScalarArith, tile, true, 3);           // + offset, Abs, * slope
+        AppendVec(v, VecOp::kBinary, tile, true);                   // s += bias
+    }
+    if (edgeFraction > 0) {  // BandMasking: per row of an edge tile, Compares + Select
+        const double lanes = FloatRepeats(std::ceil(d.blockK / 64.0) * 64);
+        AppendVec(v, VecOp::kCompare, lanes, true, rows * edgeFraction);
+        AppendVec(v, VecOp::kSelect, FloatRepeats(d.blockK), true, rows * edgeFraction);
+    }
     AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);     // lse per row
     AppendVec(v, VecOp::kBinary, tile, true);                       // - lse
     AppendVec(v, VecOp::kExp, tile, true);                          // P
@@ -54,7 +90,16 @@ StepCosts CostStep(const BackwardDesign& d, const EngineRates& r)
     AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);     // D per row
     AppendVec(v, VecOp::kBinary, tile, true);                       // dP - D
     AppendVec(v, VecOp::kBinary, tile, true);                       // * P
+    if (variant.softcap > 0) {
+        AppendVec(v, VecOp::kBinary, tile, true, 3);                // dS -= dS t^2
+    }
     AppendVec(v, VecOp::kCast, tile, false);                        // dS
+    if (d.dropoutPassElements > 0) {
+        const VecProgram mask = DropoutMaskProgram(rows, bk, d.dropoutPassElements, d.dropoutDraw);
+        v.insert(v.end(), mask.begin(), mask.end());
+        AppendVec(v, VecOp::kSelect, tile, true, 2);                // P, dP where kept
+        AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
+    }
     c.vecIn = 2 * rows * bk * 4 / r.l2ToUb;
     c.vecCompute = VecSeconds(v, r);
     c.vecOut = 2 * rows * bk * e / r.ubToL2;
@@ -207,16 +252,37 @@ double PassSeconds(double readBytes, double writeBytes, const Platform& p, const
     return std::max(perCore, (readBytes + writeBytes) / r.hbm) + 2 * r.crossCoreFlag;
 }
 
-// Query blocks that see key block `kb` (bottom-right causal), per query head.
+// Query blocks that see key block `kb` (bottom-right causal and window), per query head:
+// the rows key0 - offset - right .. key0 + keys - 1 - offset + left.
 uint64_t StepsOfKeyBlock(const BackwardDesign& d, const BackwardProblem& pr, uint64_t kb)
 {
-    const uint64_t queryBlocks = (pr.seqlenQ + d.blockQ - 1) / d.blockQ;
-    if (!pr.causal) {
-        return queryBlocks;
+    const int64_t offset = pr.seqlenK - pr.seqlenQ;
+    const int64_t key0 = static_cast<int64_t>(kb * d.blockK);
+    const int64_t keys = std::min<int64_t>(d.blockK, pr.seqlenK - key0);
+    const int64_t right = pr.causal ? 0 : pr.variant.windowRight;
+    const int64_t first = right >= 0 ? std::clamp<int64_t>(key0 - offset - right, 0, pr.seqlenQ) : 0;
+    const int64_t end = pr.variant.windowLeft >= 0
+                            ? std::clamp<int64_t>(key0 + keys - offset + pr.variant.windowLeft, first, pr.seqlenQ)
+                            : pr.seqlenQ;
+    if (end <= first) {
+        return 0;
     }
-    const int64_t firstRow = std::clamp<int64_t>(
-        static_cast<int64_t>(kb * d.blockK) - (pr.seqlenK - pr.seqlenQ), 0, pr.seqlenQ);
-    return queryBlocks - static_cast<uint64_t>(firstRow) / d.blockQ;
+    return static_cast<uint64_t>((end + d.blockQ - 1) / d.blockQ - first / d.blockQ);
+}
+
+// The (query, key) pairs a row's band and causal bound leave visible, summed over rows.
+double VisibleBandPairs(const BackwardProblem& pr)
+{
+    const int64_t offset = pr.seqlenK - pr.seqlenQ;
+    const int64_t right = pr.causal ? 0 : pr.variant.windowRight;
+    const int64_t left = pr.variant.windowLeft;
+    double pairs = 0;
+    for (int64_t i = 0; i < pr.seqlenQ; ++i) {
+        const int64_t lo = left >= 0 ? std::max<int64_t>(0, i + offset - left) : 0;
+        const int64_t hi = right >= 0 ? std::min<int64_t>(pr.seqlenK - 1, i + offset + right) : pr.seqlenK - 1;
+        pairs += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
+    }
+    return pairs;
 }
 
 }  // namespace
@@ -252,7 +318,7 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
                                    const std::vector<BackwardCoreWork>& cores, const Platform& p)
 {
     const EngineRates r = RatesFor(p);
-    const StepCosts c = CostStep(d, r);
+    const StepCosts c = CostStep(d, pr, r);
     const double e = d.elemBytes;
     const double queryRows = double(pr.batch) * pr.headsQ * pr.seqlenQ;
     const double keyRows = double(pr.batch) * pr.headsKv * pr.seqlenK;
@@ -263,6 +329,17 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
     // Post-pass: read the dQ slots and fp32 dK, dV; write dQ, dK, dV.
     out.postSeconds = PassSeconds(d.dqSlots * queryRows * dim * 4 + 2 * keyRows * dim * 4,
                                   (queryRows + 2 * keyRows) * dim * e, p, r);
+    if (pr.variant.sinks != 0) {
+        // SinkGrad: one vector core per query head reads lse and D of its (batch, row)s
+        // and runs five one-pass ops over them (SumSinkTerms).
+        const double rowsPerCore = std::ceil(double(pr.headsQ) / p.aivCores) * pr.batch * pr.seqlenQ;
+        VecProgram sink;
+        AppendVec(sink, VecOp::kScalarArith, FloatRepeats(rowsPerCore), true, 2);
+        AppendVec(sink, VecOp::kExp, FloatRepeats(rowsPerCore), true);
+        AppendVec(sink, VecOp::kBinary, FloatRepeats(rowsPerCore), true, 2);
+        out.postSeconds += std::max(2 * rowsPerCore * 4 / r.l2ToUb, VecSeconds(sink, r));
+    }
+    out.vectorStepSeconds = c.vecCompute;
     const double l2Share = r.l2Aggregate / std::max<size_t>(1, cores.size());
     EngineSeconds slowestBusy{};
     bool l2Bound = false;
@@ -288,7 +365,7 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
     }
     out.seconds = r.launch + out.preSeconds + out.mainSeconds + out.postSeconds;
     out.usefulFlops = 2.5 * 4.0 * pr.headDim * pr.batch * pr.headsQ *
-                      VisiblePairs(pr.seqlenQ, pr.seqlenK, pr.causal);
+                      VisibleBandPairs(pr);
     out.cubeUtilization = out.usefulFlops / (out.seconds * CubePeakFlops(p));
     uint32_t busiest = 0;
     for (uint32_t i = 0; i < kEngines; ++i) {

@@ -19,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "../../op_kernel/flash_cann_variant.h"
 #include "platform.h"
+#include "schedule_model.h"
 #include "timeline.h"
 
 namespace flash_cann {
@@ -41,12 +43,20 @@ struct BackwardDesign {
     uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
     bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
     uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
+    // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
+    // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
+    // (dV's 1 / (1 - p) folds into the post-pass).
+    uint32_t dropoutPassElements = 0;
+    DropoutDraw dropoutDraw;
 };
 
-// The problem (sizes only).
+// The problem: sizes and the features (flash_cann_variant.h). The window shrinks the
+// visible pairs and the steps; softcap, ALiBi and the window's edge rows add vector work
+// per step; sinks add a pass over lse and D after the main loop.
 struct BackwardProblem {
     int64_t batch = 0, headsQ = 0, headsKv = 0, seqlenQ = 0, seqlenK = 0, headDim = 0;
     bool causal = false;
+    VariantTiling variant = kPlainVariant;
 };
 
 // One AI core's main-loop work: `units` key blocks, `steps` (query block, key block)
@@ -60,7 +70,8 @@ struct BackwardPrediction {
     double seconds = 0;          // launch + pre-pass + slowest core's main loop + post-pass
     double preSeconds = 0;
     double mainSeconds = 0;
-    double postSeconds = 0;
+    double postSeconds = 0;      // includes the sink gradient's pass
+    double vectorStepSeconds = 0;  // one vector core's compute per step (features included)
     double usefulFlops = 0;      // 2.5 x the forward's 4 * D * visible pairs
     double cubeUtilization = 0;  // usefulFlops / (seconds * cube peak)
     std::string bound;           // what limits the main loop

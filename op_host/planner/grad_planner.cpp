@@ -30,6 +30,8 @@ constexpr uint32_t kMinPreferredBlockQ = 32;
 constexpr uint32_t kPassRowCandidates[] = {128, 64, 32, 16, 8};
 // The split's table of one (batch, head_kv) segment stays at most this long.
 constexpr uint64_t kMaxSplitUnitsPerSegment = 65536;
+// fp32 holds every integer distance up to 2^24 exactly (ALiBi).
+constexpr int64_t kMaxAlibiDistance = int64_t{1} << 24;
 // The workspace's byte offsets are 64-bit; refuse far before they could wrap.
 constexpr double kMaxWorkspaceBytes = 9.0e18;
 
@@ -167,6 +169,20 @@ std::vector<GradCoreWork> MeasureGradCores(const GradTilingData& t, const Segmen
     return cores;
 }
 
+// What the backward kernel cannot compute, by name and reason.
+std::string CheckGradVariant(const PlanRequest& r)
+{
+    const VariantTiling& v = r.variant;
+    // ALiBi's distances |i + offset - j| are formed in fp32 on the vector unit: exact up
+    // to 2^24 only.
+    if (v.alibi != 0u && std::max(r.seqlenQ, r.seqlenK) > kMaxAlibiDistance) {
+        return Message("ALiBi at seqlen ", std::max(r.seqlenQ, r.seqlenK), ": the kernel forms the ",
+                       "distance |i + seqlen_k - seqlen_q - j| in fp32, exact only up to ",
+                       kMaxAlibiDistance);
+    }
+    return "";
+}
+
 }  // namespace
 
 std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes, bool hasMask)
@@ -200,6 +216,22 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"post-pass: gradient rows out", "pass_out_ub", MemLevel::UB, b.passOutUb, 1},
         {"pre-pass: D and partial row sums", "pass_row_ub", MemLevel::UB, b.passRowUb, 2},
     };
+    // The features' buffers, only where the call uses the feature (GradBufferBytes).
+    const std::vector<BufferUse> features = {
+        {"vector: tanh(S / softcap), fp32 (the softcap chain rule)", "softcap_tanh_ub", MemLevel::UB,
+         b.tanhUb, 1},
+        {"vector: feature scratch rows, fp32 (softcap, ALiBi)", "feature_ub", MemLevel::UB, b.featureUb, 1},
+        {"vector: ALiBi column-minus-row template, fp32", "alibi_ub", MemLevel::UB, b.alibiUb, 1},
+        {"vector: window column index", "band_keys_ub", MemLevel::UB, b.bandKeyUb, 1},
+        {"vector: window comparison bits", "band_bits_ub", MemLevel::UB, b.bandBitsUb, 1},
+        {"vector: dropout's Philox scratch", "philox_ub", MemLevel::UB, b.philoxUb, 1},
+        {"vector: dropout's keep bits", "keep_ub", MemLevel::UB, b.keepUb, 1},
+    };
+    for (const BufferUse& feature : features) {
+        if (feature.bytes > 0) {
+            buffers.push_back(feature);
+        }
+    }
     if (hasMask) {
         buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
         buffers.push_back({"vector: key mask as half", "mask_half_ub", MemLevel::UB,
@@ -222,6 +254,7 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.l0cScratchBuffers = t.l0cScratchBuffers;  // the kernel's product buffers (c_l0c)
     d.deterministic = deterministic;
     d.dqSlots = t.dqSlots;
+    d.dropoutPassElements = t.variant.dropoutP > 0.0f ? GradDropoutPass(t.blockK) : 0;
     return d;
 }
 
@@ -242,11 +275,11 @@ uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit)
 double GradUnitMacs(const GradTilingData& t, bool causal, uint64_t unit)
 {
     const GradUnit u = causal ? UnitAt<true>(t, unit) : UnitAt<false>(t, unit);
-    const uint32_t blocks = u.queryBlocks - u.firstQueryBlock;
+    const uint32_t blocks = u.endQueryBlock - u.firstQueryBlock;
     if (blocks == 0) {
         return 0;
     }
-    const uint32_t lastRows = t.seqlenQ - (u.queryBlocks - 1) * t.blockQ;
+    const uint32_t lastRows = MinU32(t.blockQ, t.seqlenQ - (u.endQueryBlock - 1) * t.blockQ);
     const double rows = static_cast<double>(blocks - 1) * t.blockQ + AlignUp(lastRows, kCubeBlock);
     return 5.0 * t.group * rows * AlignUp(u.keys, kCubeBlock) * t.headDimPad;
 }
@@ -256,9 +289,8 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradPlanResult result;
     const PlanRequest& r = request.problem;
     result.error = CheckRequest(r, platform);
-    if (result.ok() && !IsPlain(r.variant)) {
-        result.error = "the Ascend kernels do not compute window, softcap, ALiBi, dropout or "
-                       "sinks yet";
+    if (result.ok()) {
+        result.error = CheckGradVariant(r);
     }
     if (!result.ok()) {
         return result;
@@ -312,7 +344,7 @@ BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& 
 {
     const PlanRequest& r = request.problem;
     const BackwardProblem problem{r.batch, r.headsQ, r.headsKv, r.seqlenQ, r.seqlenK,
-                                  r.headDim, r.causal};
+                                  r.headDim, r.causal, r.variant};
     return PredictBackward(GradDesign(plan, r.dtype, request.deterministic), problem,
                            GradModelWork(plan), platform);
 }

@@ -299,6 +299,7 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
         op.Key("pre_seconds") << p.preSeconds;
         op.Key("main_seconds") << p.mainSeconds;
         op.Key("post_seconds") << p.postSeconds;
+        op.Key("vector_step_seconds") << p.vectorStepSeconds;
         op.Key("useful_flops") << p.usefulFlops;
         op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
         op.Key("cube_utilization") << p.cubeUtilization;

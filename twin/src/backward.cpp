@@ -16,17 +16,26 @@
 
 extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                           GM_ADDR out, GM_ADDR softmaxLse, GM_ADDR keyPaddingMask,
-                                          GM_ADDR gradSoftmaxLse, GM_ADDR gradQuery, GM_ADDR gradKey,
-                                          GM_ADDR gradValue, GM_ADDR workspace, GM_ADDR tiling);
+                                          GM_ADDR gradSoftmaxLse, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                          GM_ADDR sinks, GM_ADDR gradQuery, GM_ADDR gradKey,
+                                          GM_ADDR gradValue, GM_ADDR gradSinks, GM_ADDR workspace,
+                                          GM_ADDR tiling);
 
+// The features (flash_cann_variant.h): window bounds as variant.window_bounds normalised
+// them, softcap, dropout_p, the ALiBi mode (0 none, 1 per head: alibiSlopes (heads_q,), 2
+// per (batch, head): (batch, heads_q)); sinks (fp32, heads_q) when not null. rngState
+// (int64 seed, offset) with dropout. gradSinks (fp32, heads_q) is always written.
 extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, void* value, void* out,
                                         void* softmaxLse, void* keyPaddingMask, void* gradSoftmaxLse,
-                                        void* gradQuery, void* gradKey, void* gradValue, int64_t batch,
+                                        void* alibiSlopes, void* rngState, void* sinks, void* gradQuery,
+                                        void* gradKey, void* gradValue, void* gradSinks, int64_t batch,
                                         int64_t headsQ, int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                         int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
                                         double scale, int32_t deterministic, int32_t aicCores,
-                                        uint64_t* allocatedBytes, char* unorderedAtomicAdds,
-                                        uint64_t unorderedCapacity, char* error, uint64_t errorCapacity)
+                                        int64_t windowLeft, int64_t windowRight, double softcap,
+                                        double dropoutP, int32_t alibi, uint64_t* allocatedBytes,
+                                        char* unorderedAtomicAdds, uint64_t unorderedCapacity, char* error,
+                                        uint64_t errorCapacity)
 {
     if (unorderedAtomicAdds != nullptr && !twin::RaceDetectorOn()) {
         return twin::Report("unordered atomic adds are the race detector's bookkeeping: it is off "
@@ -35,10 +44,12 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     using namespace flash_cann;
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
                                           aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
-    const GradPlanRequest request{{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
-                                   static_cast<DType>(dtype), static_cast<Layout>(layout),
-                                   causal != 0, keyPaddingMask != nullptr, scale},
-                                  deterministic != 0};
+    GradPlanRequest request{{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
+                             static_cast<DType>(dtype), static_cast<Layout>(layout),
+                             causal != 0, keyPaddingMask != nullptr, scale},
+                            deterministic != 0};
+    request.problem.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
+                                          static_cast<Alibi>(alibi), sinks != nullptr);
     const GradPlanResult result = MakeGradPlan(request, platform);
     if (!result.ok()) {
         return twin::Report("the planner refused: " + result.error, error, errorCapacity);
@@ -57,8 +68,17 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     config.gm = {{gradOut, qBytes, "grad_out"}, {query, qBytes, "query"}, {key, kvBytes, "key"},
                  {value, kvBytes, "value"}, {out, qBytes, "out"}, {softmaxLse, lseBytes, "softmax_lse"},
                  {gradQuery, qBytes, "grad_query"}, {gradKey, kvBytes, "grad_key"},
-                 {gradValue, kvBytes, "grad_value"}, {workspace.data(), workspace.size(), "workspace"},
-                 {tiling.data(), tiling.size(), "tiling"}};
+                 {gradValue, kvBytes, "grad_value"}, {gradSinks, size_t(headsQ) * sizeof(float), "grad_sinks"},
+                 {workspace.data(), workspace.size(), "workspace"}, {tiling.data(), tiling.size(), "tiling"}};
+    if (alibi != 0) {
+        config.gm.push_back({alibiSlopes, size_t(alibi == 2 ? batch : 1) * headsQ * sizeof(float), "alibi_slopes"});
+    }
+    if (rngState != nullptr) {
+        config.gm.push_back({rngState, 2 * sizeof(int64_t), "rng_state"});
+    }
+    if (sinks != nullptr) {
+        config.gm.push_back({sinks, size_t(headsQ) * sizeof(float), "sinks"});
+    }
     if (keyPaddingMask != nullptr) {
         config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask"});
     }
@@ -69,8 +89,9 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention_grad(gm(gradOut), gm(query), gm(key), gm(value), gm(out), gm(softmaxLse),
-                                  gm(keyPaddingMask), gm(gradSoftmaxLse), gm(gradQuery), gm(gradKey),
-                                  gm(gradValue), workspace.data(), tiling.data());
+                                  gm(keyPaddingMask), gm(gradSoftmaxLse), gm(alibiSlopes), gm(rngState),
+                                  gm(sinks), gm(gradQuery), gm(gradKey), gm(gradValue), gm(gradSinks),
+                                  workspace.data(), tiling.data());
     }, &report);
     twin::CopyAllocated(report, allocatedBytes);
     twin::CopyUnorderedAtomicAdds(report, unorderedAtomicAdds, unorderedCapacity);

@@ -46,6 +46,9 @@ void CheckAccountingCoversGradBufferBytes(const GradPlan& plan, uint32_t elemByt
         }
         uint32_t value;
         std::memcpy(&value, reinterpret_cast<const char*>(&b) + offset, sizeof(value));
+        if (value == 0 && offset >= offsetof(GradBufferBytes, tanhUb)) {
+            continue;  // a feature the call does not use: no buffer
+        }
         fields.push_back(value);
     }
     std::vector<uint64_t> listed;
@@ -95,20 +98,43 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
                    "%s: unit %llu keys [%u, +%u)", what.c_str(),
                    static_cast<unsigned long long>(unit), u.key0, u.keys);
             keysCovered += u.keys;
-            // Query block b's last row is min(seqlenQ, (b + 1) blockQ) - 1; it sees key0
-            // iff key0 <= row + causalOffset.
+            // Query block b sees the unit iff one of its rows i sees one of its keys j:
+            // i + offset - left <= j <= i + offset + right (right 0 with causal; a
+            // negative bound is unbounded), checked row by row.
             auto seesUnit = [&](uint32_t block) {
-                const int64_t last = std::min<int64_t>(t.seqlenQ, int64_t{block + 1} * t.blockQ) - 1;
-                return !causal || static_cast<int64_t>(u.key0) <= last + t.causalOffset;
+                const int64_t right = causal ? 0 : t.variant.windowRight;
+                const int64_t left = t.variant.windowLeft;
+                const int64_t end = std::min<int64_t>(t.seqlenQ, int64_t{block + 1} * t.blockQ);
+                for (int64_t i = int64_t{block} * t.blockQ; i < end; ++i) {
+                    const int64_t lo = left < 0 ? 0 : i + t.causalOffset - left;
+                    const int64_t hi = right < 0 ? int64_t{t.seqlenK} - 1 : i + t.causalOffset + right;
+                    if (std::max<int64_t>(lo, u.key0) <= std::min<int64_t>(hi, u.key0 + u.keys - 1)) {
+                        return true;
+                    }
+                }
+                return false;
             };
-            EXPECT(u.firstQueryBlock < u.queryBlocks && seesUnit(u.firstQueryBlock) &&
-                       (u.firstQueryBlock == 0 || !seesUnit(u.firstQueryBlock - 1)),
-                   "%s: unit %llu starts at query block %u of %u", what.c_str(),
-                   static_cast<unsigned long long>(unit), u.firstQueryBlock, u.queryBlocks);
+            // The rows that see a key interval are an interval (the band is convex), so the
+            // blocks that do are too: checking the blocks at both ends of the walk's range
+            // and just outside it decides it.
+            const uint32_t queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
+            const uint32_t first = u.firstQueryBlock, end = u.endQueryBlock;
+            bool exact = first <= end && end <= queryBlocks;
+            if (exact && first < end) {
+                exact = seesUnit(first) && seesUnit(end - 1) && (first == 0 || !seesUnit(first - 1)) &&
+                        (end == queryBlocks || !seesUnit(end));
+            } else if (exact) {  // no step: no block may see the unit (the first 64 checked)
+                for (uint32_t block = 0; exact && block < queryBlocks && block < 64; ++block) {
+                    exact = !seesUnit(block);
+                }
+            }
+            EXPECT(exact, "%s: unit %llu walks query blocks [%u, %u) of %u", what.c_str(),
+                   static_cast<unsigned long long>(unit), u.firstQueryBlock, u.endQueryBlock,
+                   queryBlocks);
             EXPECT(u.dqSlot < t.dqSlots && (deterministic || u.dqSlot == 0),
                    "%s: unit %llu dQ slot %u of %u", what.c_str(),
                    static_cast<unsigned long long>(unit), u.dqSlot, t.dqSlots);
-            steps += uint64_t{t.group} * (u.queryBlocks - u.firstQueryBlock);
+            steps += uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock);
             macs += GradUnitMacs(t, causal, unit);
             if (unit == t.unitStart[c] || unit + 1 == t.unitStart[c + 1]) {
                 GradStep step{};
@@ -121,7 +147,7 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
                            static_cast<unsigned long long>(unit), index);
                     ++index;
                 }
-                EXPECT(index == GradUnitSteps(t, causal, unit) && step.last,
+                EXPECT(index == GradUnitSteps(t, causal, unit) && (index == 0 || step.last),
                        "%s: unit %llu walked %u steps, UnitCost says %llu", what.c_str(),
                        static_cast<unsigned long long>(unit), index,
                        static_cast<unsigned long long>(GradUnitSteps(t, causal, unit)));
@@ -208,6 +234,21 @@ void CheckGradPrediction(const GradPlanRequest& r, uint32_t cores)
            "%s: prediction %g s, utilisation %g", what.c_str(), p.seconds, p.cubeUtilization);
 }
 
+// Features as the checks normalise them: a window side < seqlen_k or -1, the right
+// side -1 with causal (variant.window_bounds).
+VariantTiling RandomGradVariant(std::mt19937_64& rng, const PlanRequest& r)
+{
+    auto side = [&] {
+        return rng() % 3 == 0 ? int64_t{-1} : static_cast<int64_t>(rng() % r.seqlenK);
+    };
+    const int64_t left = side();
+    const int64_t right = r.causal ? -1 : side();
+    const double softcap = rng() & 1 ? 0.0 : 5.0;
+    const Alibi alibi = static_cast<Alibi>(rng() % 3);
+    const double dropout = rng() % 4 == 0 ? 0.1 : 0.0;
+    return MakeVariant(left, right, softcap, dropout, alibi, rng() & 1);
+}
+
 void TestRandomShapes(uint64_t seed)
 {
     std::mt19937_64 rng(seed);
@@ -219,6 +260,9 @@ void TestRandomShapes(uint64_t seed)
         // Every unit is walked: at most ~1M query rows per plan.
         r.problem = RandomProblem(rng, int64_t{1} << 20);
         r.deterministic = rng() & 1;
+        if (rng() % 3 == 0) {  // the features
+            r.problem.variant = RandomGradVariant(rng, r.problem);
+        }
         const uint32_t cores = RandomCores(rng);
         CheckGradPlan(r, cores);
         if (i % kPredictEvery == 0) {
@@ -427,6 +471,37 @@ void TestRefusals()
 
 }  // namespace
 
+// A sliding window's plan costs its band: the units outside it have no step, and the
+// split balances the visible work (max / mean <= 1.05 on 24 cores).
+void TestWindowBalance()
+{
+    for (const int64_t left : {int64_t{4096}, int64_t{2048}}) {
+        GradPlanRequest r;
+        r.problem.batch = 1;
+        r.problem.headsQ = r.problem.headsKv = 16;
+        r.problem.seqlenQ = r.problem.seqlenK = 32768;
+        r.problem.headDim = 128;
+        r.problem.scale = 0.1;
+        r.problem.variant = MakeVariant(left, left == 4096 ? 0 : left, 0.0, 0.0, Alibi::kNone, false);
+        const GradPlanResult windowed = MakeGradPlan(r, WithCores(24));
+        r.problem.variant = kPlainVariant;
+        const GradPlanResult full = MakeGradPlan(r, WithCores(24));
+        double work = 0, fullWork = 0;
+        for (const GradCoreWork& c : windowed.plan.cores) {
+            work += c.macs;
+        }
+        for (const GradCoreWork& c : full.plan.cores) {
+            fullWork += c.macs;
+        }
+        const double band = (left + (left == 4096 ? 0 : left) + 1) / 32768.0;
+        EXPECT(windowed.ok() && windowed.plan.imbalance <= 1.05 && work < 1.15 * band * fullWork,
+               "window (%lld): imbalance %g, work %g of the square's (band %g)",
+               static_cast<long long>(left), windowed.plan.imbalance, work / fullWork, band);
+        std::printf("window %lld at 32k: %.3f of the square's MACs (band %.3f), imbalance %.3f\n",
+                    static_cast<long long>(left), work / fullWork, band, windowed.plan.imbalance);
+    }
+}
+
 int main(int argc, char** argv)
 {
     uint64_t seed = 20261123;
@@ -438,6 +513,7 @@ int main(int argc, char** argv)
     TestRefusals();
     TestDeterministicChunksIgnoreCores();
     TestBalance();
+    TestWindowBalance();
     TestRandomShapes(seed);
     if (g_failures != 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

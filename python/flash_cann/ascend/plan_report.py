@@ -157,6 +157,8 @@ def _backward_report(p: dict, deterministic: bool) -> None:
           f"cube peak ({pred['cube_peak_tflops']:.1f} TFLOP/s), counting 2.5x the forward's "
           f"{pred['useful_flops'] / 2.5e12:.2f} TFLOP")
     print(f"  bound      {pred['bound']}")
+    print(f"  vector     {pred['vector_step_seconds'] * 1e6:.3f} us of compute per step and "
+          f"vector core, the features' work included")
     main = pred["main_seconds"]
     for engine, busy in pred["engine_busy_seconds"].items():
         print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, main) if main else ''}")

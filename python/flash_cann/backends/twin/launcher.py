@@ -16,6 +16,7 @@ import functools
 import torch
 
 from ...contract import layout as layouts
+from ...contract.variant import PLAIN, Variant
 from ...ascend import native
 from ...ascend.planner import DTYPES, LAYOUTS
 
@@ -43,8 +44,8 @@ def _library() -> ctypes.CDLL:
         + [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
-        [ctypes.c_void_p] * 11 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int32] * 2
+        [ctypes.c_void_p] * 15 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
+        + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32]
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
            ctypes.c_uint64])
     lib.flash_cann_twin_drop_sync.restype = None
@@ -119,13 +120,31 @@ def dropped_sync(site: str):
         _library().flash_cann_twin_drop_sync(b"")
 
 
+def _alibi(variant: Variant, batch: int):
+    """(mode, slopes) as the kernel reads them (flash_cann_variant.h, Alibi): a (heads_q,)
+    argument that contract.variant expanded to (batch, heads_q) with batch stride 0 is
+    passed as its row 0, mode 1 (per head); a real (batch, heads_q) tensor as mode 2."""
+    slopes = variant.alibi_slopes
+    if slopes is None:
+        return 0, None
+    slopes = slopes.to(torch.float32)
+    if slopes.dim() == 1:
+        return 1, slopes.contiguous()
+    if slopes.stride(0) == 0 or batch == 1:
+        return 1, slopes[0].contiguous()
+    return 2, slopes.contiguous()
+
+
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
-             ai_cores: int | None = None, allocated: dict | None = None,
-             unordered_atomic_adds: list | None = None):
+             variant: Variant = PLAIN, ai_cores: int | None = None,
+             allocated: dict | None = None, unordered_atomic_adds: list | None = None):
     """Run the backward kernel on the twin; returns (grad_query, grad_key, grad_value,
-    grad_sinks = None).
+    grad_sinks), grad_sinks None when ``variant`` has no sinks (the backend protocol);
+    the kernel's output is then checked to be zeros, as the op promises.
 
+    ``variant``: the features (window, softcap, ALiBi, dropout, sinks), as the cpu
+    backend's backward takes it.
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
     run and every split of the work over cores; ``allocated`` as for ``forward``.
     ``unordered_atomic_adds``, if given, receives the names of the tensors the kernel
@@ -141,13 +160,27 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     mask = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    grad_sinks = torch.full((hq,), float("nan"), dtype=torch.float32)
+    alibi, slopes = _alibi(variant, b)
+    sinks = variant.sinks
+    sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
+    rng = None if variant.rng_state is None else variant.rng_state.to(torch.int64).contiguous()
     names = None if unordered_atomic_adds is None else ctypes.create_string_buffer(1024)
     _launch(_library().flash_cann_twin_backward,
             do.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            _pointer(mask), _pointer(dlse), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            _pointer(mask), _pointer(dlse), _pointer(slopes), _pointer(rng), _pointer(sinks),
+            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), grad_sinks.data_ptr(),
             b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout],
             int(causal), float(scale), int(deterministic), AI_CORES if ai_cores is None else ai_cores,
+            variant.window_left, variant.window_right, float(variant.softcap),
+            float(variant.dropout_p), alibi,
             allocated=allocated, reports=(names, 0 if names is None else len(names)))
     if unordered_atomic_adds is not None:
         unordered_atomic_adds.extend(filter(None, names.value.decode().split(",")))
-    return dq, dk, dv, None  # grad_sinks: the kernel has no sinks yet (spec: features)
+    if sinks is None:
+        # The CANN op always has grad_sinks: the kernel writes zeros without sinks.
+        if not torch.all(grad_sinks == 0):
+            raise TwinViolation("flash_cann twin: grad_sinks without sinks is not all zero: "
+                                f"{grad_sinks.tolist()}")
+        return dq, dk, dv, None
+    return dq, dk, dv, grad_sinks
