@@ -22,19 +22,34 @@ using namespace flash_cann_test;
 namespace {
 
 // Visible keys of query row `row` (bottom-right causal).
-uint32_t VisibleKeys(const TilingData& t, bool causal, uint32_t row)
+// Keys [first, end) row `row` sees under causal and the sliding window (first >= end:
+// none), from the variant's definition, not the kernel's helper.
+std::pair<int64_t, int64_t> VisibleKeys(const TilingData& t, bool causal, uint32_t row)
 {
-    if (!causal) {
-        return t.seqlenK;
+    const int64_t diagonal = static_cast<int64_t>(row) + t.causalOffset;
+    int64_t end = t.seqlenK;
+    if (causal || t.variant.windowRight >= 0) {
+        end = std::min(end, diagonal + (causal ? 0 : t.variant.windowRight) + 1);
     }
-    const int64_t v = static_cast<int64_t>(row) + 1 + t.causalOffset;
-    return v <= 0 ? 0 : static_cast<uint32_t>(std::min<int64_t>(v, t.seqlenK));
+    const int64_t first = t.variant.windowLeft >= 0 ? std::max<int64_t>(0, diagonal - t.variant.windowLeft) : 0;
+    return {first, end};
+}
+
+// Half the random problems get random features (window, softcap, ALiBi, sinks).
+void AddRandomVariant(std::mt19937_64& rng, PlanRequest& r)
+{
+    if (rng() & 1) {
+        return;
+    }
+    const auto bound = [&] { return rng() % 3 == 0 ? -1 : static_cast<int64_t>(rng() % (r.seqlenK + 1)); };
+    r.variant = MakeVariant(bound(), r.causal ? -1 : bound(), (rng() & 1) ? 30.0 : 0.0, 0.0,
+                            static_cast<Alibi>(rng() % 3), rng() & 1);
 }
 
 // Every buffer fits its level; the row ranges partition all rows; walking each core's
 // tiles with the kernel's NextTile visits every query row exactly once, each tile lies
 // in one (batch, head) pair and spans at most blockQ rows, and the key blocks a tile
-// visits ([0, KeyEnd)) are exactly those holding a key visible to some of its rows.
+// visits (TileKeys) are exactly those holding a key visible to some of its rows.
 void CheckPlan(const PlanRequest& r, uint32_t cores)
 {
     const Platform platform = WithCores(cores);
@@ -85,10 +100,17 @@ void CheckPlan(const PlanRequest& r, uint32_t cores)
                    "%s: tile rows", what.c_str());
             EXPECT(tile.headKv == tile.headQ / t.group && tile.headKv < t.headsKv, "%s: GQA map",
                    what.c_str());
-            const uint32_t keyEnd = r.causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-            const uint32_t last = VisibleKeys(t, r.causal, tile.row0 + tile.rows - 1);
-            EXPECT(keyEnd == last, "%s: tile visits keys [0, %u) but its rows see [0, %u)",
-                   what.c_str(), keyEnd, last);
+            // The rows' bands move right with the row: the first row's first key and the
+            // last row's end bound the tile's keys.
+            const KeyRange keys = r.causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
+            const int64_t firstKey = VisibleKeys(t, r.causal, tile.row0).first;
+            const int64_t endKey = VisibleKeys(t, r.causal, tile.row0 + tile.rows - 1).second;
+            const bool none = endKey <= firstKey;
+            EXPECT(none ? keys.begin == keys.end
+                        : keys.begin == firstKey / t.blockK * t.blockK && keys.end == endKey,
+                   "%s: tile visits keys [%u, %u) but its rows see [%lld, %lld)", what.c_str(),
+                   keys.begin, keys.end, static_cast<long long>(firstKey),
+                   static_cast<long long>(endKey));
             covered += tile.rows;
         }
     }
@@ -121,7 +143,8 @@ void TestRandomShapes(uint64_t seed)
     int planned = 0;
     for (; planned < kShapes && g_failures - failuresBefore < 20; ++planned) {
         // Keep the exhaustive tile walk affordable: at most ~4M query rows per plan.
-        const PlanRequest r = RandomProblem(rng, int64_t{1} << 22);
+        PlanRequest r = RandomProblem(rng, int64_t{1} << 22);
+        AddRandomVariant(rng, r);
         const uint32_t cores = RandomCores(rng);
         CheckPlan(r, cores);
         if (planned % 8 == 0) {  // every 8th: the model costs more than the plan

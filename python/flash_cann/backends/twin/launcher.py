@@ -16,6 +16,7 @@ import functools
 import torch
 
 from ...contract import layout as layouts
+from ...contract.variant import PLAIN, Variant
 from ...ascend import native
 from ...ascend.planner import DTYPES, LAYOUTS
 
@@ -39,8 +40,9 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(native.artefact("twin/libflash_cann_twin.so")))
     lib.flash_cann_twin_forward.restype = ctypes.c_int
     lib.flash_cann_twin_forward.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+        [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
+        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
+        + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
         [ctypes.c_void_p] * 11 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
@@ -74,13 +76,32 @@ def _launch(function, *args, allocated: dict | None, reports: tuple = ()):
         allocated.update(zip(MEMORY_LEVELS, measured))
 
 
+# VariantTiling.alibi: how the kernel indexes the slopes.
+ALIBI_NONE, ALIBI_PER_HEAD, ALIBI_PER_BATCH_HEAD = 0, 1, 2
+
+
+def _alibi_slopes(slopes: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+    """The slopes as the kernel reads them, and VariantTiling.alibi. Variant expands a
+    (heads_q,) argument to (batch, heads_q) with batch stride 0: that is passed as its
+    row 0, per head."""
+    if slopes is None:
+        return None, ALIBI_NONE
+    slopes = slopes.to(torch.float32)
+    if slopes.dim() == 2 and slopes.stride(0) == 0:
+        return slopes[0].contiguous(), ALIBI_PER_HEAD
+    if slopes.dim() == 1:
+        return slopes.contiguous(), ALIBI_PER_HEAD
+    return slopes.contiguous(), ALIBI_PER_BATCH_HEAD
+
+
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            ai_cores: int | None = None, allocated: dict | None = None):
+            variant: Variant = PLAIN, ai_cores: int | None = None, allocated: dict | None = None):
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
-    ``allocated``, if given, receives the bytes the kernel allocated per memory level
-    (every ``InitBuffer``; AIC levels per cube core, UB per vector core), keyed as the
-    planner's ``plan["levels"]``.
+    ``variant``: the features (window, softcap, ALiBi slopes, dropout_p with rng_state,
+    sinks), as the cpu backend takes them. ``allocated``, if given, receives the bytes
+    the kernel allocated per memory level (every ``InitBuffer``; AIC levels per cube
+    core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
     b, hq, sq, d = layouts.sizes(query, layout)
     hk, sk = layouts.sizes(key, layout)[1:3]
@@ -89,11 +110,20 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32)
+    slopes, alibi = _alibi_slopes(variant.alibi_slopes)
+    rng = None
+    if variant.dropout_p > 0:
+        rng = variant.rng_state.to(torch.int64).contiguous()
+    sinks = getattr(variant, "sinks", None)  # Variant.sinks: the attention sinks' logits
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
     _launch(_library().flash_cann_twin_forward,
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), out.data_ptr(),
-            lse.data_ptr(), b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")],
-            LAYOUTS[layout], int(causal), float(scale), AI_CORES if ai_cores is None else ai_cores,
-            allocated=allocated)
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), _pointer(slopes),
+            _pointer(rng), _pointer(sinks), out.data_ptr(), lse.data_ptr(),
+            b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")],
+            LAYOUTS[layout], int(causal), float(scale), variant.window_left,
+            variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
+            AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
     return out, lse
 
 
