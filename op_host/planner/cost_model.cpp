@@ -117,7 +117,8 @@ Prediction Finish(const KernelDesign& design, const std::vector<CoreWorkList>& c
         pr.engineBusySeconds.emplace_back(EngineName(Engine(e)), s.busy[e]);
     }
     pr.usefulFlops = 4.0 * r.headDim * r.batch * r.headsQ *
-                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal);
+                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal, r.variant.windowLeft,
+                                  r.variant.windowRight);
     pr.cubeUtilization = pr.seconds > 0 ? pr.usefulFlops / (pr.seconds * CubePeakFlops(p)) : 0;
     return pr;
 }
@@ -133,8 +134,21 @@ TilingData ProblemTiling(const PlanRequest& r)
 
 }  // namespace
 
-double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal)
+double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal, int64_t windowLeft,
+                    int64_t windowRight)
 {
+    if (windowLeft >= 0 || (!causal && windowRight >= 0)) {
+        // A band: row i sees keys [i + offset - left, i + offset + right], clipped.
+        const int64_t offset = seqlenK - seqlenQ;
+        const int64_t right = causal ? 0 : windowRight;
+        double pairs = 0;
+        for (int64_t i = 0; i < seqlenQ; ++i) {
+            const int64_t end = right >= 0 ? std::min(seqlenK, i + offset + right + 1) : seqlenK;
+            const int64_t begin = windowLeft >= 0 ? std::max<int64_t>(0, i + offset - windowLeft) : 0;
+            pairs += static_cast<double>(std::max<int64_t>(0, end - begin));
+        }
+        return pairs;
+    }
     if (!causal) {
         return static_cast<double>(seqlenQ) * static_cast<double>(seqlenK);
     }
@@ -167,7 +181,9 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
     d.l0cBuffers = t.l0cBuffers;     // the S ring
     d.outputOwnL0c = true;           // O accumulated over the stack in its own buffer
-    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice
+    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice (each band side)
+    d.softcap = t.variant.softcap > 0.0f;
+    d.alibi = t.variant.alibi != static_cast<uint32_t>(Alibi::kNone);
     return d;
 }
 

@@ -365,7 +365,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
                                request.headDim);
         return result;
     }
-    if (!request.causal && !IsWindowed(request.variant) && request.seqlenK >= kWideRoundKeys && request.headDim >= kWideRoundHeadDim) {
+    if (!request.causal && request.seqlenK >= kWideRoundKeys && request.headDim >= kWideRoundHeadDim) {
         WidenRounds(t, elemBytes, platform);
     }
     plan.buffers = ListBuffers(t, elemBytes);
