@@ -277,7 +277,7 @@ private:
         const uint32_t seq = scoreSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
-        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+        for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
             IssueKeys();
             // K in Nz is already the Zn layout of K^T.
             const AscendC::LocalTensor<T> kL1 = kL1_.BeginUse();
@@ -313,10 +313,10 @@ private:
         IssueValues();
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
-        probsIssued_ = 0;
+        probsIssued_ = round.firstSub;
         IssueProbs(round, seq);
         const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
-        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+        for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
             const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
             LoadLeft(pL0a_.BeginFill(), pL1, rows16_, bk);
             pL1_.EndUse();
@@ -332,12 +332,12 @@ private:
             IssueValues();
 
             const AscendC::LocalTensor<T> a = pL0a_.BeginUse();
-            if (sub > 0) {
+            if (sub > round.firstSub) {
                 AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
             }
             AscendC::Mmad(o, a, l0b_.BeginUse(),
                           AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(d),
-                                              static_cast<uint16_t>(bk), 0, false, sub == 0));
+                                              static_cast<uint16_t>(bk), 0, false, sub == round.firstSub));
             pL0a_.EndUse();
             l0b_.EndUse();
         }
@@ -357,7 +357,7 @@ private:
     uint32_t blocks_ = 0;       // key sub-blocks of the tile
     uint32_t keysIssued_ = 0;   // K sub-blocks of the tile whose load has been issued
     uint32_t valuesIssued_ = 0;
-    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round
+    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round (from its firstSub)
     uint32_t rows16_ = 0;
     uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
     uint32_t outputSeq_ = 0;

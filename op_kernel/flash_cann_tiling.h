@@ -304,28 +304,40 @@ __aicore__ inline KeyRange TileKeys(const TilingData& t, const QueryTile& tile)
 // One round of a tile: keys [key0, key0 + columns) in `subBlocks` sub-blocks of
 // blockK keys; S and P rows of the round are `width` = subBlocks x blockK wide (the
 // last sub-block's keys past `columns` are zero-padded by the cube and masked by the
-// vector cores).
+// vector cores). Rounds lie on one grid for every tile, key0 a multiple of RoundKeys:
+// a row's keys then sit at the same columns of the same rounds whichever tile holds the
+// row, so its result does not depend on how rows are cut into tiles and split over
+// cores (batch and core-count invariance, bit for bit). The sub-blocks before
+// `firstSub` hold keys no row of the tile sees (a window's left edge inside the
+// tile's first round): the cube skips them, and the vector cores' band mask sets
+// their columns to -inf whatever the workspace holds there.
 struct KeyRound {
     uint32_t key0;
     uint32_t columns;
     uint32_t subBlocks;
     uint32_t width;
+    uint32_t firstSub;
 };
 
-// Rounds of a tile whose keys are `keys`: the blockK sub-blocks, keyStack at a time.
+// Rounds of a tile whose keys are `keys`: the grid cells of RoundKeys keys they touch.
 __aicore__ inline uint32_t RoundCount(const TilingData& t, const KeyRange& keys)
 {
-    const uint32_t blocks = (keys.end - keys.begin + t.blockK - 1) / t.blockK;
-    return (blocks + t.keyStack - 1) / t.keyStack;
+    if (keys.end == keys.begin) {
+        return 0;
+    }
+    const uint32_t w = RoundKeys(t);
+    return (keys.end + w - 1) / w - keys.begin / w;
 }
 
 __aicore__ inline KeyRound MakeRound(const TilingData& t, const KeyRange& keys, uint32_t round)
 {
+    const uint32_t w = RoundKeys(t);
     KeyRound r;
-    r.key0 = keys.begin + round * RoundKeys(t);
-    r.columns = MinU32(RoundKeys(t), keys.end - r.key0);
+    r.key0 = (keys.begin / w + round) * w;
+    r.columns = MinU32(w, keys.end - r.key0);
     r.subBlocks = (r.columns + t.blockK - 1) / t.blockK;
     r.width = r.subBlocks * t.blockK;
+    r.firstSub = round == 0 ? (keys.begin - r.key0) / t.blockK : 0;
     return r;
 }
 

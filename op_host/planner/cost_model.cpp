@@ -24,20 +24,21 @@ uint64_t CeilDiv(uint64_t a, uint64_t b)
 TileWork Tile(const TilingData& t, bool causal, uint32_t row0, uint32_t rows, const KeyRange& range,
               uint32_t keys)
 {
-    const uint32_t rounds = static_cast<uint32_t>(CeilDiv(range.end - range.begin, keys));
+    // Rounds on the grid of `keys` (MakeRound): the cells the range touches.
+    const uint32_t rounds = static_cast<uint32_t>(CeilDiv(range.end, keys) - range.begin / keys);
     const int64_t rightBound = causal ? 0 : t.variant.windowRight;
     uint32_t band = 0;
     if (rightBound >= 0) {
         const int64_t firstRowEnd = int64_t{row0} + t.causalOffset + rightBound + 1;
         if (firstRowEnd < range.end) {
             band += rounds - static_cast<uint32_t>(
-                                 std::max<int64_t>(0, firstRowEnd - range.begin) / keys);
+                                 std::max<int64_t>(0, firstRowEnd / keys - range.begin / keys));
         }
     }
     if (t.variant.windowLeft >= 0) {
         const int64_t lastRowBegin = int64_t{row0} + rows - 1 + t.causalOffset - t.variant.windowLeft;
         if (lastRowBegin > range.begin) {
-            band += static_cast<uint32_t>(CeilDiv(lastRowBegin - range.begin, keys));
+            band += static_cast<uint32_t>(CeilDiv(lastRowBegin, keys) - range.begin / keys);
         }
     }
     return {rows, rounds, std::min(band, rounds)};

@@ -1,0 +1,217 @@
+"""The forward Ascend C kernel's features on the CPU twin (race detector on): sliding
+window, softcap, ALiBi, attention sinks, alone and combined, against the float64 oracle;
+window blocks really skipped; results bit for bit independent of the batch and of the
+split over cores. Called through flash_cann.backends.twin.launcher.forward(variant=...)
+directly (the spec's twin features are the lead's to switch on once the backward has
+them too)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from flash_cann.ascend import planner
+from flash_cann.backends.twin import launcher as twin
+from flash_cann.contract import layout as layouts
+from flash_cann.contract.variant import Variant
+from flash_cann.tools import accuracy
+
+from conftest import make_qkv
+from native_build import built
+
+
+@pytest.fixture(scope="module", autouse=True)
+def twin_library():
+    built("twin/libflash_cann_twin.so")
+
+
+if "sinks" in {f.name for f in dataclasses.fields(Variant)}:
+    SinkVariant = Variant
+else:  # before the sinks change: the same field, for the launcher to read
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class SinkVariant(Variant):
+        sinks: torch.Tensor | None = None
+
+
+def _features(variant: Variant, batch: int) -> planner.Variant:
+    """The planner's encoding of a Variant, as the launcher hands it to the kernel."""
+    slopes = variant.alibi_slopes
+    alibi = None
+    if slopes is not None:
+        alibi = "head" if slopes.dim() == 1 or slopes.stride(0) == 0 else "batch_head"
+    return planner.variant(window=(variant.window_left, variant.window_right),
+                           softcap=variant.softcap, dropout_p=variant.dropout_p, alibi=alibi,
+                           sinks=getattr(variant, "sinks", None) is not None)
+
+
+def _with_sinks(out, lse, sinks):
+    """(out, lse) of the same call with one more logit per head in every row's denominator
+    (contract.variant): lse' = log(exp(lse) + exp(sink)), out' = out exp(lse - lse'); a row
+    that sees no key gets out 0 and lse' = sink."""
+    sink = sinks.to(lse.dtype).view(1, -1, 1).expand_as(lse)
+    joint = torch.logaddexp(lse, sink)
+    return (out.to(lse.dtype) * torch.exp(lse - joint).unsqueeze(-1)).to(out.dtype), joint
+
+
+def _check(q, k, v, causal, variant, cores=None):
+    """The twin's result matches the float64 oracle (judged as accuracy.compare judges every
+    backend), and the kernel allocated exactly the planner's buffers."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    b, hq, sq, d = layouts.sizes(q, "BNSD")
+    hk, sk = layouts.sizes(k, "BNSD")[1:3]
+    allocated = {}
+    sinks = getattr(variant, "sinks", None)
+    plain_features = dataclasses.replace(variant, sinks=None) if sinks is not None else variant
+    with torch.no_grad():
+        got = twin.forward(q, k, v, None, scale=scale, causal=causal, layout="BNSD",
+                           variant=variant, ai_cores=cores, allocated=allocated)
+        oracle = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+                                         torch.float64)(q.double(), k.double(), v.double())
+        baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+                                           q.dtype)(q, k, v)
+        lse_baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+                                               torch.float32)(q, k, v)[1]
+    baseline = (baseline[0], lse_baseline)
+    if sinks is not None:
+        oracle = _with_sinks(*oracle, sinks.double())
+        baseline = _with_sinks(*baseline, sinks)
+    results = [accuracy.compare(name, kind, got[i], oracle[i], baseline[i], q.dtype)
+               for name, kind, i in (("out", "out", 0), ("softmax_lse", "lse", 1))]
+    assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+    plan = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk,
+                        dtype=str(q.dtype).removeprefix("torch."), layout="BNSD", causal=causal,
+                        has_mask=False, scale=scale, features=_features(variant, b))
+    assert allocated == {level["level"]: level["used"] for level in plan["levels"]}
+    return got
+
+
+def _slopes(heads, gen, batch=None):
+    shape = (heads,) if batch is None else (batch, heads)
+    return torch.rand(shape, generator=gen) * 0.5 + 0.05
+
+
+FEATURES = {
+    "window": (False, dict(window_left=40, window_right=25)),
+    "window-left": (False, dict(window_left=60)),
+    "window-right": (False, dict(window_right=0)),
+    "window-causal": (True, dict(window_left=50)),
+    "softcap": (False, dict(softcap=3.0)),
+    "softcap-causal": (True, dict(softcap=30.0)),
+    "alibi-head": (False, "head"),
+    "alibi-batch-head": (True, "batch_head"),
+    "sinks": (False, "sinks"),
+    "sinks-causal": (True, "sinks"),
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_each_feature_matches_oracle(name, gen):
+    """Each feature alone, GQA, a key length with several rounds and a partial last block."""
+    causal, spec = FEATURES[name]
+    q, k, v = make_qkv(2, 4, 2, 90, 600, 64, torch.float16, "BNSD", generator=gen)
+    if spec == "head":
+        variant = Variant(alibi_slopes=_slopes(4, gen).expand(2, 4))
+    elif spec == "batch_head":
+        variant = Variant(alibi_slopes=_slopes(4, gen, batch=2))
+    elif spec == "sinks":
+        variant = SinkVariant(sinks=torch.randn(4, generator=gen) * 2)
+    else:
+        variant = Variant(**spec)
+    _check(q, k, v, causal, variant, cores=3)
+
+
+COMBINED = [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16),
+            (256, torch.bfloat16), (17, torch.float16), (80, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("head_dim,dtype", COMBINED, ids=lambda x: str(x).removeprefix("torch."))
+def test_all_features_combined(head_dim, dtype, gen):
+    """Window + causal + GQA + ALiBi + softcap + sinks at once, for head dims up to 256 and
+    odd ones, fp16 and bf16; seqlen_q > seqlen_k, so early rows see no key at all."""
+    q, k, v = make_qkv(2, 4, 2, 160, 130, head_dim, dtype, "BNSD", generator=gen)
+    variant = SinkVariant(window_left=45, softcap=20.0, alibi_slopes=_slopes(4, gen, batch=2),
+                          sinks=torch.randn(4, generator=gen))
+    _check(q, k, v, True, variant, cores=2)
+
+
+def test_rows_without_keys_give_zero_and_the_sink(gen):
+    """A row that sees no key (here: a window of width 1 past the keys' end): out 0 and
+    lse = the sink's logit, not -inf."""
+    q, k, v = make_qkv(1, 2, 2, 64, 16, 64, torch.float16, "BNSD", generator=gen)
+    sinks = torch.tensor([0.75, -2.5])
+    out, lse = twin.forward(q, k, v, None, scale=0.125, causal=True, layout="BNSD",
+                            variant=SinkVariant(window_left=0, sinks=sinks), ai_cores=1)
+    blind = torch.arange(64) < 48  # rows i with i + (16 - 64) < 0
+    assert torch.equal(out[:, :, blind], torch.zeros_like(out[:, :, blind]))
+    assert torch.equal(lse[0, :, blind], sinks.view(2, 1).expand(2, int(blind.sum())))
+
+
+def test_window_skips_key_blocks_outside_the_band(gen):
+    """Keys no row of any tile sees are never read: K and V there are NaN, and a visited
+    block would carry NaN into the output (P = 0 times V = NaN)."""
+    q, k, v = make_qkv(1, 2, 1, 128, 2048, 64, torch.float16, "BNSD", generator=gen)
+    variant = Variant(window_left=100)
+    # rows see keys [1920 + i - 100, 1920 + i]: every key before 1820 is outside the band
+    k[:, :, :1792] = float("nan")
+    v[:, :, :1792] = float("nan")
+    out, lse = twin.forward(q, k, v, None, scale=0.125, causal=True, layout="BNSD",
+                            variant=variant, ai_cores=2)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    k[:, :, :1792] = 0
+    v[:, :, :1792] = 0
+    _check(q, k, v, True, variant, cores=2)
+
+
+def _all_features(heads, batch, gen):
+    return SinkVariant(window_left=70, window_right=30, softcap=10.0,
+                       alibi_slopes=_slopes(heads, gen, batch=batch),
+                       sinks=torch.randn(heads, generator=gen))
+
+
+def test_batch_invariance(gen):
+    """The same sequence alone and as element 3 of a batch of 7 (other tiles, another
+    split over cores) gives identical bits: rounds lie on one key grid for every tile."""
+    q, k, v = make_qkv(7, 4, 2, 300, 700, 64, torch.float16, "BNSD", generator=gen)
+    variant = _all_features(4, 7, gen)
+    out, lse = twin.forward(q, k, v, None, scale=0.125, causal=False, layout="BNSD",
+                            variant=variant)
+    alone = dataclasses.replace(variant, alibi_slopes=variant.alibi_slopes[3:4].clone())
+    out1, lse1 = twin.forward(q[3:4], k[3:4], v[3:4], None, scale=0.125, causal=False,
+                              layout="BNSD", variant=alone)
+    assert torch.equal(out[3:4].view(torch.int16), out1.view(torch.int16))
+    assert torch.equal(lse[3:4].view(torch.int32), lse1.view(torch.int32))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_core_count_invariance(causal, gen):
+    """1, 5 and 24 cores cut the rows into different tiles: the same bits."""
+    q, k, v = make_qkv(2, 3, 3, 333, 900, 64, torch.bfloat16, "BNSD", generator=gen)
+    variant = _all_features(3, 2, gen)
+    if causal:
+        variant = dataclasses.replace(variant, window_right=-1)
+    runs = [twin.forward(q, k, v, None, scale=0.125, causal=causal, layout="BNSD",
+                         variant=variant, ai_cores=cores) for cores in (1, 5, 24)]
+    for out, lse in runs[1:]:
+        assert torch.equal(out.view(torch.int16), runs[0][0].view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), runs[0][1].view(torch.int32))
+
+
+def test_alibi_per_head_forms_agree(gen):
+    """Slopes (heads_q,), their stride-0 (batch, heads_q) expansion and an explicit
+    (batch, heads_q) copy select the same bias."""
+    q, k, v = make_qkv(2, 4, 4, 70, 90, 32, torch.float16, "BNSD", generator=gen)
+    slopes = _slopes(4, gen)
+    runs = [twin.forward(q, k, v, None, scale=0.2, causal=False, layout="BNSD",
+                         variant=Variant(alibi_slopes=s), ai_cores=2)
+            for s in (slopes, slopes.expand(2, 4), slopes.expand(2, 4).clone())]
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+
+
+def test_planner_names_what_it_cannot_plan():
+    """dropout is refused by name until the kernel generates the Philox mask."""
+    with pytest.raises(planner.PlanRefused, match="dropout"):
+        planner.plan("Ascend910B2", 1, 2, 64, 64, features=planner.variant(dropout_p=0.1))
