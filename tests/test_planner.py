@@ -181,6 +181,7 @@ _TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d
 _BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+)"
                        r"(?: \[(\d+)x(\d+), (\d) L0C scratch\])?: ([\d.]+)% "
                        r"of cube peak \(2.5x forward FLOPs\); bound: (.*)")
+_FEATURE = re.compile(r"features: (.+?) {2,}([\d.]+) ms  (.*)")
 _CHANGE = re.compile(r"design change \((non-causal|causal), 16k\): (.*?) +([\d.]+)% of peak; "
                      r"bound: (.*)")
 
@@ -190,9 +191,13 @@ def doc_tables(report: str) -> dict[str, str]:
                "core time max/mean | bound |", "|---:|---|---:|---:|---:|---:|---|"]
     backward = ["| design | seqlen | causal | % of cube peak (2.5× forward FLOPs) | bound |",
                 "|---|---:|---|---:|---|"]
+    features = ["| case (910B2, fp16, batch 1, 16 heads) | predicted time | |", "|---|---:|---|"]
     changes: dict[str, dict[str, str]] = {}
     for line in report.splitlines():
-        if m := _TARGET.match(line):
+        if m := _FEATURE.match(line):
+            case, ms, rest = m.groups()
+            features.append(f"| {case.strip()} | {ms} ms | {re.sub(r'\s+', ' ', rest.strip())} |")
+        elif m := _TARGET.match(line):
             causal, s, pct, tf, imb, ratio, bound = m.groups()
             targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
                            f"{pct} % | {tf} | {imb} | {ratio} | {bound} |")
@@ -210,7 +215,7 @@ def doc_tables(report: str) -> dict[str, str]:
     rows += [f"| {c} | {v.get('non-causal', '')} | {v.get('causal', '')} |"
              for c, v in changes.items()]
     return {"TARGETS": "\n".join(targets), "BACKWARD": "\n".join(backward),
-            "CHANGES": "\n".join(rows)}
+            "CHANGES": "\n".join(rows), "FEATURES": "\n".join(features)}
 
 
 def test_docs_prediction_tables_are_generated(planner_tests_run):
