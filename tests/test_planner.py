@@ -152,6 +152,30 @@ def test_cli_prints_the_backward_plan(capsys):
             in capsys.readouterr().err)
 
 
+def test_cli_plans_the_features(capsys):
+    """--window/--softcap/--alibi/--sinks select the FEATURES kernel and are shown;
+    --dropout is refused by name until the kernel generates its mask."""
+    from flash_cann.tools import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "1,16,32768,128"]
+    assert cli.main([*shape, "--causal", "--window", "4096", "-1", "--alibi", "head",
+                     "--softcap", "30", "--sinks"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("features   window (4096, -1), softcap 30, ALiBi (per head), sinks",
+                   "tiling     key 2010", "kernel     FEATURES", "alibi_ub", "diag_ub",
+                   "PREDICTION (schedule model"):
+        assert needle in out, needle
+    assert cli.main([*shape, "--json", "--window", "100", "20"]) == 0
+    tiling = json.loads(capsys.readouterr().out)["tiling"]
+    assert tiling["features"] == 1 and tiling["variant"]["window_left"] == 100
+    assert tiling["variant"]["window_right"] == 20
+    assert cli.main([*shape, "--dropout", "0.1"]) == 2
+    assert "dropout" in capsys.readouterr().err
+    assert cli.main([*shape, "--causal", "--window", "10", "5"]) == 2
+    assert "--causal is the window's right bound" in capsys.readouterr().err
+
+
 def test_cli_reports_refusals():
     built("planner/libflash_cann_planner.so")
     result = _cli("--shape", "1,8,128,300")
@@ -196,7 +220,8 @@ def doc_tables(report: str) -> dict[str, str]:
     for line in report.splitlines():
         if m := _FEATURE.match(line):
             case, ms, rest = m.groups()
-            features.append(f"| {case.strip()} | {ms} ms | {re.sub(r'\s+', ' ', rest.strip())} |")
+            rest = " ".join(rest.split())
+            features.append(f"| {case.strip()} | {ms} ms | {rest} |")
         elif m := _TARGET.match(line):
             causal, s, pct, tf, imb, ratio, bound = m.groups()
             targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
