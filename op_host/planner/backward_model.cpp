@@ -55,6 +55,12 @@ StepCosts CostStep(const BackwardDesign& d, const EngineRates& r)
     AppendVec(v, VecOp::kBinary, tile, true);                       // dP - D
     AppendVec(v, VecOp::kBinary, tile, true);                       // * P
     AppendVec(v, VecOp::kCast, tile, false);                        // dS
+    if (d.dropoutPassElements > 0) {
+        const VecProgram mask = DropoutMaskProgram(rows, bk, d.dropoutPassElements, d.dropoutDraw);
+        v.insert(v.end(), mask.begin(), mask.end());
+        AppendVec(v, VecOp::kSelect, tile, true, 2);                // P, dP where kept
+        AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
+    }
     c.vecIn = 2 * rows * bk * 4 / r.l2ToUb;
     c.vecCompute = VecSeconds(v, r);
     c.vecOut = 2 * rows * bk * e / r.ubToL2;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "platform.h"
+#include "schedule_model.h"
 #include "timeline.h"
 
 namespace flash_cann {
@@ -41,6 +42,11 @@ struct BackwardDesign {
     uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
     bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
     uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
+    // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
+    // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
+    // (dV's 1 / (1 - p) folds into the post-pass).
+    uint32_t dropoutPassElements = 0;
+    DropoutDraw dropoutDraw;
 };
 
 // The problem (sizes only).

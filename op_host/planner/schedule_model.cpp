@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <map>
+#include <utility>
 
 namespace flash_cann {
 namespace {
@@ -49,6 +51,11 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.outProbs = sliceRows * k * e / r.ubToL2;
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
+    if (d.dropoutPassElements > 0) {  // the slice's keep mask, then P = keep ? P : 0
+        VecProgram dropout = DropoutMaskProgram(sliceRows, k, d.dropoutPassElements, d.dropoutDraw);
+        AppendVec(dropout, VecOp::kSelect, FloatRepeats(sliceRows * k), true);
+        c.softmax += VecSeconds(dropout, r);
+    }
     c.inOutput = vecRows * dim * d.outputBytes / r.l2ToUb;
     c.updateOutput = VecSeconds(OutputUpdateProgram(vecRows, dim, d.vectorBarriers), r);
     c.epilogue = VecSeconds(EpilogueProgram(vecRows, dim), r);
@@ -506,6 +513,81 @@ VecProgram KeyMaskProgram(double rows, double keys)
     AppendVec(p, VecOp::kCompare, key, true);
     AppendVec(p, VecOp::kSelect, key, true);
     AppendVec(p, VecOp::kBinary, FloatRepeats(rows * keys), true);  // S + bias
+    return p;
+}
+
+namespace {
+
+// One step of the generator: independent instructions of `repeats` repeats each, the last
+// followed by a PipeBarrier<PIPE_V> (its head latency exposed).
+void AppendStep(VecProgram& p, std::initializer_list<std::pair<VecOp, double>> ops, double repeats)
+{
+    double left = 0;
+    for (const auto& op : ops) {
+        left += op.second;
+    }
+    for (const auto& op : ops) {
+        for (double i = 0; i < op.second; ++i) {
+            AppendVec(p, op.first, repeats, --left == 0);
+        }
+    }
+}
+
+// One Philox round on `repeats` repeats of 32-bit words (flash_attention_philox.h,
+// PhiloxDropout::Round): `chains` multiplications (2; 1 in the last round when only the
+// first output is needed), `low`: their low words too.
+void AppendPhiloxRound(VecProgram& p, double repeats, double chains, bool low)
+{
+    constexpr VecOp kShift = VecOp::kScalarArith, kMuls = VecOp::kScalarArith;
+    const double c = chains;
+    AppendVec(p, VecOp::kDuplicate, 1, false, 2);                        // the round's keys
+    AppendStep(p, {{kShift, 2 * c}}, repeats);                           // xH, xL << 16
+    AppendStep(p, {{kShift, c}, {kMuls, low ? c : 0}}, repeats);         // xL; lo = M x
+    AppendStep(p, {{kMuls, 2 * c}}, repeats);                            // xL ML, xH ML
+    AppendStep(p, {{kMuls, 2 * c}, {kShift, c}}, repeats);               // xL MH, xH MH, >> 16
+    AppendStep(p, {{VecOp::kBinary, c}}, repeats);                       // s
+    AppendStep(p, {{kShift, 2 * c}}, repeats);                           // s >> 16, s << 16
+    AppendStep(p, {{kShift, c}, {VecOp::kBinary, c}}, repeats);          // s & 0xFFFF; hi +=
+    AppendStep(p, {{VecOp::kBinary, c}}, repeats);                       // s2
+    AppendStep(p, {{kShift, c}}, repeats);                               // s2 >> 16
+    AppendStep(p, {{VecOp::kBinary, c}}, repeats);                       // hi += s2 >> 16
+    for (int x = 0; x < 2; ++x) {                                        // ^ c1 / c3, ^ key
+        AppendStep(p, {{VecOp::kBinary, 2 * c}}, repeats);               //   a & b, a | b
+        AppendStep(p, {{VecOp::kBinary, c}}, repeats);                   //   (a | b) - (a & b)
+    }
+}
+
+}  // namespace
+
+VecProgram DropoutMaskProgram(double rows, double keys, double passElements, const DropoutDraw& draw)
+{
+    VecProgram p;
+    const double passRows = std::max(1.0, std::floor(passElements / keys));
+    const double passes = std::ceil(rows / passRows);
+    for (double pass = 0; pass < passes; ++pass) {
+        const double n = std::min(passRows, rows - pass * passRows) * keys;   // this pass's elements
+        const double calls = std::ceil(n / draw.drawsPerCall);
+        const double words = FloatRepeats(calls);
+        AppendVec(p, VecOp::kDuplicate, words, false, 3);              // counter: j ramp, i, h
+        AppendVec(p, VecOp::kDuplicate, words, true);                  //   b + offset
+        for (uint32_t round = 0; round + 1 < draw.rounds; ++round) {
+            AppendPhiloxRound(p, words, 2, true);
+        }
+        const bool firstOnly = draw.drawsPerCall == 1;
+        AppendPhiloxRound(p, words, firstOnly ? 1 : 2, !firstOnly);
+        const double all = FloatRepeats(n);
+        if (draw.drawsPerCall <= 4) {  // draw >= threshold from the draw's 16-bit halves
+            AppendStep(p, {{VecOp::kScalarArith, 2}}, all);
+            AppendStep(p, {{VecOp::kScalarArith, 1}, {VecOp::kCast, 1}}, all);
+            AppendStep(p, {{VecOp::kCast, 1}, {VecOp::kScalarArith, 1}}, all);
+            AppendStep(p, {{VecOp::kScalarArith, 2}}, all);
+            AppendStep(p, {{VecOp::kBinary, 1}}, all);
+            AppendStep(p, {{VecOp::kCompare, 1}}, all);
+        } else {                       // bytes -> half, compared with the 8-bit threshold
+            AppendStep(p, {{VecOp::kCast, 1}}, std::ceil(n / 128));
+            AppendStep(p, {{VecOp::kCompare, 1}}, std::ceil(n / 128));
+        }
+    }
     return p;
 }
 

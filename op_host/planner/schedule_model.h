@@ -54,6 +54,25 @@ VecProgram KeyMaskProgram(double rows, double keys);
 //   per round, the features' score arithmetic (softcap's tanh, ALiBi's bias)
 VecProgram FeatureProgram(double rows, double keys, bool softcap, bool alibi);
 
+// Dropout's keep mask (op_kernel/flash_attention_philox.h): which Philox draws, and how
+// many elements' keep bits one Philox4x32 call gives.
+struct DropoutDraw {
+    uint32_t rounds = 10;        // Philox4x32-10 (the contract); 7 is the default of Ascend
+                                 // 950's PhiloxRandom (asc-devkit adv_api/math/philox.h)
+    uint32_t drawsPerCall = 1;   // 1: the first output per element (variant.keep_mask today);
+                                 // 4: all four 32-bit outputs; 16: their 16 bytes against an
+                                 // 8-bit threshold (flash-attn 2's CUDA layout)
+};
+//   PhiloxDropout::Generate on a [rows x keys] tile in passes of `passElements`
+//   elements: its instructions, step by step, each step's independent instructions
+//   followed by one PipeBarrier<PIPE_V> (the header's schedule). drawsPerCall > 1 and
+//   rounds != 10 are not implemented in the kernel: they price contract changes.
+//   Integer instructions are costed as the fp32 ones of their class: shifts and Muls by
+//   a scalar as kScalarArith, Add/Sub/And/Or as kBinary, int32 -> float as kCast (the
+//   MindStudio table has no integer rows).
+VecProgram DropoutMaskProgram(double rows, double keys, double passElements,
+                              const DropoutDraw& draw = DropoutDraw());
+
 struct KernelDesign {
     std::string name;
     // One round on one AI core.
@@ -84,6 +103,10 @@ struct KernelDesign {
     // costed as the causal diagonal's, on the rounds TileWork marks).
     bool softcap = false;
     bool alibi = false;
+    // Dropout: > 0, every slice draws its keep mask (DropoutMaskProgram, passes of this
+    // many elements) and applies it to P with one Select.
+    uint32_t dropoutPassElements = 0;
+    DropoutDraw dropoutDraw;
 };
 
 // One tile of an AI core's work: `rows` query rows (both vector cores together),

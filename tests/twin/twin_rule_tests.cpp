@@ -1133,6 +1133,33 @@ const std::vector<RuleCase>& RuleCases()
              TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 512);
              Adds(b.Get<float>()[1], b.Get<float>()[1], 1.0f, 8);
          }},
+        // The integer instructions of the dropout generator (flash_attention_philox.h).
+        {"R90", CoreType::AIV, [](float*) {  // vadd has no uint32 form on 910B
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Add(b.Get<uint32_t>(), b.Get<uint32_t>(), b.Get<uint32_t>(), 64);
+         }},
+        {"R91", CoreType::AIV, [](float*) {  // int32 overflow, saturation mode never set
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             Duplicate(b.Get<int32_t>(), int32_t{0x7FFFFFFF}, 64);
+             PipeBarrier<PIPE_V>();
+             Adds(b.Get<int32_t>(), b.Get<int32_t>(), int32_t{1}, 64);
+         }},
+        {"R92", CoreType::AIV, [](float*) {  // vshl takes 16/32-bit integers only
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             ShiftLeft(b.Get<float>(), b.Get<float>(), 1.0f, 64);
+         }},
+        {"R93", CoreType::AIV, [](float*) {  // a 32-bit shift past 32
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             ShiftRight(b.Get<uint32_t>(), b.Get<uint32_t>(), 33u, 64);
+         }},
+        {"R94", CoreType::AIV, [](float*) {  // int32 -> float: CAST_NONE or CAST_RINT only
+             TPipe pipe; TBuf<TPosition::VECCALC> a, b; pipe.InitBuffer(a, 256); pipe.InitBuffer(b, 256);
+             Cast(b.Get<float>(), a.Get<int32_t>(), RoundMode::CAST_FLOOR, 64);
+         }},
+        {"R95", CoreType::AIV, [](float*) {  // int32 compares only for equality
+             TPipe pipe; TBuf<TPosition::VECCALC> a, bits; pipe.InitBuffer(a, 256); pipe.InitBuffer(bits, 32);
+             Compares(bits.Get<uint8_t>(), a.Get<int32_t>(), int32_t{0}, CMPMODE::GE, 64);
+         }},
     };
     return cases;
 }
@@ -1158,6 +1185,50 @@ void BackstopTimeout()
     });
     twin::SetDeadlockTimeout(std::chrono::milliseconds(120000));
     Expect("R32", "backstop timeout", v, "still waiting after 100 ms", line);
+}
+
+// Integer arithmetic under CTRL bit 53: truncation wraps, saturation clamps; 16-bit
+// lanes and shifts as the dropout generator uses them.
+void IntegerArithmetic()
+{
+    std::vector<float> gm(8);
+    int32_t wrapped = 0, saturated = 0, high = 0;
+    uint16_t bitwise = 0;
+    int16_t difference = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> a, b, c;
+        pipe.InitBuffer(a, 256); pipe.InitBuffer(b, 256); pipe.InitBuffer(c, 256);
+        SetSaturationFlag<SaturationMode::INT>(false);
+        Duplicate(a.Get<int32_t>(), int32_t{0x7FFFFFFF}, 64);
+        Duplicate(c.Get<uint32_t>(), 0xD2511F53u, 64);
+        PipeBarrier<PIPE_V>();
+        Muls(b.Get<int32_t>(), a.Get<int32_t>(), int32_t{3}, 64);      // wraps to 0x7FFFFFFD
+        ShiftRight(c.Get<uint32_t>(), c.Get<uint32_t>(), 16u, 64);     // logical: 0xD251
+        PipeBarrier<PIPE_ALL>();  // the scalar reads below, and the vector writes after them
+        wrapped = b.Get<int32_t>().GetValue(5);
+        high = c.Get<int32_t>().GetValue(63);
+        PipeBarrier<PIPE_ALL>();
+        SetSaturationFlag<SaturationMode::INT>(true);
+        Muls(b.Get<int32_t>(), a.Get<int32_t>(), int32_t{3}, 64);
+        Or(c.Get<uint16_t>(), a.Get<uint16_t>(), a.Get<uint16_t>(), 128);
+        PipeBarrier<PIPE_ALL>();
+        saturated = b.Get<int32_t>().GetValue(0);
+        bitwise = c.Get<uint16_t>().GetValue(1);                        // high half of 0x7FFFFFFF
+        PipeBarrier<PIPE_ALL>();
+        Sub(b.Get<int16_t>(), c.Get<int16_t>(), a.Get<int16_t>(), 128); // 0x7FFF - 0x7FFF
+        PipeBarrier<PIPE_ALL>();
+        difference = b.Get<int16_t>().GetValue(1);
+    });
+    ++g_tests;
+    if (!v.empty() || wrapped != 0x7FFFFFFD || saturated != 0x7FFFFFFF || high != 0xD251 ||
+        bitwise != 0x7FFF || difference != 0) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL integer arithmetic: %s wrapped %x saturated %x high %x or %x sub %d\n",
+                     v.c_str(), wrapped, saturated, high, bitwise, difference);
+    } else {
+        std::printf("ok   integer arithmetic (wrap, saturate, logical shift, 16-bit lanes)\n");
+    }
 }
 
 void RuleCasesFire()
@@ -1283,7 +1354,7 @@ int main()
                       RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
                       RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RaceFlagFromTheWrongPipe,
                       RaceWaitOnTheWrongPipe, RaceBarrierOnTheWrongPipe,
-                      RaceCrossCoreFlagFromTheWrongPipe, RuleCasesFire, BackstopTimeout, KernelValid,
+                      RaceCrossCoreFlagFromTheWrongPipe, IntegerArithmetic, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

@@ -106,6 +106,9 @@ struct CoreState {
     uint64_t peakBytes[6] = {};
     // SetAtomicAdd<float>() is in force: copies to GM add instead of storing.
     bool atomicAddFloat = false;
+    // SetSaturationFlag<SaturationMode::INT> (CTRL bit 53): -1 never set (its reset value
+    // is not documented), 0 integer results wrap (truncation), 1 they saturate.
+    int8_t intSaturation = -1;
 };
 
 CoreState& Core();

@@ -156,13 +156,113 @@ void Elementwise(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const Lo
 template <typename T>
 float F(T v) { return static_cast<float>(v); }
 
+// A compared value: integers exactly, floating types through float.
+template <typename T>
+double ToDouble(T v)
+{
+    if constexpr (std::is_integral<T>::value) {
+        return static_cast<double>(v);
+    } else {
+        return static_cast<double>(static_cast<float>(v));
+    }
+}
+
+// Integer vector arithmetic (int16/int32 Add, Sub, Mul, Adds, Muls): the exact result, then
+// CTRL bit 53 (SetSaturationFlag<SaturationMode::INT>) decides: 0 truncates to the type's
+// bits (two's complement wrap), 1 saturates. Its reset value is not documented, so a
+// result that does not fit while the kernel never set the mode is a violation.
+template <typename T>
+T IntegerResult(int64_t exact, const twin::Site& site, const char* what)
+{
+    const int64_t lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+    if (exact >= lo && exact <= hi) {
+        return static_cast<T>(exact);
+    }
+    const int8_t mode = twin::Core().intSaturation;
+    twin::Require(mode >= 0, site, "[R91] ", what, ": the integer result ", exact,
+                  " overflows its type while the integer saturation mode was never set "
+                  "(SetSaturationFlag<SaturationMode::INT>: CTRL bit 53 has no documented "
+                  "reset value)");
+    if (mode == 1) {
+        return static_cast<T>(exact < lo ? lo : hi);
+    }
+    using U = typename std::make_unsigned<T>::type;
+    return static_cast<T>(static_cast<U>(static_cast<uint64_t>(exact)));
+}
+
+// The element types an arithmetic instruction takes on 910B (asc-devkit dav_c220
+// kernel_operator_vec_binary_impl.h / _binary_scalar_impl.h: half, float, int16, int32).
+template <typename T>
+void RequireArithmeticType(const twin::Site& site, const char* what)
+{
+    constexpr bool ok = std::is_same<T, half>::value || std::is_same<T, float>::value ||
+                        std::is_same<T, int16_t>::value || std::is_same<T, int32_t>::value;
+    twin::Require(ok, site, "[R90] ", what, " takes half, float, int16_t or int32_t on 910B, not a ",
+                  sizeof(T), "-byte ", std::is_signed<T>::value ? "signed" : "unsigned", " type");
+}
+
+// a (op) b in the element type: floats through float, integers exactly, then
+// IntegerResult.
+template <typename T, typename FloatOp, typename IntOp>
+T Arith(T a, T b, const twin::Site& site, const char* what, FloatOp floatOp, IntOp intOp)
+{
+    if constexpr (std::is_integral<T>::value) {
+        return IntegerResult<T>(intOp(int64_t{a}, int64_t{b}), site, what);
+    } else {
+        return static_cast<T>(floatOp(F(a), F(b)));
+    }
+}
+
 }  // namespace twin_detail
 
-#define TWIN_BINARY(Name, expr)                                                                \
+#define TWIN_BINARY(Name, floatExpr, intExpr)                                                  \
     template <typename T>                                                                      \
     void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
               const int32_t& count, TWIN_SITE)                                                 \
     {                                                                                          \
+        twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
+        twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name, [&](T a, T b) {   \
+            return twin_detail::Arith(a, b, TWIN_HERE, #Name, [](float x, float y) { return floatExpr; }, \
+                                      [](int64_t x, int64_t y) { return intExpr; });           \
+        });                                                                                    \
+    }                                                                                          \
+    template <typename T, bool isSetMask = true>                                               \
+    void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
+              uint64_t mask, const uint8_t repeatTime, const BinaryRepeatParams& params, TWIN_SITE) \
+    {                                                                                          \
+        twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
+        twin_detail::Repeat(dst, &src0, &src1, mask, repeatTime, params, TWIN_HERE, #Name, [&](T a, T b) { \
+            return twin_detail::Arith(a, b, TWIN_HERE, #Name, [](float x, float y) { return floatExpr; }, \
+                                      [](int64_t x, int64_t y) { return intExpr; });           \
+        });                                                                                    \
+    }
+
+TWIN_BINARY(Add, x + y, x + y)
+TWIN_BINARY(Sub, x - y, x - y)
+TWIN_BINARY(Mul, x * y, x * y)
+TWIN_BINARY(Max, std::max(x, y), std::max(x, y))
+#undef TWIN_BINARY
+
+template <typename T>
+void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,
+         const int32_t& count, TWIN_SITE)
+{
+    static_assert(!std::is_integral<T>::value, "Div takes half or float");
+    twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, "Div", [](T a, T b) {
+        return static_cast<T>(twin_detail::F(a) / twin_detail::F(b));
+    });
+}
+
+// Bitwise And/Or (vand/vor) take 16-bit integers on 910B: 32-bit words are processed as
+// pairs of halves (ReinterpretCast<uint16_t>, twice the count).
+#define TWIN_BITWISE(Name, expr)                                                               \
+    template <typename T>                                                                      \
+    void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
+              const int32_t& count, TWIN_SITE)                                                 \
+    {                                                                                          \
+        static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value,      \
+                      #Name " takes 16-bit integers");                                          \
+        twin_detail::RequireUbScratchFree(TWIN_HERE, #Name);                                   \
         twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name,                   \
                                  [](T a, T b) { return static_cast<T>(expr); });               \
     }                                                                                          \
@@ -170,42 +270,94 @@ float F(T v) { return static_cast<float>(v); }
     void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
               uint64_t mask, const uint8_t repeatTime, const BinaryRepeatParams& params, TWIN_SITE) \
     {                                                                                          \
+        static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value,      \
+                      #Name " takes 16-bit integers");                                          \
         twin_detail::Repeat(dst, &src0, &src1, mask, repeatTime, params, TWIN_HERE, #Name,     \
                             [](T a, T b) { return static_cast<T>(expr); });                    \
     }
 
-TWIN_BINARY(Add, twin_detail::F(a) + twin_detail::F(b))
-TWIN_BINARY(Sub, twin_detail::F(a) - twin_detail::F(b))
-TWIN_BINARY(Mul, twin_detail::F(a) * twin_detail::F(b))
-TWIN_BINARY(Div, twin_detail::F(a) / twin_detail::F(b))
-TWIN_BINARY(Max, std::max(twin_detail::F(a), twin_detail::F(b)))
-#undef TWIN_BINARY
+TWIN_BITWISE(And, a & b)
+TWIN_BITWISE(Or, a | b)
+#undef TWIN_BITWISE
+
+// ShiftLeft / ShiftRight by a scalar (vshl/vshr): 16- and 32-bit integers, the shift in
+// [0, bits] (the header's CheckValueRange). Right shifts of unsigned types are logical, of
+// signed types arithmetic (roundEn, the rounding right shift, is not modelled: false only).
+namespace twin_detail {
+template <typename T>
+void RequireShift(const T& shift, const twin::Site& site, const char* what)
+{
+    constexpr bool ok = std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value ||
+                        std::is_same<T, uint32_t>::value || std::is_same<T, int32_t>::value;
+    twin::Require(ok, site, "[R92] ", what, " takes int16_t, uint16_t, int32_t or uint32_t on 910B, not a ",
+                  sizeof(T), "-byte type");
+    twin::Require(int64_t(shift) >= 0 && int64_t(shift) <= int64_t(sizeof(T) * 8), site, "[R93] ", what,
+                  ": shift ", int64_t(shift), " outside [0, ", sizeof(T) * 8, "]");
+}
+}  // namespace twin_detail
 
 template <typename T>
-void And(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,
-         const int32_t& count, TWIN_SITE)
+void ShiftLeft(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,
+               const int32_t& count, TWIN_SITE)
 {
-    static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value,
-                  "And takes 16-bit integers");
-    twin_detail::RequireUbScratchFree(TWIN_HERE, "And");
-    twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, "And",
-                             [](T a, T b) { return static_cast<T>(a & b); });
+    twin_detail::RequireShift(scalarValue, TWIN_HERE, "ShiftLeft");
+    if constexpr (std::is_integral<T>::value) {
+        using U = typename std::make_unsigned<T>::type;
+        const uint32_t shift = static_cast<uint32_t>(scalarValue);
+        twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, TWIN_HERE,
+                                 "ShiftLeft", [shift](T a, T) {
+            return static_cast<T>(shift >= sizeof(T) * 8 ? U{0} : static_cast<U>(static_cast<U>(a) << shift));
+        });
+    }
 }
 
-#define TWIN_SCALAR(Name, expr)                                                                \
+template <typename T>
+void ShiftRight(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,
+                const int32_t& count, TWIN_SITE)
+{
+    twin_detail::RequireShift(scalarValue, TWIN_HERE, "ShiftRight");
+    if constexpr (std::is_integral<T>::value) {
+        const uint32_t shift = static_cast<uint32_t>(scalarValue);
+        twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, TWIN_HERE,
+                                 "ShiftRight", [shift](T a, T) {
+            if (shift >= sizeof(T) * 8) {
+                return static_cast<T>(std::is_signed<T>::value && a < 0 ? -1 : 0);
+            }
+            return static_cast<T>(a >> shift);
+        });
+    }
+}
+
+enum class SaturationMode : uint8_t { FLOAT, FLOAT8, INT, CAST };
+
+// CTRL's saturation bits (asc-devkit kernel_operator_common_intf_impl.h); the twin models
+// the integer one (bit 53), which its integer arithmetic obeys.
+template <SaturationMode mode>
+void SetSaturationFlag(bool enableSat)
+{
+    if constexpr (mode == SaturationMode::INT) {
+        twin::Core().intSaturation = enableSat ? 1 : 0;
+    }
+}
+
+#define TWIN_SCALAR(Name, floatExpr, intExpr)                                                  \
     template <typename T>                                                                      \
     void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,      \
               const int32_t& count, TWIN_SITE)                                                 \
     {                                                                                          \
-        const float s = static_cast<float>(scalarValue);                                       \
+        twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
+        const T scalar = scalarValue;                                                          \
         twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, \
-                                 TWIN_HERE, #Name,                                             \
-                                 [s](T a, T) { return static_cast<T>(expr); });                \
+                                 TWIN_HERE, #Name, [&](T a, T) {                               \
+            return twin_detail::Arith(a, scalar, TWIN_HERE, #Name,                             \
+                                      [](float x, float y) { return floatExpr; },              \
+                                      [](int64_t x, int64_t y) { return intExpr; });           \
+        });                                                                                    \
     }
 
-TWIN_SCALAR(Adds, twin_detail::F(a) + s)
-TWIN_SCALAR(Muls, twin_detail::F(a) * s)
-TWIN_SCALAR(Maxs, std::max(twin_detail::F(a), s))
+TWIN_SCALAR(Adds, x + y, x + y)
+TWIN_SCALAR(Muls, x * y, x * y)
+TWIN_SCALAR(Maxs, std::max(x, y), std::max(x, y))
 #undef TWIN_SCALAR
 
 #define TWIN_UNARY(Name, expr)                                                                 \
@@ -249,7 +401,11 @@ void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, uint32_t count, TWI
     twin_detail::RequireVector(dst, count, TWIN_HERE, "CreateVecIndex");
     twin::Instruction(twin::kPipeV, TWIN_HERE).Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
     for (uint32_t i = 0; i < count; ++i) {
-        dst.Data()[i] = static_cast<T>(static_cast<float>(firstValue) + static_cast<float>(i));
+        if constexpr (std::is_integral<T>::value) {  // integer ramps are exact
+            dst.Data()[i] = static_cast<T>(static_cast<int64_t>(firstValue) + i);
+        } else {
+            dst.Data()[i] = static_cast<T>(static_cast<float>(firstValue) + static_cast<float>(i));
+        }
     }
 }
 
@@ -263,8 +419,13 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     constexpr bool narrow = std::is_same<U, float>::value &&
                             (std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value);
     constexpr bool byteToHalf = std::is_same<T, half>::value && std::is_same<U, uint8_t>::value;
-    static_assert(widen || narrow || byteToHalf, "twin Cast: half/bf16 <-> float, uint8 -> half");
-    if constexpr (widen || byteToHalf) {
+    constexpr bool intToFloat = std::is_same<T, float>::value && std::is_same<U, int32_t>::value;
+    static_assert(widen || narrow || byteToHalf || intToFloat,
+                  "twin Cast: half/bf16 <-> float, uint8 -> half, int32 -> float");
+    if constexpr (intToFloat) {  // vconv_s322f32 (CAST_NONE) or its RINT form: both round to nearest
+        twin::Require(roundMode == RoundMode::CAST_NONE || roundMode == RoundMode::CAST_RINT, TWIN_HERE,
+                      "[R94] ", "twin Cast int32 -> float implements CAST_NONE and CAST_RINT");
+    } else if constexpr (widen || byteToHalf) {
         twin::Require(roundMode == RoundMode::CAST_NONE, TWIN_HERE, "[R22] ",
                       "Cast to a wider type takes CAST_NONE on 910B");
     } else {
@@ -290,6 +451,10 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
               CMPMODE cmpMode, uint32_t count, TWIN_SITE)
 {
     static_assert(std::is_same<U, uint8_t>::value, "twin Compares writes uint8 bit masks");
+    // dav_c220 CheckVcmpvsDtype: half and float in every mode, int32 only with EQ.
+    twin::Require(std::is_same<T, float>::value || std::is_same<T, half>::value ||
+                      (std::is_same<T, int32_t>::value && cmpMode == CMPMODE::EQ),
+                  TWIN_HERE, "[R95] ", "Compares takes half or float (int32 only with CMPMODE::EQ) on 910B");
     twin::Require(uint64_t{count} * sizeof(T) % twin::kRepeatBytes == 0, TWIN_HERE, "[R25] ",
                   "Compares of ", count, " elements is not whole 256-byte repeats: the hardware "
                   "would drop the partial repeat");
@@ -299,11 +464,11 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
     const twin::Instruction op(twin::kPipeV, TWIN_HERE);
     op.Read(twin::Memory::UB, src0.Bytes(), uint64_t{count} * sizeof(T));
     op.Write(twin::Memory::UB, dst.Bytes(), (count + 7) / 8);
-    const float s = static_cast<float>(src1Scalar);
+    const double s = twin_detail::ToDouble(src1Scalar);
     for (uint32_t i = 0; i < count; i += 8) {
         uint8_t bits = 0;
         for (uint32_t j = 0; j < 8 && i + j < count; ++j) {
-            const float v = static_cast<float>(src0.Data()[i + j]);
+            const double v = twin_detail::ToDouble(src0.Data()[i + j]);
             bool r = false;
             switch (cmpMode) {
                 case CMPMODE::LT: r = v < s; break;
