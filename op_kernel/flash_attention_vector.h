@@ -16,12 +16,18 @@
 //                 flag to the cube per round
 //   UpdateOutput  wait for O; per slice: acc = acc alpha + O (acc = O in a tile's first
 //                 round)
-//   DataCopyOut   out = acc / l, lse = m + ln(l)
+//   DataCopyOut   out = acc / l, lse = m + ln(l) (dropout: out = acc / l / (1 - p))
 // Statistics are fp32; rows that see no key keep m = -inf, l = 0 and produce out = 0 and
 // lse = -inf (clamping m to the lowest float where it is subtracted keeps -inf - -inf
 // out). With attention sinks, every tile starts from m = sink, l = 1 (= exp(sink - m)):
 // the sink joins each row's denominator, and a row that sees no key gives out = 0 and
 // lse = sink.
+//
+// Dropout: once a slice's row sums have taken the undropped P, P = keep ? P : 0 with the
+// Philox keep mask of the slice (flash_attention_philox.h; the counter is (key column,
+// query row, query head, batch + offset), bit-identical to contract.variant.keep_mask),
+// so P.V sums only the kept probabilities; 1 / (1 - p) is folded into the epilogue's
+// 1 / l, and lse is not affected.
 //
 // FEATURES (the tiling key's F digit) compiles in the features of VariantTiling; which
 // of them a launch uses is read from the tiling data (runtime branches, one binary). No scalar reads of UB, so no scalar-vector syncs. Every PipeBarrier<PIPE_V>
@@ -31,6 +37,7 @@
 #define FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 
 #include "flash_attention_common.h"
+#include "flash_attention_philox.h"
 #include "flash_attention_vector_ops.h"
 
 namespace flash_cann {
@@ -38,9 +45,10 @@ namespace flash_cann {
 template <typename T, bool CAUSAL, bool MASK, bool FEATURES>
 class FlashAttentionVector {
 public:
-    __aicore__ inline void Init(GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR sinks,
-                                GM_ADDR out, GM_ADDR softmaxLse, GM_ADDR userWorkspace,
-                                const TilingData& tiling, AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
+                                GM_ADDR userWorkspace, const TilingData& tiling,
+                                AscendC::TPipe* pipe)
     {
         t_ = tiling;
         const VariantTiling& v = t_.variant;
@@ -50,6 +58,7 @@ public:
         alibi_ = FEATURES && v.alibi != static_cast<uint32_t>(Alibi::kNone);
         softcap_ = FEATURES && v.softcap > 0.0f;
         sinks_ = FEATURES && v.sinks != 0u;
+        dropout_ = FEATURES && v.dropoutP > 0.0f;
         // The c - r template serves the band masks and the ALiBi distances.
         band_ = rightBound_ >= 0 || leftBound_ >= 0 || alibi_;
         core_ = static_cast<uint32_t>(AscendC::GetBlockIdx()) / kVectorCoresPerCube;
@@ -91,6 +100,16 @@ public:
         if (alibi_) {
             pipe->InitBuffer(alibiBuf_, bytes.alibiUb);
             distance_ = alibiBuf_.template Get<float>();
+        }
+        if (dropout_) {
+            static_assert(DropoutScratchBytes(kMaxRoundKeys) == PhiloxScratchBytes(kMaxRoundKeys),
+                          "the planner's dropout scratch must be PhiloxDropout's");
+            pipe->InitBuffer(philoxBuf_, bytes.philoxUb);
+            pipe->InitBuffer(keepBuf_, bytes.keepUb);
+            keep_ = keepBuf_.template Get<uint8_t>();
+            philox_.Init(rngState, v.dropoutThreshold, philoxBuf_.template Get<uint8_t>(),
+                         RoundKeys(t_));
+            outScale_ = 1.0f / (1.0f - v.dropoutP);
         }
 
         const uint32_t rowFloats = bytes.rowUb / sizeof(float);
@@ -417,8 +436,11 @@ private:
         AscendC::Exp(s, s, count);
         AscendC::PipeBarrier<PIPE_V>();  // Exp -> row sum (which also rewrites sliceSum_)
         RowReduce<false>(sliceSum_, s, scratch, rows, w);
+        if (dropout_) {  // after the row sum: l takes the undropped P
+            Dropout(s, tile, round, first, rows);
+        }
         AscendC::Mul(l, l, alpha, rows);
-        AscendC::PipeBarrier<PIPE_V>();  // Mul -> Add
+        AscendC::PipeBarrier<PIPE_V>();  // Mul -> Add; dropout's Selects -> Cast
         AscendC::Add(l, l, sliceSum_, rows);
         AscendC::Cast(p, s, AscendC::RoundMode::CAST_RINT, count);
         sQue_.FreeTensor(s);
@@ -426,6 +448,25 @@ private:
         p = pQue_.template DeQue<T>();
         AscendC::DataCopy(exchange_.Probs(seq, (rowOffset_ + first) * w), p, count);
         pQue_.FreeTensor(p);
+    }
+
+    // P = keep ? P : 0 for a slice, in passes of RoundKeys elements (whole rows): the
+    // keep bits of a pass, then one Select. Generate orders its own writes of keep_
+    // after the previous pass's Select has read them (its barriers come first).
+    __aicore__ inline void Dropout(const AscendC::LocalTensor<float>& s, const QueryTile& tile,
+                                   const KeyRound& round, uint32_t first, uint32_t rows)
+    {
+        const uint32_t w = round.width;
+        const uint32_t passRows = RoundKeys(t_) / w;
+        const uint32_t row0 = tile.row0 + rowOffset_ + first;
+        for (uint32_t r = 0; r < rows; r += passRows) {
+            const uint32_t n = MinU32(passRows, rows - r);
+            philox_.Generate(keep_, tile.batch, tile.headQ, row0 + r, n, round.key0, w);
+            AscendC::PipeBarrier<PIPE_V>();  // keep bits -> Select
+            AscendC::Select(s[r * w], keep_, s[r * w], 0.0f,
+                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n * w);
+        }
+        // The caller's next barrier (Mul -> Add of l) orders the Selects before the cast to P.
     }
 
     // acc = acc * alpha + O for the round with sequence number `seq` (acc = O in the
@@ -452,7 +493,8 @@ private:
         }
     }
 
-    // out = acc / l (0 where l = 0), lse = m + ln(l) (-inf where l = 0).
+    // out = acc / l (0 where l = 0; with dropout acc / l / (1 - p)), lse = m + ln(l)
+    // (-inf where l = 0).
     __aicore__ inline void DataCopyOut(const QueryTile& tile)
     {
         if (rows_ == 0) {
@@ -464,7 +506,7 @@ private:
         // hand-offs of the O update (P out -> cube -> O in); InitTile orders the no-round case.
         const AscendC::LocalTensor<float> reciprocal = sliceMax_;
         AscendC::Maxs(sliceSum_, rowSum_, kSmallest, rows_);
-        AscendC::Duplicate(reciprocal, 1.0f, rows_);
+        AscendC::Duplicate(reciprocal, outScale_, rows_);
         AscendC::PipeBarrier<PIPE_V>();  // Maxs, Duplicate -> Div
         AscendC::Div(reciprocal, reciprocal, sliceSum_, rows_);
         AscendC::PipeBarrier<PIPE_V>();  // Div -> Brcb
@@ -510,6 +552,8 @@ private:
     bool alibi_ = false;
     bool softcap_ = false;
     bool sinks_ = false;
+    bool dropout_ = false;
+    float outScale_ = 1.0f;    // 1 / (1 - dropout_p): the kept probabilities' rescale
     float slope_ = 0;          // the current tile's ALiBi slope
     ExchangeBuffers<T> exchange_;
     AscendC::GlobalTensor<T> out_;
@@ -518,12 +562,13 @@ private:
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, oQue_, maskQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, outQue_, lseQue_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowBuf_, brcBuf_, keyBuf_, maskHalfBuf_, bitsBuf_,
-        accBuf_, diagBuf_, alibiBuf_;
+        accBuf_, diagBuf_, alibiBuf_, philoxBuf_, keepBuf_;
     AscendC::LocalTensor<float> rowMax_, rowSum_, sliceMax_, sliceSum_, broadcast_;
     AscendC::LocalTensor<float> alpha_[kAlphaRing];
     AscendC::LocalTensor<float> keyBias_, column_, keyScratch_, acc_, diag_, distance_;
     AscendC::LocalTensor<half> maskHalf_;
-    AscendC::LocalTensor<uint8_t> bits_;
+    AscendC::LocalTensor<uint8_t> bits_, keep_;
+    PhiloxDropout philox_;
 };
 
 }  // namespace flash_cann

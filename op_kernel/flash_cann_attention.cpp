@@ -42,8 +42,8 @@ __aicore__ inline void RunForward(const ForwardArgs& a, const flash_cann::Tiling
     }
     if ASCEND_IS_AIV {
         flash_cann::FlashAttentionVector<T, CAUSAL, MASK, FEATURES> vector;
-        vector.Init(a.keyPaddingMask, a.alibiSlopes, a.sinks, a.out, a.softmaxLse, a.userWorkspace,
-                    tiling, &pipe);
+        vector.Init(a.keyPaddingMask, a.alibiSlopes, a.rngState, a.sinks, a.out, a.softmaxLse,
+                    a.userWorkspace, tiling, &pipe);
         vector.Process();
     }
 }

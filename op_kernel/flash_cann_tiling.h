@@ -151,7 +151,18 @@ struct BufferBytes {
     uint32_t bitsUb;   // comparison bits of a slice
     uint32_t diagUb;   // band template c - r of a slice, fp32 (causal, window or ALiBi)
     uint32_t alibiUb;  // ALiBi distances of a slice, fp32 (ALiBi only)
+    uint32_t philoxUb; // dropout's Philox scratch, passes of one round's width (dropout only)
+    uint32_t keepUb;   // dropout's keep bits of one pass (dropout only)
 };
+
+// Dropout draws its keep mask in passes of RoundKeys elements (flash_attention_philox.h):
+// the Philox scratch is kDropoutWordArrays words per element plus two 256-byte key rows
+// (PhiloxScratchBytes; flash_attention_vector.h asserts the two agree).
+constexpr uint32_t kDropoutWordArrays = 14;
+__aicore__ inline constexpr uint32_t DropoutScratchBytes(uint32_t passElements)
+{
+    return kDropoutWordArrays * passElements * 4u + 2u * 256u;
+}
 
 // Per-row statistics the vector core keeps in one buffer: m, l, the ring of kAlphaRing
 // rescale factors alpha (the O update runs one round behind the softmax), and the
@@ -193,6 +204,8 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
     b.bitsUb = AlignUp(vr * w / 8u, kByteBlock);
     b.diagUb = vr * w * 4u;
     b.alibiUb = vr * w * 4u;
+    b.philoxUb = DropoutScratchBytes(w);
+    b.keepUb = AlignUp(w / 8u, kByteBlock);
     return b;
 }
 

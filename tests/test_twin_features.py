@@ -16,7 +16,7 @@ import torch
 from flash_cann.ascend import planner
 from flash_cann.backends.twin import launcher as twin
 from flash_cann.contract import layout as layouts
-from flash_cann.contract.variant import Variant
+from flash_cann.contract.variant import Variant, keep_mask
 from flash_cann.tools import accuracy
 
 from conftest import make_qkv
@@ -58,21 +58,27 @@ def _with_sinks(out, lse, sinks):
 
 def _check(q, k, v, causal, variant, cores=None):
     """The twin's result matches the float64 oracle (judged as accuracy.compare judges every
-    backend), and the kernel allocated exactly the planner's buffers."""
+    backend; dropout: the oracle applies contract.variant.keep_mask of the same
+    rng_state), and the kernel allocated exactly the planner's buffers."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     b, hq, sq, d = layouts.sizes(q, "BNSD")
     hk, sk = layouts.sizes(k, "BNSD")[1:3]
     allocated = {}
     sinks = getattr(variant, "sinks", None)
     plain_features = dataclasses.replace(variant, sinks=None) if sinks is not None else variant
+    keep = None
+    if variant.dropout_p > 0:
+        keep = keep_mask(variant.rng_state, variant.dropout_p, torch.arange(b).view(-1, 1, 1, 1),
+                         torch.arange(hq).view(1, -1, 1, 1), torch.arange(sq).view(1, 1, -1, 1),
+                         torch.arange(sk).view(1, 1, 1, -1))
     with torch.no_grad():
         got = twin.forward(q, k, v, None, scale=scale, causal=causal, layout="BNSD",
                            variant=variant, ai_cores=cores, allocated=allocated)
-        oracle = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+        oracle = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
                                          torch.float64)(q.double(), k.double(), v.double())
-        baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+        baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
                                            q.dtype)(q, k, v)
-        lse_baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, None,
+        lse_baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
                                                torch.float32)(q, k, v)[1]
     baseline = (baseline[0], lse_baseline)
     if sinks is not None:
@@ -104,7 +110,15 @@ FEATURES = {
     "alibi-batch-head": (True, "batch_head"),
     "sinks": (False, "sinks"),
     "sinks-causal": (True, "sinks"),
+    "dropout": (False, dict(dropout_p=0.3)),
+    "dropout-causal": (True, dict(dropout_p=0.7)),
 }
+
+
+def _rng_state(gen):
+    """(seed, offset): a seed using both 32-bit words, an offset past 2^31."""
+    return torch.tensor([int(torch.randint(1, 2**62, (1,), generator=gen)),
+                         int(torch.randint(2**31, 2**32 - 8, (1,), generator=gen))])
 
 
 @pytest.mark.parametrize("name", list(FEATURES))
@@ -118,6 +132,8 @@ def test_each_feature_matches_oracle(name, gen):
         variant = Variant(alibi_slopes=_slopes(4, gen, batch=2))
     elif spec == "sinks":
         variant = SinkVariant(sinks=torch.randn(4, generator=gen) * 2)
+    elif "dropout_p" in spec:
+        variant = Variant(rng_state=_rng_state(gen), **spec)
     else:
         variant = Variant(**spec)
     _check(q, k, v, causal, variant, cores=3)
@@ -129,10 +145,11 @@ COMBINED = [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16),
 
 @pytest.mark.parametrize("head_dim,dtype", COMBINED, ids=lambda x: str(x).removeprefix("torch."))
 def test_all_features_combined(head_dim, dtype, gen):
-    """Window + causal + GQA + ALiBi + softcap + sinks at once, for head dims up to 256 and
-    odd ones, fp16 and bf16; seqlen_q > seqlen_k, so early rows see no key at all."""
+    """Window + causal + GQA + ALiBi + softcap + dropout + sinks at once, for head dims up
+    to 256 and odd ones, fp16 and bf16; seqlen_q > seqlen_k, so early rows see no key."""
     q, k, v = make_qkv(2, 4, 2, 160, 130, head_dim, dtype, "BNSD", generator=gen)
     variant = SinkVariant(window_left=45, softcap=20.0, alibi_slopes=_slopes(4, gen, batch=2),
+                          dropout_p=0.25, rng_state=_rng_state(gen),
                           sinks=torch.randn(4, generator=gen))
     _check(q, k, v, True, variant, cores=2)
 
@@ -167,18 +184,21 @@ def test_window_skips_key_blocks_outside_the_band(gen):
 
 def _all_features(heads, batch, gen):
     return SinkVariant(window_left=70, window_right=30, softcap=10.0,
-                       alibi_slopes=_slopes(heads, gen, batch=batch),
-                       sinks=torch.randn(heads, generator=gen))
+                       alibi_slopes=_slopes(heads, gen, batch=batch), dropout_p=0.2,
+                       rng_state=_rng_state(gen), sinks=torch.randn(heads, generator=gen))
 
 
 def test_batch_invariance(gen):
     """The same sequence alone and as element 3 of a batch of 7 (other tiles, another
-    split over cores) gives identical bits: rounds lie on one key grid for every tile."""
-    q, k, v = make_qkv(7, 4, 2, 300, 700, 64, torch.float16, "BNSD", generator=gen)
-    variant = _all_features(4, 7, gen)
+    split over cores) gives identical bits: rounds lie on one key grid for every tile.
+    (Dropout's counter holds the batch index: alone, the sequence is batch 0, so its
+    rng_state offset is the batch's + 3, which draws the same mask.)"""
+    q, k, v = make_qkv(7, 2, 1, 200, 600, 32, torch.float16, "BNSD", generator=gen)
+    variant = _all_features(2, 7, gen)
     out, lse = twin.forward(q, k, v, None, scale=0.125, causal=False, layout="BNSD",
                             variant=variant)
-    alone = dataclasses.replace(variant, alibi_slopes=variant.alibi_slopes[3:4].clone())
+    alone = dataclasses.replace(variant, alibi_slopes=variant.alibi_slopes[3:4].clone(),
+                                rng_state=variant.rng_state + torch.tensor([0, 3]))
     out1, lse1 = twin.forward(q[3:4], k[3:4], v[3:4], None, scale=0.125, causal=False,
                               layout="BNSD", variant=alone)
     assert torch.equal(out[3:4].view(torch.int16), out1.view(torch.int16))
@@ -188,8 +208,8 @@ def test_batch_invariance(gen):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_core_count_invariance(causal, gen):
     """1, 5 and 24 cores cut the rows into different tiles: the same bits."""
-    q, k, v = make_qkv(2, 3, 3, 333, 900, 64, torch.bfloat16, "BNSD", generator=gen)
-    variant = _all_features(3, 2, gen)
+    q, k, v = make_qkv(2, 2, 2, 233, 700, 32, torch.bfloat16, "BNSD", generator=gen)
+    variant = _all_features(2, 2, gen)
     if causal:
         variant = dataclasses.replace(variant, window_right=-1)
     runs = [twin.forward(q, k, v, None, scale=0.125, causal=causal, layout="BNSD",
@@ -211,7 +231,23 @@ def test_alibi_per_head_forms_agree(gen):
         assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
 
 
-def test_planner_names_what_it_cannot_plan():
-    """dropout is refused by name until the kernel generates the Philox mask."""
-    with pytest.raises(planner.PlanRefused, match="dropout"):
-        planner.plan("Ascend910B2", 1, 2, 64, 64, features=planner.variant(dropout_p=0.1))
+@pytest.mark.parametrize("features,message", [
+    (dict(window=(-2, -1)), "window bounds must be >= -1"),
+    (dict(softcap=-1.0), "softcap must be finite and >= 0"),
+    (dict(dropout_p=1.0), r"dropout_p must be in \[0, 1\)"),
+])
+def test_planner_names_what_it_cannot_plan(features, message):
+    with pytest.raises(planner.PlanRefused, match=message):
+        planner.plan("Ascend910B2", 1, 2, 64, 64, features=planner.variant(**features))
+
+
+def test_every_feature_fits_at_head_dim_256():
+    """The extra buffers (band template, ALiBi distances, Philox scratch) all fit beside a
+    head_dim 256 tile, with causal and a key mask too."""
+    features = planner.variant(window=(100, -1), softcap=30.0, dropout_p=0.1, alibi="batch_head",
+                               sinks=True)
+    plan = planner.plan("Ascend910B2", 2, 8, 4096, 256, causal=True, has_mask=True,
+                        features=features)
+    names = {b["name"] for b in plan["buffers"]}
+    assert {"diag_ub", "alibi_ub", "philox_ub", "keep_ub"} <= names
+    assert all(level["used"] <= level["capacity"] for level in plan["levels"])

@@ -57,8 +57,8 @@ def _problems():
     tails, head_dim 17 (zero-padded fractals), two rounds of keys (700 > 512), query tiles
     that see no key (causal, seqlen_q > seqlen_k); and the FEATURES kernel with every
     feature on: a two-sided window whose left edge skips the first sub-blocks of a round
-    (KeyRound.firstSub) and whole rounds, ALiBi, softcap and sinks, with and without
-    causal."""
+    (KeyRound.firstSub) and whole rounds, ALiBi, softcap, dropout and sinks, with and
+    without causal."""
     g = torch.Generator().manual_seed(7)
     problems = []
     for sq, sk, d, causal, masked in [(100, 150, 64, True, True), (150, 260, 17, False, False),
@@ -73,6 +73,7 @@ def _problems():
         mask = random_key_padding_mask(1, sk, g)
         variant = SinkVariant(window_left=window[0], window_right=window[1], softcap=8.0,
                               alibi_slopes=torch.rand(1, 4, generator=g) if alibi else None,
+                              dropout_p=0.3, rng_state=torch.tensor([2**40 + 5, 11]),
                               sinks=torch.randn(4, generator=g))
         problems.append((q, k, v, mask, causal, variant))
     return problems

@@ -185,6 +185,7 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice (each band side)
     d.softcap = t.variant.softcap > 0.0f;
     d.alibi = t.variant.alibi != static_cast<uint32_t>(Alibi::kNone);
+    d.dropoutPassElements = t.variant.dropoutP > 0.0f ? RoundKeys(t) : 0;  // as the kernel's passes
     return d;
 }
 

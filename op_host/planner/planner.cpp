@@ -185,6 +185,11 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
     if (alibi) {
         buffers.push_back({"vector: ALiBi distances of a slice", "alibi_ub", MemLevel::UB, b.alibiUb, 1});
     }
+    if (t.variant.dropoutP > 0.0f) {
+        buffers.push_back({"vector: dropout Philox scratch (passes of a round's keys)", "philox_ub",
+                           MemLevel::UB, b.philoxUb, 1});
+        buffers.push_back({"vector: dropout keep bits of a pass", "keep_ub", MemLevel::UB, b.keepUb, 1});
+    }
     return buffers;
 }
 
@@ -345,10 +350,6 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
     result.error = CheckRequest(request, platform);
-    if (result.ok() && request.variant.dropoutP > 0.0f) {
-        result.error = "dropout: the Ascend forward kernel does not generate the Philox keep "
-                       "mask yet";
-    }
     if (!result.ok()) {
         return result;
     }

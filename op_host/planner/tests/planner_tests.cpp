@@ -587,6 +587,7 @@ void TestFeaturesReport()
         {"ALiBi (per head)", MakeVariant(-1, -1, 0, 0, Alibi::kPerHead, false)},
         {"sinks", MakeVariant(-1, -1, 0, 0, Alibi::kNone, true)},
         {"softcap", MakeVariant(-1, -1, 30, 0, Alibi::kNone, false)},
+        {"dropout", MakeVariant(-1, -1, 0, 0.1, Alibi::kNone, false)},
     };
     for (const auto& [name, variant] : features) {
         PlanRequest r = plain;
