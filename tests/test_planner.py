@@ -153,8 +153,8 @@ def test_cli_prints_the_backward_plan(capsys):
 
 
 def test_cli_plans_the_features(capsys):
-    """--window/--softcap/--alibi/--sinks select the FEATURES kernel and are shown;
-    --dropout is refused by name until the kernel generates its mask."""
+    """--window/--softcap/--alibi/--dropout/--sinks select the FEATURES kernel and are
+    shown; an impossible feature is refused by name."""
     from flash_cann.tools import cli
 
     built("planner/libflash_cann_planner.so")
@@ -170,8 +170,11 @@ def test_cli_plans_the_features(capsys):
     tiling = json.loads(capsys.readouterr().out)["tiling"]
     assert tiling["features"] == 1 and tiling["variant"]["window_left"] == 100
     assert tiling["variant"]["window_right"] == 20
-    assert cli.main([*shape, "--dropout", "0.1"]) == 2
-    assert "dropout" in capsys.readouterr().err
+    assert cli.main([*shape, "--dropout", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "features   dropout 0.1" in out and "philox_ub" in out
+    assert cli.main([*shape, "--dropout", "1"]) == 2
+    assert "dropout_p must be in [0, 1)" in capsys.readouterr().err
     assert cli.main([*shape, "--causal", "--window", "10", "5"]) == 2
     assert "--causal is the window's right bound" in capsys.readouterr().err
 
