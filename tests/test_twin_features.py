@@ -19,7 +19,7 @@ from flash_cann.contract import layout as layouts
 from flash_cann.contract.variant import Variant, keep_mask
 from flash_cann.tools import accuracy
 
-from conftest import make_qkv
+from conftest import make_qkv, random_key_padding_mask
 from native_build import built
 
 
@@ -47,22 +47,23 @@ def _features(variant: Variant, batch: int) -> planner.Variant:
                            sinks=getattr(variant, "sinks", None) is not None)
 
 
-def _with_sinks(out, lse, sinks):
+def _with_sinks(out, lse, sinks, layout):
     """(out, lse) of the same call with one more logit per head in every row's denominator
     (contract.variant): lse' = log(exp(lse) + exp(sink)), out' = out exp(lse - lse'); a row
     that sees no key gets out 0 and lse' = sink."""
     sink = sinks.to(lse.dtype).view(1, -1, 1).expand_as(lse)
     joint = torch.logaddexp(lse, sink)
-    return (out.to(lse.dtype) * torch.exp(lse - joint).unsqueeze(-1)).to(out.dtype), joint
+    factor = layouts.from_bnsd(torch.exp(lse - joint).unsqueeze(-1), layout)
+    return (out.to(lse.dtype) * factor).to(out.dtype), joint
 
 
-def _check(q, k, v, causal, variant, cores=None):
+def _check(q, k, v, causal, variant, cores=None, mask=None, layout="BNSD"):
     """The twin's result matches the float64 oracle (judged as accuracy.compare judges every
     backend; dropout: the oracle applies contract.variant.keep_mask of the same
     rng_state), and the kernel allocated exactly the planner's buffers."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    b, hq, sq, d = layouts.sizes(q, "BNSD")
-    hk, sk = layouts.sizes(k, "BNSD")[1:3]
+    b, hq, sq, d = layouts.sizes(q, layout)
+    hk, sk = layouts.sizes(k, layout)[1:3]
     allocated = {}
     sinks = getattr(variant, "sinks", None)
     plain_features = dataclasses.replace(variant, sinks=None) if sinks is not None else variant
@@ -72,24 +73,24 @@ def _check(q, k, v, causal, variant, cores=None):
                          torch.arange(hq).view(1, -1, 1, 1), torch.arange(sq).view(1, 1, -1, 1),
                          torch.arange(sk).view(1, 1, 1, -1))
     with torch.no_grad():
-        got = twin.forward(q, k, v, None, scale=scale, causal=causal, layout="BNSD",
+        got = twin.forward(q, k, v, mask, scale=scale, causal=causal, layout=layout,
                            variant=variant, ai_cores=cores, allocated=allocated)
-        oracle = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
+        oracle = accuracy._materialising(mask, scale, causal, layout, plain_features, keep,
                                          torch.float64)(q.double(), k.double(), v.double())
-        baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
+        baseline = accuracy._materialising(mask, scale, causal, layout, plain_features, keep,
                                            q.dtype)(q, k, v)
-        lse_baseline = accuracy._materialising(None, scale, causal, "BNSD", plain_features, keep,
+        lse_baseline = accuracy._materialising(mask, scale, causal, layout, plain_features, keep,
                                                torch.float32)(q, k, v)[1]
     baseline = (baseline[0], lse_baseline)
     if sinks is not None:
-        oracle = _with_sinks(*oracle, sinks.double())
-        baseline = _with_sinks(*baseline, sinks)
+        oracle = _with_sinks(*oracle, sinks.double(), layout)
+        baseline = _with_sinks(*baseline, sinks, layout)
     results = [accuracy.compare(name, kind, got[i], oracle[i], baseline[i], q.dtype)
                for name, kind, i in (("out", "out", 0), ("softmax_lse", "lse", 1))]
     assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
     plan = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk,
-                        dtype=str(q.dtype).removeprefix("torch."), layout="BNSD", causal=causal,
-                        has_mask=False, scale=scale, features=_features(variant, b))
+                        dtype=str(q.dtype).removeprefix("torch."), layout=layout, causal=causal,
+                        has_mask=mask is not None, scale=scale, features=_features(variant, b))
     assert allocated == {level["level"]: level["used"] for level in plan["levels"]}
     return got
 
@@ -152,6 +153,15 @@ def test_all_features_combined(head_dim, dtype, gen):
                           dropout_p=0.25, rng_state=_rng_state(gen),
                           sinks=torch.randn(4, generator=gen))
     _check(q, k, v, True, variant, cores=2)
+
+
+def test_key_padding_mask_and_bsnd_with_features(gen):
+    """The features beside a key padding mask, in layout BSND."""
+    q, k, v = make_qkv(2, 4, 2, 120, 300, 48, torch.bfloat16, "BSND", generator=gen)
+    variant = SinkVariant(window_left=80, window_right=10, softcap=15.0,
+                          alibi_slopes=_slopes(4, gen), sinks=torch.randn(4, generator=gen))
+    _check(q, k, v, False, variant, cores=3, mask=random_key_padding_mask(2, 300, gen),
+           layout="BSND")
 
 
 def test_rows_without_keys_give_zero_and_the_sink(gen):
