@@ -11,9 +11,10 @@
 //   SoftmaxRound  wait for S; per slice of vecRows rows (double-buffered): scale
 //                 (softcap: s = c tanh(s / c)); ALiBi bias; key bias (tail and key
 //                 padding, one row per round); the band (causal diagonal, sliding
-//                 window) as one 2-D compare + select per side; row max m'; alpha = exp(m - m') into the
-//                 ring; P = exp(S - m'); l = l alpha + rowsum(P); P -> workspace; one
-//                 flag to the cube per round
+//                 window) as one 2-D compare + select per side; row max m';
+//                 alpha = exp(m - m') into the ring; P = exp(S - m');
+//                 l = l alpha + rowsum(P); dropout; P -> workspace; one flag to the
+//                 cube per round
 //   UpdateOutput  wait for O; per slice: acc = acc alpha + O (acc = O in a tile's first
 //                 round)
 //   DataCopyOut   out = acc / l, lse = m + ln(l) (dropout: out = acc / l / (1 - p))
@@ -30,9 +31,12 @@
 // 1 / l, and lse is not affected.
 //
 // FEATURES (the tiling key's F digit) compiles in the features of VariantTiling; which
-// of them a launch uses is read from the tiling data (runtime branches, one binary). No scalar reads of UB, so no scalar-vector syncs. Every PipeBarrier<PIPE_V>
-// separates a vector instruction from a later one that reads what it wrote (or
-// overwrites what it read); independent instructions are not separated.
+// of them a launch uses is read from the tiling data (runtime branches, one binary).
+//
+// No scalar reads of UB, so no scalar-vector syncs (a tile's slope and sink are scalar
+// reads of GM inputs). Every PipeBarrier<PIPE_V> separates a vector instruction from a
+// later one that reads what it wrote (or overwrites what it read); independent
+// instructions are not separated.
 #ifndef FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 #define FLASH_CANN_FLASH_ATTENTION_VECTOR_H
 
