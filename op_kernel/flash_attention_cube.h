@@ -103,6 +103,8 @@ private:
     uint32_t used_ = 0;
 };
 
+// The cube needs no FEATURES flag: the features change which key blocks a tile visits
+// (TileKeys, the same on both halves) and the vector side's arithmetic, not the products.
 template <typename T, bool CAUSAL, bool MASK>
 class FlashAttentionCube {
     using L1Ring = EventRing<T, AscendC::HardEvent::MTE2_MTE1, AscendC::HardEvent::MTE1_MTE2>;
@@ -148,12 +150,12 @@ public:
             uint64_t cursor = t_.rowStart[core_];
             QueryTile tile;
             while (NextTile(t_, cursor, t_.rowStart[core_ + 1], tile)) {
-                const uint32_t keyEnd = KeyEnd<CAUSAL>(t_, tile);
-                const uint32_t rounds = RoundCount(t_, keyEnd);
+                const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
+                const uint32_t rounds = RoundCount(t_, keys);
                 if (rounds == 0) {
-                    continue;  // no key to attend to: the vector cores write 0 and -inf
+                    continue;  // no key to attend to: the vector cores write the empty rows
                 }
-                BeginTile(tile, keyEnd);
+                BeginTile(tile, keys);
                 // S runs kScoresAhead rounds ahead of P.V: while the cube waits for P(r),
                 // the Fixpipe still has S(r+1) and S(r+2) to write out.
                 for (uint32_t round = 0; round < MinU32(kScoresAhead, rounds); ++round) {
@@ -203,11 +205,11 @@ private:
                                                static_cast<uint16_t>(padRows), 1, 0));
     }
 
-    __aicore__ inline void BeginTile(const QueryTile& tile, uint32_t keyEnd)
+    __aicore__ inline void BeginTile(const QueryTile& tile, const KeyRange& keys)
     {
         tile_ = tile;
-        keyEnd_ = keyEnd;
-        blocks_ = (keyEnd + t_.blockK - 1) / t_.blockK;
+        keys_ = keys;
+        blocks_ = (keys.end - keys.begin + t_.blockK - 1) / t_.blockK;
         keysIssued_ = valuesIssued_ = 0;
         rows16_ = AlignUp(tile.rows, kCubeBlock);
         const uint64_t offset = uint64_t{tile.batch} * t_.qStrideBatch +
@@ -223,15 +225,16 @@ private:
         qA_ = qL0a_.BeginUse();
     }
 
+    // Sub-block `block` of the tile holds keys keys_.begin + block * blockK onwards.
     __aicore__ inline uint64_t KeyOffset(uint32_t block) const
     {
         return uint64_t{tile_.batch} * t_.kvStrideBatch + uint64_t{tile_.headKv} * t_.kvStrideHead +
-               uint64_t{block} * t_.blockK * t_.kvStrideRow;
+               (uint64_t{keys_.begin} + uint64_t{block} * t_.blockK) * t_.kvStrideRow;
     }
 
     __aicore__ inline uint32_t Columns(uint32_t block) const
     {
-        return MinU32(t_.blockK, keyEnd_ - block * t_.blockK);
+        return MinU32(t_.blockK, keys_.end - keys_.begin - block * t_.blockK);
     }
 
     // Start the K (or V) loads of the tile's next sub-blocks into every free L1 buffer:
@@ -270,11 +273,11 @@ private:
     // S = Q K^T for every sub-block of round `index`, into the next S slot.
     __aicore__ inline void ComputeScores(uint32_t index)
     {
-        const KeyRound round = MakeRound(t_, keyEnd_, index);
+        const KeyRound round = MakeRound(t_, keys_, index);
         const uint32_t seq = scoreSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
-        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+        for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
             IssueKeys();
             // K in Nz is already the Zn layout of K^T.
             const AscendC::LocalTensor<T> kL1 = kL1_.BeginUse();
@@ -301,7 +304,7 @@ private:
     // O = P V of round `index`, accumulated over its sub-blocks in L0C, into the next O slot.
     __aicore__ inline void ComputeOutput(uint32_t index)
     {
-        const KeyRound round = MakeRound(t_, keyEnd_, index);
+        const KeyRound round = MakeRound(t_, keys_, index);
         const uint32_t seq = outputSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
@@ -310,10 +313,10 @@ private:
         IssueValues();
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
-        probsIssued_ = 0;
+        probsIssued_ = round.firstSub;
         IssueProbs(round, seq);
         const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
-        for (uint32_t sub = 0; sub < round.subBlocks; ++sub) {
+        for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
             const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
             LoadLeft(pL0a_.BeginFill(), pL1, rows16_, bk);
             pL1_.EndUse();
@@ -329,12 +332,12 @@ private:
             IssueValues();
 
             const AscendC::LocalTensor<T> a = pL0a_.BeginUse();
-            if (sub > 0) {
+            if (sub > round.firstSub) {
                 AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
             }
             AscendC::Mmad(o, a, l0b_.BeginUse(),
                           AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(d),
-                                              static_cast<uint16_t>(bk), 0, false, sub == 0));
+                                              static_cast<uint16_t>(bk), 0, false, sub == round.firstSub));
             pL0a_.EndUse();
             l0b_.EndUse();
         }
@@ -350,11 +353,11 @@ private:
     TilingData t_;
     uint32_t core_ = 0;
     QueryTile tile_{};
-    uint32_t keyEnd_ = 0;
+    KeyRange keys_{};
     uint32_t blocks_ = 0;       // key sub-blocks of the tile
     uint32_t keysIssued_ = 0;   // K sub-blocks of the tile whose load has been issued
     uint32_t valuesIssued_ = 0;
-    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round
+    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round (from its firstSub)
     uint32_t rows16_ = 0;
     uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
     uint32_t outputSeq_ = 0;

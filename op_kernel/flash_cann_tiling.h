@@ -29,11 +29,15 @@ constexpr uint32_t kByteBlock = 32;  // UB/L1 alignment and DataCopy unit
 
 enum class Layout : uint32_t { BNSD = 0, BSND = 1 };
 
-// The tiling key selects one kernel instantiation: element type, causal, key mask.
-// Decimal fields so a key reads as what it is: 1DCM (D: 0 fp16, 1 bf16).
-constexpr uint64_t TilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask)
+// The tiling key selects one kernel instantiation: element type, causal, key mask, and
+// whether the features of VariantTiling are compiled in. Decimal fields so a key reads as
+// what it is: FDCM (F: 1 plain, 2 features; D: 0 fp16, 1 bf16). The features themselves
+// (window, softcap, ALiBi, dropout, sinks) are runtime branches on the tiling data: one
+// FEATURES binary per plain one keeps the count at 16 (docs/kernel.md, "Tiling keys").
+constexpr uint64_t TilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask,
+                             uint32_t features)
 {
-    return 1000u + isBf16 * 100u + causal * 10u + hasMask;
+    return 1000u + features * 1000u + isBf16 * 100u + causal * 10u + hasMask;
 }
 
 struct TilingData {
@@ -83,7 +87,7 @@ struct TilingData {
     // Work split: AI core c owns the rows [rowStart[c], rowStart[c + 1]) of the
     // flattened (batch, head_q, seqlen_q) row space.
     uint32_t usedCores;
-    uint32_t reserved;
+    uint32_t features;     // 1: the FEATURES kernel (tiling key); 0 iff IsPlain(variant)
     uint64_t rowStart[kMaxCores + 1];
     // Per-core user workspace (GM) for the cube <-> vector exchange (Workspace below).
     uint64_t workspacePerCore;
@@ -145,8 +149,20 @@ struct BufferBytes {
     uint32_t maskUb;   // key mask bytes of a round (MASK only)
     uint32_t maskHalfUb;  // the same as half (MASK only)
     uint32_t bitsUb;   // comparison bits of a slice
-    uint32_t diagUb;   // causal template c - r of a slice, fp32 (CAUSAL only)
+    uint32_t diagUb;   // band template c - r of a slice, fp32 (causal, window or ALiBi)
+    uint32_t alibiUb;  // ALiBi distances of a slice, fp32 (ALiBi only)
+    uint32_t philoxUb; // dropout's Philox scratch, passes of one round's width (dropout only)
+    uint32_t keepUb;   // dropout's keep bits of one pass (dropout only)
 };
+
+// Dropout draws its keep mask in passes of RoundKeys elements (flash_attention_philox.h):
+// the Philox scratch is kDropoutWordArrays words per element plus two 256-byte key rows
+// (PhiloxScratchBytes; flash_attention_vector.h asserts the two agree).
+constexpr uint32_t kDropoutWordArrays = 14;
+__aicore__ inline constexpr uint32_t DropoutScratchBytes(uint32_t passElements)
+{
+    return kDropoutWordArrays * passElements * 4u + 2u * 256u;
+}
 
 // Per-row statistics the vector core keeps in one buffer: m, l, the ring of kAlphaRing
 // rescale factors alpha (the O update runs one round behind the softmax), and the
@@ -187,6 +203,9 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
     b.maskHalfUb = w * 2u;
     b.bitsUb = AlignUp(vr * w / 8u, kByteBlock);
     b.diagUb = vr * w * 4u;
+    b.alibiUb = vr * w * 4u;
+    b.philoxUb = DropoutScratchBytes(w);
+    b.keepUb = AlignUp(w / 8u, kByteBlock);
     return b;
 }
 
@@ -264,46 +283,74 @@ __aicore__ inline bool NextTile(const TilingData& t, uint64_t& cursor, uint64_t 
     return true;
 }
 
-// Keys [0, KeyEnd) are visible to at least one row of the tile (bottom-right causal);
-// 0 means the tile sees no key at all.
+// The keys a tile visits: [begin, end) holds every key some row of the tile sees under
+// the bottom-right causal mask and the sliding window (flash_cann_variant.h), with begin
+// rounded down to a blockK boundary (the cube loads whole sub-blocks); key blocks wholly
+// outside the tile's band are never visited. begin == end: the tile sees no key.
+struct KeyRange {
+    uint32_t begin;
+    uint32_t end;
+};
+
 template <bool CAUSAL>
-__aicore__ inline uint32_t KeyEnd(const TilingData& t, const QueryTile& tile)
+__aicore__ inline KeyRange TileKeys(const TilingData& t, const QueryTile& tile)
 {
-    if (!CAUSAL) {
-        return t.seqlenK;
+    const int64_t firstDiagonal = static_cast<int64_t>(tile.row0) + t.causalOffset;
+    const int64_t lastDiagonal = firstDiagonal + tile.rows - 1;
+    int64_t end = t.seqlenK;
+    if (CAUSAL) {
+        end = lastDiagonal + 1 < end ? lastDiagonal + 1 : end;
+    } else if (t.variant.windowRight >= 0) {
+        const int64_t right = lastDiagonal + t.variant.windowRight + 1;
+        end = right < end ? right : end;
     }
-    const int64_t last = static_cast<int64_t>(tile.row0) + tile.rows + t.causalOffset;
-    if (last <= 0) {
-        return 0;
+    int64_t begin = 0;
+    if (t.variant.windowLeft >= 0 && firstDiagonal - t.variant.windowLeft > 0) {
+        begin = firstDiagonal - t.variant.windowLeft;
     }
-    return last < static_cast<int64_t>(t.seqlenK) ? static_cast<uint32_t>(last) : t.seqlenK;
+    if (end <= begin) {
+        return {0, 0};
+    }
+    return {static_cast<uint32_t>(begin) / t.blockK * t.blockK, static_cast<uint32_t>(end)};
 }
 
 // One round of a tile: keys [key0, key0 + columns) in `subBlocks` sub-blocks of
 // blockK keys; S and P rows of the round are `width` = subBlocks x blockK wide (the
 // last sub-block's keys past `columns` are zero-padded by the cube and masked by the
-// vector cores).
+// vector cores). Rounds lie on one grid for every tile, key0 a multiple of RoundKeys:
+// a row's keys then sit at the same columns of the same rounds whichever tile holds the
+// row, so its result does not depend on how rows are cut into tiles and split over
+// cores (batch and core-count invariance, bit for bit). The sub-blocks before
+// `firstSub` hold keys no row of the tile sees (a window's left edge inside the
+// tile's first round): the cube skips them, and the vector cores' band mask sets
+// their columns to -inf whatever the workspace holds there.
 struct KeyRound {
     uint32_t key0;
     uint32_t columns;
     uint32_t subBlocks;
     uint32_t width;
+    uint32_t firstSub;
 };
 
-// Rounds of a tile whose keys are [0, keyEnd): the blockK sub-blocks, keyStack at a time.
-__aicore__ inline uint32_t RoundCount(const TilingData& t, uint32_t keyEnd)
+// Rounds of a tile whose keys are `keys`: the grid cells of RoundKeys keys they touch.
+__aicore__ inline uint32_t RoundCount(const TilingData& t, const KeyRange& keys)
 {
-    const uint32_t blocks = (keyEnd + t.blockK - 1) / t.blockK;
-    return (blocks + t.keyStack - 1) / t.keyStack;
+    if (keys.end == keys.begin) {
+        return 0;
+    }
+    const uint32_t w = RoundKeys(t);
+    return (keys.end + w - 1) / w - keys.begin / w;
 }
 
-__aicore__ inline KeyRound MakeRound(const TilingData& t, uint32_t keyEnd, uint32_t round)
+__aicore__ inline KeyRound MakeRound(const TilingData& t, const KeyRange& keys, uint32_t round)
 {
+    const uint32_t w = RoundKeys(t);
     KeyRound r;
-    r.key0 = round * RoundKeys(t);
-    r.columns = MinU32(RoundKeys(t), keyEnd - r.key0);
+    r.key0 = (keys.begin / w + round) * w;
+    r.columns = MinU32(w, keys.end - r.key0);
     r.subBlocks = (r.columns + t.blockK - 1) / t.blockK;
     r.width = r.subBlocks * t.blockK;
+    r.firstSub = round == 0 ? (keys.begin - r.key0) / t.blockK : 0;
     return r;
 }
 

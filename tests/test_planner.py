@@ -153,6 +153,33 @@ def test_cli_prints_the_backward_plan(capsys):
             in capsys.readouterr().err)
 
 
+def test_cli_plans_the_features(capsys):
+    """--window/--softcap/--alibi/--dropout/--sinks select the FEATURES kernel and are
+    shown; an impossible feature is refused by name."""
+    from flash_cann.tools import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "1,16,32768,128"]
+    assert cli.main([*shape, "--causal", "--window", "4096", "-1", "--alibi", "head",
+                     "--softcap", "30", "--sinks"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("features   window (4096, -1), softcap 30, ALiBi (per head), sinks",
+                   "tiling     key 2010", "kernel     FEATURES", "alibi_ub", "diag_ub",
+                   "PREDICTION (schedule model"):
+        assert needle in out, needle
+    assert cli.main([*shape, "--json", "--window", "100", "20"]) == 0
+    tiling = json.loads(capsys.readouterr().out)["tiling"]
+    assert tiling["features"] == 1 and tiling["variant"]["window_left"] == 100
+    assert tiling["variant"]["window_right"] == 20
+    assert cli.main([*shape, "--dropout", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "features   dropout 0.1" in out and "philox_ub" in out
+    assert cli.main([*shape, "--dropout", "1"]) == 2
+    assert "dropout_p must be in [0, 1)" in capsys.readouterr().err
+    assert cli.main([*shape, "--causal", "--window", "10", "5"]) == 2
+    assert "--causal is the window's right bound" in capsys.readouterr().err
+
+
 def test_cli_reports_refusals():
     built("planner/libflash_cann_planner.so")
     result = _cli("--shape", "1,8,128,300")
@@ -182,6 +209,7 @@ _TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d
 _BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+)"
                        r"(?: \[(\d+)x(\d+), (\d) L0C scratch\])?: ([\d.]+)% "
                        r"of cube peak \(2.5x forward FLOPs\); bound: (.*)")
+_FEATURE = re.compile(r"features: (.+?) {2,}([\d.]+) ms  (.*)")
 _CHANGE = re.compile(r"design change \((non-causal|causal), 16k\): (.*?) +([\d.]+)% of peak; "
                      r"bound: (.*)")
 
@@ -191,9 +219,14 @@ def doc_tables(report: str) -> dict[str, str]:
                "core time max/mean | bound |", "|---:|---|---:|---:|---:|---:|---|"]
     backward = ["| design | seqlen | causal | % of cube peak (2.5× forward FLOPs) | bound |",
                 "|---|---:|---|---:|---|"]
+    features = ["| case (910B2, fp16, batch 1, 16 heads) | predicted time | |", "|---|---:|---|"]
     changes: dict[str, dict[str, str]] = {}
     for line in report.splitlines():
-        if m := _TARGET.match(line):
+        if m := _FEATURE.match(line):
+            case, ms, rest = m.groups()
+            rest = " ".join(rest.split())
+            features.append(f"| {case.strip()} | {ms} ms | {rest} |")
+        elif m := _TARGET.match(line):
             causal, s, pct, tf, imb, ratio, bound = m.groups()
             targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
                            f"{pct} % | {tf} | {imb} | {ratio} | {bound} |")
@@ -211,7 +244,7 @@ def doc_tables(report: str) -> dict[str, str]:
     rows += [f"| {c} | {v.get('non-causal', '')} | {v.get('causal', '')} |"
              for c, v in changes.items()]
     return {"TARGETS": "\n".join(targets), "BACKWARD": "\n".join(backward),
-            "CHANGES": "\n".join(rows)}
+            "CHANGES": "\n".join(rows), "FEATURES": "\n".join(features)}
 
 
 def test_docs_prediction_tables_are_generated(planner_tests_run):

@@ -22,9 +22,11 @@ import pytest
 import torch
 
 from flash_cann.backends.twin import launcher as twin
+from flash_cann.contract.variant import PLAIN
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built
+from test_twin_features import SinkVariant
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "kernel.md"
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
@@ -53,21 +55,35 @@ def _problems():
     """Small shapes on ONE AI core, so that it runs several query tiles and several key
     blocks each and reuses every buffer: causal diagonal, key padding mask, key and query
     tails, head_dim 17 (zero-padded fractals), two rounds of keys (700 > 512), query tiles
-    that see no key (causal, seqlen_q > seqlen_k)."""
+    that see no key (causal, seqlen_q > seqlen_k); and the FEATURES kernel with every
+    feature on: a two-sided window whose left edge skips the first sub-blocks of a round
+    (KeyRound.firstSub) and whole rounds, ALiBi, softcap, dropout and sinks, with and
+    without causal."""
     g = torch.Generator().manual_seed(7)
     problems = []
     for sq, sk, d, causal, masked in [(100, 150, 64, True, True), (150, 260, 17, False, False),
                                       (40, 700, 32, True, False), (300, 100, 32, True, True)]:
         q, k, v = make_qkv(1, 4, 2, sq, sk, d, torch.float16, "BNSD", generator=g)
         mask = random_key_padding_mask(1, sk, g) if masked else None
-        problems.append((q, k, v, mask, causal))
+        problems.append((q, k, v, mask, causal, PLAIN))
+    # The second without ALiBi: softcap's result then goes straight to the key bias.
+    for sq, sk, causal, window, alibi in [(200, 1100, False, (300, 40), True),
+                                          (300, 300, True, (64, -1), False)]:
+        q, k, v = make_qkv(1, 4, 2, sq, sk, 32, torch.float16, "BNSD", generator=g)
+        mask = random_key_padding_mask(1, sk, g)
+        variant = SinkVariant(window_left=window[0], window_right=window[1], softcap=8.0,
+                              alibi_slopes=torch.rand(1, 4, generator=g) if alibi else None,
+                              dropout_p=0.3, rng_state=torch.tensor([2**40 + 5, 11]),
+                              sinks=torch.randn(4, generator=g))
+        problems.append((q, k, v, mask, causal, variant))
     return problems
 
 
 def _run(problem) -> str:
-    q, k, v, mask, causal = problem
+    q, k, v, mask, causal, variant = problem
     try:
-        twin.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD", ai_cores=1)
+        twin.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD", variant=variant,
+                     ai_cores=1)
     except twin.TwinViolation as violation:
         return str(violation).removeprefix("flash_cann twin: ")
     return ""

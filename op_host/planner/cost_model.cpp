@@ -18,21 +18,30 @@ uint64_t CeilDiv(uint64_t a, uint64_t b)
     return (a + b - 1) / b;
 }
 
-// The tile of `rows` query rows starting at `row0`, visiting keys [0, keyEnd) in rounds
-// of `keys`; its diagonal rounds hold keys visible to some of its rows but not all.
-TileWork Tile(const TilingData& t, bool causal, uint32_t row0, uint32_t rows, uint32_t keyEnd,
+// The tile of `rows` query rows starting at `row0`, visiting `range` in rounds of `keys`;
+// its band rounds hold keys visible to some of its rows but not all: past the first
+// row's right bound (causal diagonal or window) or before the last row's left bound.
+TileWork Tile(const TilingData& t, bool causal, uint32_t row0, uint32_t rows, const KeyRange& range,
               uint32_t keys)
 {
-    const uint32_t rounds = static_cast<uint32_t>(CeilDiv(keyEnd, keys));
-    uint32_t diagonal = 0;
-    if (causal) {
-        const int64_t firstRowKeys =
-            std::clamp<int64_t>(int64_t{row0} + t.causalOffset + 1, 0, t.seqlenK);
-        if (firstRowKeys < keyEnd) {
-            diagonal = rounds - static_cast<uint32_t>(firstRowKeys / keys);
+    // Rounds on the grid of `keys` (MakeRound): the cells the range touches.
+    const uint32_t rounds = static_cast<uint32_t>(CeilDiv(range.end, keys) - range.begin / keys);
+    const int64_t rightBound = causal ? 0 : t.variant.windowRight;
+    uint32_t band = 0;
+    if (rightBound >= 0) {
+        const int64_t firstRowEnd = int64_t{row0} + t.causalOffset + rightBound + 1;
+        if (firstRowEnd < range.end) {
+            band += rounds - static_cast<uint32_t>(
+                                 std::max<int64_t>(0, firstRowEnd / keys - range.begin / keys));
         }
     }
-    return {rows, rounds, diagonal};
+    if (t.variant.windowLeft >= 0) {
+        const int64_t lastRowBegin = int64_t{row0} + rows - 1 + t.causalOffset - t.variant.windowLeft;
+        if (lastRowBegin > range.begin) {
+            band += static_cast<uint32_t>(CeilDiv(lastRowBegin, keys) - range.begin / keys);
+        }
+    }
+    return {rows, rounds, std::min(band, rounds)};
 }
 
 // Every used core's tiles, walked as the kernel walks them.
@@ -43,9 +52,9 @@ std::vector<CoreWorkList> CoreTiles(const TilingData& t, bool causal, uint32_t k
         uint64_t cursor = t.rowStart[c];
         QueryTile tile{};
         while (NextTile(t, cursor, t.rowStart[c + 1], tile)) {
-            const uint32_t keyEnd = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-            if (keyEnd > 0) {
-                AppendTile(cores[c], Tile(t, causal, tile.row0, tile.rows, keyEnd, keys));
+            const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
+            if (range.end > range.begin) {
+                AppendTile(cores[c], Tile(t, causal, tile.row0, tile.rows, range, keys));
             }
         }
     }
@@ -72,9 +81,9 @@ std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
                                   kIncumbentRowsPerVectorCore;
             const uint32_t rows = std::min(kIncumbentRowsPerVectorCore, t.seqlenQ - row0);
             const QueryTile tile{0, 0, 0, row0, rows};
-            const uint32_t keyEnd = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-            if (keyEnd > 0) {
-                AppendTile(tiles, Tile(t, causal, row0, 2 * kIncumbentRowsPerVectorCore, keyEnd,
+            const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
+            if (range.end > range.begin) {
+                AppendTile(tiles, Tile(t, causal, row0, 2 * kIncumbentRowsPerVectorCore, range,
                                        kIncumbentKeysPerRound));
             }
         }
@@ -109,7 +118,8 @@ Prediction Finish(const KernelDesign& design, const std::vector<CoreWorkList>& c
         pr.engineBusySeconds.emplace_back(EngineName(Engine(e)), s.busy[e]);
     }
     pr.usefulFlops = 4.0 * r.headDim * r.batch * r.headsQ *
-                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal);
+                     VisiblePairs(r.seqlenQ, r.seqlenK, r.causal, r.variant.windowLeft,
+                                  r.variant.windowRight);
     pr.cubeUtilization = pr.seconds > 0 ? pr.usefulFlops / (pr.seconds * CubePeakFlops(p)) : 0;
     return pr;
 }
@@ -125,8 +135,21 @@ TilingData ProblemTiling(const PlanRequest& r)
 
 }  // namespace
 
-double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal)
+double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal, int64_t windowLeft,
+                    int64_t windowRight)
 {
+    if (windowLeft >= 0 || (!causal && windowRight >= 0)) {
+        // A band: row i sees keys [i + offset - left, i + offset + right], clipped.
+        const int64_t offset = seqlenK - seqlenQ;
+        const int64_t right = causal ? 0 : windowRight;
+        double pairs = 0;
+        for (int64_t i = 0; i < seqlenQ; ++i) {
+            const int64_t end = right >= 0 ? std::min(seqlenK, i + offset + right + 1) : seqlenK;
+            const int64_t begin = windowLeft >= 0 ? std::max<int64_t>(0, i + offset - windowLeft) : 0;
+            pairs += static_cast<double>(std::max<int64_t>(0, end - begin));
+        }
+        return pairs;
+    }
     if (!causal) {
         return static_cast<double>(seqlenQ) * static_cast<double>(seqlenK);
     }
@@ -159,7 +182,10 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
     d.l0cBuffers = t.l0cBuffers;     // the S ring
     d.outputOwnL0c = true;           // O accumulated over the stack in its own buffer
-    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice
+    d.causalMaskPerRow = false;      // one 2-D Compares + Select per slice (each band side)
+    d.softcap = t.variant.softcap > 0.0f;
+    d.alibi = t.variant.alibi != static_cast<uint32_t>(Alibi::kNone);
+    d.dropoutPassElements = t.variant.dropoutP > 0.0f ? RoundKeys(t) : 0;  // as the kernel's passes
     return d;
 }
 
@@ -187,7 +213,8 @@ Prediction Predict(const Plan& plan, const PlanRequest& r, const Platform& p)
 
 Prediction PredictIncumbent(const PlanRequest& r, const Platform& p)
 {
-    const TilingData t = ProblemTiling(r);
+    TilingData t = ProblemTiling(r);
+    t.blockK = kIncumbentKeysPerRound / kIncumbentSlicesPerRound;  // S2 base block: window skips
     return Finish(IncumbentDesign(t.headDimPad, ElementBytes(r.dtype)),
                   IncumbentTiles(t, r.causal, p.aivCores), r, p);
 }

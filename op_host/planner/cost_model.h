@@ -37,8 +37,10 @@ Prediction PredictIncumbent(const PlanRequest& request, const Platform& platform
 Prediction PredictDesign(const KernelDesign& design, const TilingData& split,
                          const PlanRequest& request, const Platform& platform);
 
-// Query-key pairs that are visible (not masked by causality), for one (batch, head).
-double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal);
+// Query-key pairs that are visible (not masked by causality or the sliding window), for
+// one (batch, head).
+double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal, int64_t windowLeft = -1,
+                    int64_t windowRight = -1);
 
 }  // namespace flash_cann
 

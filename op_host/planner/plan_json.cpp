@@ -106,6 +106,19 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';
     o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
                         << ']';
+    o.Key("features") << t.features;
+    {
+        const VariantTiling& v = t.variant;
+        o.Key("variant");
+        Object ov(out);
+        ov.Key("window_left") << v.windowLeft;
+        ov.Key("window_right") << v.windowRight;
+        ov.Key("softcap") << v.softcap;
+        ov.Key("dropout_p") << v.dropoutP;
+        ov.Key("dropout_threshold") << v.dropoutThreshold;
+        ov.Key("alibi") << v.alibi;
+        ov.Key("sinks") << v.sinks;
+    }
     o.Key("tiling_bytes") << sizeof(TilingData);
 }
 

@@ -178,8 +178,17 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
         buffers.push_back({"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1});
     }
-    if (t.causal) {
-        buffers.push_back({"vector: causal template c - r", "diag_ub", MemLevel::UB, b.diagUb, 1});
+    const bool alibi = t.variant.alibi != static_cast<uint32_t>(Alibi::kNone);
+    if (t.causal || IsWindowed(t.variant) || alibi) {
+        buffers.push_back({"vector: band template c - r", "diag_ub", MemLevel::UB, b.diagUb, 1});
+    }
+    if (alibi) {
+        buffers.push_back({"vector: ALiBi distances of a slice", "alibi_ub", MemLevel::UB, b.alibiUb, 1});
+    }
+    if (t.variant.dropoutP > 0.0f) {
+        buffers.push_back({"vector: dropout Philox scratch (passes of a round's keys)", "philox_ub",
+                           MemLevel::UB, b.philoxUb, 1});
+        buffers.push_back({"vector: dropout keep bits of a pass", "keep_ub", MemLevel::UB, b.keepUb, 1});
     }
     return buffers;
 }
@@ -341,10 +350,6 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     PlanResult result;
     result.error = CheckRequest(request, platform);
-    if (result.ok() && !IsPlain(request.variant)) {
-        result.error = "the Ascend kernels do not compute window, softcap, ALiBi, dropout or "
-                       "sinks yet";
-    }
     if (!result.ok()) {
         return result;
     }
@@ -354,6 +359,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     SetProblem(t, request);
     t.causal = request.causal ? 1 : 0;
     t.hasMask = request.hasMask ? 1 : 0;
+    t.features = IsPlain(request.variant) ? 0 : 1;
     const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
     if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
@@ -382,7 +388,8 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     plan.blockDim = t.usedCores;
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
-    plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask);
+    plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask,
+                               t.features);
     return result;
 }
 

@@ -46,7 +46,8 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.fixScores = rows16 * k * d.scoreBytes / r.fixpipe;
     c.fixOutput = rows16 * dim * d.outputBytes / r.fixpipe;
     c.inScores = sliceRows * k * d.scoreBytes / r.l2ToUb;
-    c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r);
+    c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r) +
+                VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r);
     c.outProbs = sliceRows * k * e / r.ubToL2;
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
@@ -439,6 +440,25 @@ VecProgram SoftmaxProgram(double rows, double keys, bool b)
     AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
     AppendVec(p, VecOp::kBinary, row, false);         // + block sum
     AppendVec(p, VecOp::kCast, tile, false);          // P in the input dtype
+    return p;
+}
+
+VecProgram FeatureProgram(double rows, double keys, bool softcap, bool alibi)
+{
+    const double tile = FloatRepeats(rows * keys);
+    VecProgram p;
+    if (softcap) {  // softcap - 2 softcap / (exp(2x) + 1): the 2 / softcap rides on the scale
+        AppendVec(p, VecOp::kExp, tile, true);
+        AppendVec(p, VecOp::kScalarArith, tile, true);  // + 1
+        AppendVec(p, VecOp::kDiv, tile, true);          // Reciprocal (costed as a division)
+        AppendVec(p, VecOp::kScalarArith, tile, true);  // * -2 softcap
+        AppendVec(p, VecOp::kScalarArith, tile, true);  // + softcap
+    }
+    if (alibi) {  // -slope |c - r - d| from the c - r template
+        AppendVec(p, VecOp::kScalarArith, tile, true);  // - d
+        AppendVec(p, VecOp::kScalarArith, tile, true);  // Abs (a one-source op, as Muls)
+        AppendVec(p, VecOp::kBinary, tile, true);       // Axpy onto S
+    }
     return p;
 }
 

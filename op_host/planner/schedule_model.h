@@ -51,6 +51,8 @@ VecProgram EpilogueProgram(double rows, double headDim);
 VecProgram CausalMaskProgram(double rows, double keys, bool perRow);
 //   per round with a key padding mask
 VecProgram KeyMaskProgram(double rows, double keys);
+//   per round, the features' score arithmetic (softcap's tanh, ALiBi's bias)
+VecProgram FeatureProgram(double rows, double keys, bool softcap, bool alibi);
 
 // Dropout's keep mask (op_kernel/flash_attention_philox.h): which Philox draws, and how
 // many elements' keep bits one Philox4x32 call gives.
@@ -97,6 +99,10 @@ struct KernelDesign {
     double outputBytes = 4;      // O partial per output element per round (0: none)
     bool vectorBarriers = true;  // PipeBarrier<PIPE_V> between softmax steps
     bool causalMaskPerRow = true;  // causal diagonal masked row by row (else one 2-D op)
+    // Features computed on the scores of every round (the band of a sliding window is
+    // costed as the causal diagonal's, on the rounds TileWork marks).
+    bool softcap = false;
+    bool alibi = false;
     // Dropout: > 0, every slice draws its keep mask (DropoutMaskProgram, passes of this
     // many elements) and applies it to P with one Select.
     uint32_t dropoutPassElements = 0;
@@ -104,8 +110,8 @@ struct KernelDesign {
 };
 
 // One tile of an AI core's work: `rows` query rows (both vector cores together),
-// `rounds` rounds of keysPerRound keys, the last `diagonalRounds` of which cross the
-// causal diagonal.
+// `rounds` rounds of keysPerRound keys, `diagonalRounds` of which cross a band edge (the
+// causal diagonal, a window bound): the last ones, as the causal diagonal's are.
 struct TileWork {
     uint32_t rows;
     uint32_t rounds;

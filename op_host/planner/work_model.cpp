@@ -49,9 +49,10 @@ Work SegmentWork(const TilingData& t, bool causal)
 
 uint64_t VisitedColumns(const TilingData& t, const QueryTile& tile, bool causal)
 {
-    const uint32_t keys = causal ? KeyEnd<true>(t, tile) : KeyEnd<false>(t, tile);
-    // The cube computes whole blockK sub-blocks (the last one's keys zero-padded).
-    return (uint64_t{keys} + t.blockK - 1) / t.blockK * t.blockK;
+    const KeyRange keys = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
+    // The cube computes whole blockK sub-blocks (the last one's keys zero-padded); blocks
+    // outside the tile's band are skipped.
+    return (uint64_t{keys.end} - keys.begin + t.blockK - 1) / t.blockK * t.blockK;
 }
 
 namespace {

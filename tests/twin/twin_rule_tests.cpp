@@ -17,7 +17,8 @@
 #include "twin/launch.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                     GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
+                                     GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                     GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
 
 namespace {
@@ -1290,8 +1291,8 @@ struct Problem {
                      {tiling.data(), tiling.size(), "tiling"}};
         return twin::Launch(config, [&] {
             flash_cann_attention(reinterpret_cast<GM_ADDR>(q.data()), reinterpret_cast<GM_ADDR>(k.data()),
-                                 reinterpret_cast<GM_ADDR>(v.data()), nullptr,
-                                 reinterpret_cast<GM_ADDR>(out.data()),
+                                 reinterpret_cast<GM_ADDR>(v.data()), nullptr, nullptr, nullptr,
+                                 nullptr, reinterpret_cast<GM_ADDR>(out.data()),
                                  reinterpret_cast<GM_ADDR>(lse.data()), workspace.data(), tiling.data());
         });
     }

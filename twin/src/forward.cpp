@@ -13,23 +13,36 @@
 #include "twin/race.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                     GM_ADDR keyPaddingMask, GM_ADDR out, GM_ADDR softmaxLse,
+                                     GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                     GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
 
+// The features (flash_cann_variant.h) as the op's arguments give them: window bounds as
+// contract.variant normalised them, softcap and dropout_p (0: off), alibi 0/1/2 (none,
+// slopes (heads_q,), slopes (batch, heads_q)); the tensors are null when unused.
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
+                                       void* alibiSlopes, void* rngState, void* sinks,
                                        void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
                                        int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                        int64_t headDim, int32_t dtype, int32_t layout,
-                                       int32_t causal, double scale, int32_t aicCores,
+                                       int32_t causal, double scale, int64_t windowLeft,
+                                       int64_t windowRight, double softcap, double dropoutP,
+                                       int32_t alibi, int32_t aicCores,
                                        uint64_t* allocatedBytes, char* error,
                                        uint64_t errorCapacity)
 {
     using namespace flash_cann;
     const Platform platform = WithAiCores(*FindPlatform("Ascend910B2"),
                                           aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
-    const PlanRequest request{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
-                              static_cast<DType>(dtype), static_cast<Layout>(layout),
-                              causal != 0, keyPaddingMask != nullptr, scale};
+    PlanRequest request{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
+                        static_cast<DType>(dtype), static_cast<Layout>(layout),
+                        causal != 0, keyPaddingMask != nullptr, scale};
+    request.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
+                                  static_cast<Alibi>(alibi), sinks != nullptr);
+    if ((alibi != 0) != (alibiSlopes != nullptr) || (dropoutP > 0) != (rngState != nullptr)) {
+        return twin::Report("alibi_slopes and rng_state go with alibi and dropout_p", error,
+                            errorCapacity);
+    }
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
         return twin::Report("the planner refused: " + result.error, error, errorCapacity);
@@ -53,12 +66,23 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     if (keyPaddingMask != nullptr) {
         config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask", false});
     }
+    if (alibiSlopes != nullptr) {
+        const size_t rows = alibi == static_cast<int32_t>(Alibi::kPerHead) ? 1 : size_t(batch);
+        config.gm.push_back({alibiSlopes, rows * headsQ * sizeof(float), "alibi_slopes", false});
+    }
+    if (rngState != nullptr) {
+        config.gm.push_back({rngState, 2 * sizeof(int64_t), "rng_state", false});
+    }
+    if (sinks != nullptr) {
+        config.gm.push_back({sinks, size_t(headsQ) * sizeof(float), "sinks", false});
+    }
     twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention(static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(key),
                              static_cast<GM_ADDR>(value), static_cast<GM_ADDR>(keyPaddingMask),
-                             static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
-                             workspace.data(), tiling.data());
+                             static_cast<GM_ADDR>(alibiSlopes), static_cast<GM_ADDR>(rngState),
+                             static_cast<GM_ADDR>(sinks), static_cast<GM_ADDR>(out),
+                             static_cast<GM_ADDR>(softmaxLse), workspace.data(), tiling.data());
     }, &report);
     twin::CopyAllocated(report, allocatedBytes);
     if (!violation.empty()) {

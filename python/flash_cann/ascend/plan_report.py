@@ -56,6 +56,16 @@ def add_arguments(parser) -> None:
                         help="plan the backward kernel (FlashCannAttentionGrad)")
     parser.add_argument("--deterministic", action="store_true",
                         help="with --backward: deterministic dQ (fixed-order reduction)")
+    parser.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
+                        help="sliding window: keys i + diagonal - LEFT .. i + diagonal + RIGHT "
+                             "(-1: unbounded on that side; default: none)")
+    parser.add_argument("--softcap", type=float, default=0.0,
+                        help="scores softcapped to softcap * tanh(s / softcap) (default: off)")
+    parser.add_argument("--alibi", choices=["head", "batch_head"],
+                        help="ALiBi slopes per head (heads_q,) or per (batch, head)")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                        help="dropout probability (default: 0)")
+    parser.add_argument("--sinks", action="store_true", help="learnable attention sinks")
     parser.add_argument("--json", action="store_true", help="print the raw plan as JSON")
 
 
@@ -85,6 +95,23 @@ def _problem_lines(p: dict, args, batch, heads, seqlen, head_dim, dtype) -> None
     print(f"problem    batch {batch}, heads {heads} (kv {args.kv_heads or heads}), seqlen_q "
           f"{seqlen}, seqlen_k {args.seqlen_k or seqlen}, head_dim {head_dim}, {dtype}, "
           f"{args.layout}{', causal' if args.causal else ''}{', key mask' if args.mask else ''}")
+    features = _feature_names(args)
+    print(f"features   {', '.join(features) if features else 'none'}")
+
+
+def _feature_names(args) -> list[str]:
+    names = []
+    if args.window is not None:
+        names.append(f"window ({args.window[0]}, {args.window[1]})")
+    if args.softcap:
+        names.append(f"softcap {args.softcap:g}")
+    if args.alibi:
+        names.append(f"ALiBi ({'per head' if args.alibi == 'head' else 'per batch and head'})")
+    if args.dropout:
+        names.append(f"dropout {args.dropout:g}")
+    if args.sinks:
+        names.append("sinks")
+    return names
 
 
 def _memory_lines(p: dict) -> None:
@@ -103,6 +130,7 @@ def _forward_report(p: dict) -> None:
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']}; head_dim padded to {t['head_dim_pad']}; {p['block_dim']} AI cores "
           f"launched; tiling data {t['tiling_bytes']} bytes")
+    print(f"kernel     {'FEATURES (window, softcap, ALiBi, dropout, sinks as runtime branches)' if t['features'] else 'plain'}")
     print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
           f"cube/vector round; vector slices of {t['vec_rows']} rows")
     cores = p["cores"]
@@ -171,9 +199,14 @@ def run(args) -> int:
     if args.deterministic and not args.backward:
         raise Refused("--deterministic applies to --backward only")
     try:
+        window = tuple(args.window) if args.window is not None else (-1, -1)
+        if args.causal and window[1] != -1:
+            raise Refused("--causal is the window's right bound 0: give --window LEFT -1")
+        features = planner.variant(window=window, softcap=args.softcap, dropout_p=args.dropout,
+                                   alibi=args.alibi, sinks=args.sinks)
         options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
                        layout=args.layout, causal=args.causal, has_mask=args.mask,
-                       aic_cores=_cores(args.soc, args.cores))
+                       aic_cores=_cores(args.soc, args.cores), features=features)
         if args.backward:
             p = planner.grad_plan(args.soc, batch, heads, seqlen, head_dim,
                                   deterministic=args.deterministic, **options)

@@ -92,6 +92,16 @@ class Variant:
 PLAIN = Variant()
 
 
+def shared_alibi_slopes(slopes: torch.Tensor) -> torch.Tensor | None:
+    """The (heads_q,) row of checked ALiBi ``slopes`` when every sequence shares it, else
+    None: the checks expand a (heads_q,) argument to (batch, heads_q) with batch stride 0
+    (with batch 1 torch keeps the row stride, and the one row is shared all the same).
+    The Ascend kernels then index the slopes by head only (flash_cann_variant.h, Alibi)."""
+    if slopes.dim() == 1:
+        return slopes
+    return slopes[0] if slopes.stride(0) == 0 or slopes.shape[0] == 1 else None
+
+
 def window_bounds(left: int, right: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
     """``window_size`` as every op reads it: flash-attn 2.8's normalisation (mha_fwd,
     mha_varlen_fwd, mha_fwd_kvcache), so the same arguments select the same keys.

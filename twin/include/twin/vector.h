@@ -373,7 +373,20 @@ TWIN_SCALAR(Mins, std::min(x, y), std::min(x, y))
 TWIN_UNARY(Exp, std::exp(twin_detail::F(a)))
 TWIN_UNARY(Ln, std::log(twin_detail::F(a)))
 TWIN_UNARY(Abs, std::fabs(twin_detail::F(a)))
+TWIN_UNARY(Reciprocal, 1.0f / twin_detail::F(a))
 #undef TWIN_UNARY
+
+// dst = src * scalar + dst (level 2). The twin implements the same-type form (float or
+// half, computed in float); 910B's mixed half -> float form is not used by the kernels.
+template <typename T, typename U>
+void Axpy(const LocalTensor<T>& dst, const LocalTensor<U>& src, const U& scalarValue,
+          const int32_t& count, TWIN_SITE)
+{
+    static_assert(std::is_same<T, U>::value, "twin Axpy: the same-type form only");
+    const float s = static_cast<float>(scalarValue);
+    twin_detail::Elementwise(dst, &src, &dst, count, TWIN_HERE, "Axpy",
+                             [s](T a, T d) { return static_cast<T>(twin_detail::F(a) * s + twin_detail::F(d)); });
+}
 
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count, TWIN_SITE)

@@ -27,7 +27,7 @@ from . import opp_paths
 from .aclnn import NAMESPACE, launcher_schema
 from ...contract.checks import accumulator_dtype
 from ...contract.spec import load
-from ...contract.variant import PLAIN, Variant
+from ...contract.variant import PLAIN, Variant, shared_alibi_slopes
 
 EXTENSION = f"{NAMESPACE}._launcher"  # the library framework/setup.py builds
 BUILD_HINT = ("build it on the Ascend server with `pip install --no-build-isolation "
@@ -137,8 +137,8 @@ def _features(variant: Variant) -> dict:
     are. Nothing here reads a device tensor on the host: the kernel reads the slopes,
     rng_state and the sink logits from GM."""
     slopes = variant.alibi_slopes
-    if slopes is not None and (slopes.stride(0) == 0 or slopes.shape[0] == 1):
-        slopes = slopes[0]
+    if slopes is not None and shared_alibi_slopes(slopes) is not None:
+        slopes = shared_alibi_slopes(slopes)
     return dict(alibi_slopes=slopes, rng_state=variant.rng_state, sinks=variant.sinks,
                 window_left=variant.window_left, window_right=variant.window_right,
                 softcap=float(variant.softcap), dropout_p=float(variant.dropout_p))

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ...contract import layout as layouts
-from ...contract.variant import PLAIN, Variant
+from ...contract.variant import PLAIN, Variant, shared_alibi_slopes
 from ...ascend import native
 from ...ascend.planner import DTYPES, LAYOUTS
 
@@ -40,8 +40,9 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(native.artefact("twin/libflash_cann_twin.so")))
     lib.flash_cann_twin_forward.restype = ctypes.c_int
     lib.flash_cann_twin_forward.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
+        [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
+        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
+        + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
         [ctypes.c_void_p] * 15 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
@@ -75,13 +76,29 @@ def _launch(function, *args, allocated: dict | None, reports: tuple = ()):
         allocated.update(zip(MEMORY_LEVELS, measured))
 
 
+# VariantTiling.alibi: how the kernel indexes the slopes.
+ALIBI_NONE, ALIBI_PER_HEAD, ALIBI_PER_BATCH_HEAD = 0, 1, 2
+
+
+def _alibi_slopes(slopes: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+    """The slopes as the kernel reads them, and VariantTiling.alibi: slopes every sequence
+    shares as one (heads_q,) row, per head; others per (batch, head)."""
+    if slopes is None:
+        return None, ALIBI_NONE
+    shared = shared_alibi_slopes(slopes)
+    if shared is not None:
+        return shared.to(torch.float32).contiguous(), ALIBI_PER_HEAD
+    return slopes.to(torch.float32).contiguous(), ALIBI_PER_BATCH_HEAD
+
+
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            ai_cores: int | None = None, allocated: dict | None = None):
+            variant: Variant = PLAIN, ai_cores: int | None = None, allocated: dict | None = None):
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
-    ``allocated``, if given, receives the bytes the kernel allocated per memory level
-    (every ``InitBuffer``; AIC levels per cube core, UB per vector core), keyed as the
-    planner's ``plan["levels"]``.
+    ``variant``: the features (window, softcap, ALiBi slopes, dropout_p with rng_state,
+    sinks), as the cpu backend takes them. ``allocated``, if given, receives the bytes
+    the kernel allocated per memory level (every ``InitBuffer``; AIC levels per cube
+    core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
     b, hq, sq, d = layouts.sizes(query, layout)
     hk, sk = layouts.sizes(key, layout)[1:3]
@@ -90,11 +107,20 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32)
+    slopes, alibi = _alibi_slopes(variant.alibi_slopes)
+    rng = None
+    if variant.dropout_p > 0:
+        rng = variant.rng_state.to(torch.int64).contiguous()
+    sinks = variant.sinks
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
     _launch(_library().flash_cann_twin_forward,
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), out.data_ptr(),
-            lse.data_ptr(), b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")],
-            LAYOUTS[layout], int(causal), float(scale), AI_CORES if ai_cores is None else ai_cores,
-            allocated=allocated)
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), _pointer(slopes),
+            _pointer(rng), _pointer(sinks), out.data_ptr(), lse.data_ptr(),
+            b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")],
+            LAYOUTS[layout], int(causal), float(scale), variant.window_left,
+            variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
+            AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
     return out, lse
 
 
@@ -118,21 +144,6 @@ def dropped_sync(site: str):
         yield
     finally:
         _library().flash_cann_twin_drop_sync(b"")
-
-
-def _alibi(variant: Variant, batch: int):
-    """(mode, slopes) as the kernel reads them (flash_cann_variant.h, Alibi): a (heads_q,)
-    argument that contract.variant expanded to (batch, heads_q) with batch stride 0 is
-    passed as its row 0, mode 1 (per head); a real (batch, heads_q) tensor as mode 2."""
-    slopes = variant.alibi_slopes
-    if slopes is None:
-        return 0, None
-    slopes = slopes.to(torch.float32)
-    if slopes.dim() == 1:
-        return 1, slopes.contiguous()
-    if slopes.stride(0) == 0 or batch == 1:
-        return 1, slopes[0].contiguous()
-    return 2, slopes.contiguous()
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
@@ -161,7 +172,7 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     grad_sinks = torch.full((hq,), float("nan"), dtype=torch.float32)
-    alibi, slopes = _alibi(variant, b)
+    slopes, alibi = _alibi_slopes(variant.alibi_slopes)
     sinks = variant.sinks
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
     rng = None if variant.rng_state is None else variant.rng_state.to(torch.int64).contiguous()
