@@ -80,8 +80,7 @@ def test_kvcache_takes_causal_with_any_right_bound():
 
 def test_causal_with_a_right_bound_is_no_window(monkeypatch):
     """causal=True sets the right bound whatever window_size[1] says (flash-attn 2.8), so
-    such a call uses no window: a backend without the window feature (the twin) takes it
-    and receives a plain causal call."""
+    such a call uses no window: the backend receives a plain causal call."""
     from flash_cann.backends.twin import launcher as twin
 
     q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16) for _ in range(3))
@@ -91,7 +90,8 @@ def test_causal_with_a_right_bound_is_no_window(monkeypatch):
     with flash_cann.use_backend("twin"):
         flash_cann.flash_attn_func(q, k, v, causal=True, window_size=(-1, 5))
     assert len(served) == 1 and served[0]["causal"] is True
-    assert served[0].get("variant", None) in (None, PLAIN), served[0]
+    variant = served[0].get("variant", PLAIN)
+    assert variant.plain and variant.window_right == -1, served[0]
 
 
 @pytest.mark.parametrize("masked", [True])
