@@ -716,3 +716,26 @@ def test_sinks_without_sinks_give_no_gradient_and_zeros_from_the_op(gen):
     sinks = torch.zeros(2)
     with_sinks = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.3, sinks=sinks)
     assert with_sinks[3].shape == (2,) and with_sinks[3].any()
+
+
+def check_minus_infinity_sink(gen, dtype=torch.float32):
+    """A head whose sink is -inf attends as without sinks (a row that sees no key: out 0,
+    lse -inf), with gradients and that sink's gradient 0, never NaN."""
+    q, k, v = (torch.randn(2, 6, 2, 8, generator=gen).to(dtype).requires_grad_()
+               for _ in range(3))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False
+    sinks = torch.tensor([float("-inf"), 0.5]).requires_grad_()
+    out, lse = flash_cann.attention(q, k, v, layout="BSND", causal=True, sinks=sinks,
+                                    key_padding_mask=mask, return_lse=True)
+    plain_out, plain_lse = flash_cann.attention(q, k, v, layout="BSND", causal=True,
+                                                key_padding_mask=mask, return_lse=True)
+    torch.testing.assert_close(out[:, :, 0], plain_out[:, :, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(lse[:, 0], plain_lse[:, 0], rtol=0, atol=1e-6)
+    grads = torch.autograd.grad(out.sum() + lse[lse.isfinite()].sum(), (q, k, v, sinks))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert grads[3][0] == 0 and grads[3][1] != 0
+
+
+def test_a_sink_of_minus_infinity_is_no_sink(gen):
+    check_minus_infinity_sink(gen)

@@ -245,3 +245,10 @@ def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), runs[0], want):
         error = (a.double() - b).norm() / b.norm()
         assert error < 5e-3, (name, error.item())
+
+
+@in_interpreter
+def test_a_sink_of_minus_infinity_is_no_sink(triton_on_cpu, gen):
+    from test_features import check_minus_infinity_sink
+
+    check_minus_infinity_sink(gen, torch.float16)

@@ -48,10 +48,11 @@ def attn_bwd_preprocess(Out, DOut, DLse, Delta, stride_ob, stride_oh, stride_os,
                  mask=rows < seqlen_q)
         if SINKS:
             # P_sink = exp(sink - lse) of each row; the sink has no value, so its dP is 0
-            # and dsink = Σ P_sink * (0 - D).
+            # and dsink = Σ P_sink * (0 - D). A sink of -inf (a head without one) in a row
+            # that sees no key has lse -inf too: P_sink 0, not NaN.
             lse = tl.load(row_vector(Lse, b, h, heads_q, seqlen_q) + rows,
                           mask=rows < seqlen_q, other=float("inf"))
-            p_sink = tl.exp(tl.load(Sinks + h) - lse)
+            p_sink = tl.where(lse == float("-inf"), 0.0, tl.exp(tl.load(Sinks + h) - lse))
             tl.store(DSinkParts + (b * heads_q + h) * blocks + block, -tl.sum(p_sink * delta, 0))
 
 
