@@ -75,7 +75,7 @@ def _batched(query, key, value, key_padding_mask, scale, causal, layout, compute
     sink = None
     if variant.sinks is not None:
         # The sink: a logit per head that every row sees, with no value.
-        sink = stored(variant.sinks.to(work)).view(1, -1, 1, 1)
+        sink = variant.sinks.to(work).view(1, -1, 1, 1)  # fp32 in every backend
         m = torch.maximum(m, sink)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
     p = torch.exp(s - m)
@@ -118,8 +118,9 @@ def attention(query, key, value, key_padding_mask=None, *, scale: float, causal:
     through autograd.
 
     ``variant``: the features (window, softcap, ALiBi slopes, dropout_p, sinks (the
-    gradient reaches variant.sinks through autograd), and cu_seqlens for TND); ``dropout_mask``: which probabilities dropout keeps -- bool (batch,
-    heads_q, seqlen_q, seqlen_k), for TND a list with one (heads_q, seqlen_q, seqlen_k)
+    gradient reaches variant.sinks through autograd), and cu_seqlens for TND);
+    ``dropout_mask``: which probabilities dropout keeps -- bool (batch, heads_q,
+    seqlen_q, seqlen_k), for TND a list with one (heads_q, seqlen_q, seqlen_k)
     mask per sequence -- given explicitly, so that the oracle does not share the
     backends' random number generator. ``compute_dtype`` float64 gives the oracle; a
     16-bit one gives the same-precision baseline: every intermediate (scores,

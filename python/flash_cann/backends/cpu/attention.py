@@ -467,8 +467,10 @@ def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_m
     if variant.sinks is None:
         return None
     # P_sink = exp(sink - lse) of each row; dsink = -Σ P_sink * D (its dP term is 0: the
-    # sink has no value). Summed over rows, then over the batch in order.
+    # sink has no value). Summed over rows, then over the batch in order. A sink of -inf
+    # (a head without one) in a row that sees no key has lse -inf too: P_sink 0, not NaN.
     p_sink = torch.exp(variant.sinks.view(1, -1, 1) - softmax_lse)
+    p_sink = torch.where(softmax_lse == _NEG_INF, 0.0, p_sink)
     return -(p_sink * delta).sum(-1).sum(0)
 
 

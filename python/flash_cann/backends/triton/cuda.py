@@ -349,6 +349,14 @@ def _feature_arguments(variant: Variant, causal: bool) -> dict:
     return args
 
 
+def _sink_arguments(variant: Variant) -> dict:
+    """The forward and decode kernels' sink arguments: SINKS off without sinks. (The
+    dK/dV and dQ kernels take none: the saved lse holds the sink.)"""
+    if variant.sinks is None:
+        return {}
+    return dict(SINKS=True, Sinks=variant.sinks.contiguous())
+
+
 def _packed_views(*tensors):
     """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
     it); the kernels' sequence geometry comes from cu_seqlens."""
@@ -389,6 +397,7 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
     use_tma = not packed and _use_tma(q, k, v, o)
     features = _feature_arguments(variant, causal)
+    features.update(_sink_arguments(variant))
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
@@ -471,15 +480,21 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
         if packed else {}
     launches = {}
+    # The sinks' gradient: one partial sum per preprocess tile, added here in a fixed order.
+    rows = max(16, PREPROCESS_TILE // block_d)
+    sinks = {}
+    if variant.sinks is not None:
+        sinks = dict(SINKS=True, Lse=lse, Sinks=variant.sinks.contiguous(),
+                     DSinkParts=empty((q.shape[0], heads_q, triton.cdiv(seqlen_q, rows)),
+                                      torch.float32, device))
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
-        rows = max(16, PREPROCESS_TILE // block_d)
         launches["preprocess"] = _launch(
             kernels.attn_bwd_preprocess, lambda meta: (triton.cdiv(seqlen_q, rows), heads_q,
                                                        q.shape[0]), 4 * record,
             o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
-            BLOCK_M=rows)
+            BLOCK_M=rows, **sinks)
         # Stage: dK, dV per key block.
         launches["dkdv"] = DKDV.launch(
             lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
@@ -491,7 +506,8 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
             *inputs, dq, *input_strides, *dq.stride(), *scalars, record=8 * record,
             **shared, **varlen, **({"max_seqlen_q": rows_q} if packed else {}))
-    return (grad_query, grad_key, grad_value, None), launches
+    grad_sinks = sinks["DSinkParts"].sum((0, 2)) if sinks else None
+    return (grad_query, grad_key, grad_value, grad_sinks), launches
 
 
 class _ForwardPlan:
@@ -558,7 +574,7 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
     features = _feature_arguments(variant, causal)
     del features["DROPOUT"]  # flash_attn_with_kvcache has no dropout (the op's contract)
-    features.update(SeqUsedK=seqlens_k)
+    features.update(SeqUsedK=seqlens_k, **_sink_arguments(variant))
     if block_table is not None:
         features.update(PAGED=True, BlockTable=block_table,
                         block_table_stride=block_table.stride(0), page_size=k.shape[2])
