@@ -125,21 +125,23 @@ def test_public_api_rejects_bad_layout_arguments():
         flash_cann.attention(q, k, v, num_heads=3)
 
 
-@pytest.mark.parametrize("argument, value, feature, shown", [
-    ("dropout_p", 0.1, "dropout", "rng_state"), ("window_size", (128, 0), "window",
-                                                   r"window_size\[0\]=128"),
-    ("softcap", 30.0, "softcap", "softcap=30.0"),
-    ("alibi_slopes", torch.ones(4), "alibi", "alibi_slopes"),
+def _varlen_on(q, k, v):
+    cu_seqlens = torch.tensor([0, 3, 8], dtype=torch.int32)
+    return flash_cann.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, 5, 5)
+
+
+@pytest.mark.parametrize("call, feature, shown", [
+    (_varlen_on, "varlen", "layout='TND'"),
+    (flash_cann.flash_attn_with_kvcache, "kvcache", "torch.ops.flash_cann.fwd_kvcache"),
 ])
-def test_a_backend_without_a_feature_names_itself_and_the_argument(argument, value, feature,
-                                                                   shown):
-    """The twin (the Ascend C kernels) has none of the features yet: the error names the
-    backend, the feature and the argument, and which backends have it."""
+def test_a_backend_without_a_feature_names_itself_and_the_argument(call, feature, shown):
+    """The twin (the Ascend C kernels) has no packed sequences and no KV cache yet: the
+    error names the backend, the feature and the argument, and which backends have it."""
     q, k, v = (t.half() for t in _qkv(layout="BSND"))
     with flash_cann.use_backend("twin"), pytest.raises(
             NotImplementedError, match=f"backend 'twin' .* does not support {feature} yet "
-                                       f"\\({shown}.*backends that do: cpu, triton"):
-        flash_cann.flash_attn_func(q, k, v, **{argument: value})
+                                       f"\\({re.escape(shown)}.*backends that do: cpu, triton"):
+        call(q, k, v)
 
 
 def test_packed_shapes_are_checked():
@@ -253,15 +255,6 @@ def test_bad_sinks_are_refused_by_name(sinks, message):
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=message):
         fn(q, k, v, sinks)
-
-
-def test_sinks_on_a_backend_without_them_are_refused_by_name():
-    """The twin (and the NPU, whose features the spec lists) have no sinks yet."""
-    q, k, v = (t.half() for t in _qkv(layout="BSND"))
-    with flash_cann.use_backend("twin"), pytest.raises(
-            NotImplementedError, match=r"backend 'twin' .* does not support sinks yet "
-                                       r"\(sinks=<tensor>\).*backends that do: cpu, triton"):
-        torch.ops.flash_cann.fwd(q, k, v, None, 0.25, False, "BSND", sinks=torch.zeros(4))
 
 
 @pytest.mark.parametrize("api", ["flash_attn_func", "attention", "flash_attn_with_kvcache"])

@@ -26,7 +26,7 @@ from flash_cann.contract.variant import PLAIN
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built
-from test_twin_features import SinkVariant
+from flash_cann.contract.variant import Variant
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "kernel.md"
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
@@ -71,7 +71,7 @@ def _problems():
                                           (300, 300, True, (64, -1), False)]:
         q, k, v = make_qkv(1, 4, 2, sq, sk, 32, torch.float16, "BNSD", generator=g)
         mask = random_key_padding_mask(1, sk, g)
-        variant = SinkVariant(window_left=window[0], window_right=window[1], softcap=8.0,
+        variant = Variant(window_left=window[0], window_right=window[1], softcap=8.0,
                               alibi_slopes=torch.rand(1, 4, generator=g) if alibi else None,
                               dropout_p=0.3, rng_state=torch.tensor([2**40 + 5, 11]),
                               sinks=torch.randn(4, generator=g))
