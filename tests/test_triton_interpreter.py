@@ -213,3 +213,31 @@ def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
     with oracle_checks.triton_poisoning():
         check_kvcache("cpu", torch.float16, gen, paged=paged, batch_idx=batch_idx,
                       features=CACHE_FEATURES[1])
+
+
+NPU_FEATURE_CASES = [  # (id, check_variant's arguments), through the NPU host
+    # Every score feature batched: the "dropout" tile table (and its persistent loop).
+    ("all", dict(seqlens=(37, 70), window=(20, -1), causal=True, softcap=2.0, alibi="batch",
+                 dropout_p=0.2)),
+    # Packed sequences with a two-sided window, softcap and ALiBi: the "scores" table.
+    ("varlen-scores", dict(seqlens=[(17, 40), (0, 5), (70, 100)], layout="TND",
+                           window=(6, 3), softcap=2.0, alibi="heads")),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("name, features", NPU_FEATURE_CASES,
+                         ids=[c[0] for c in NPU_FEATURE_CASES])
+def test_npu_host_features_match_oracle(name, features, triton_npu_on_cpu, gen):
+    """The feature variants as the NPU runs them (PERSISTENT, the feature tile tables)."""
+    assert_all_ok(oracle_checks.check_variant("cpu", torch.float16, gen=gen, heads=(4, 2),
+                                              within=oracle_checks.triton_poisoning, **features))
+
+
+@in_interpreter
+def test_npu_host_kvcache_matches_oracle(triton_npu_on_cpu, gen):
+    """A paged KV cache with GQA through the NPU host: the decode kernel's persistent
+    loop, window, softcap and ALiBi."""
+    with oracle_checks.triton_poisoning():
+        check_kvcache("cpu", torch.float16, gen, paged=True, batch_idx=False,
+                      features=CACHE_FEATURES[1])

@@ -24,6 +24,9 @@ launched = []
 
 
 lowered = {}  # a launch's specialisation -> its lowering (as triton's kernel cache)
+# The kernels' feature flags (constexprs) a launch reports when on.
+FLAGS = ("CAUSAL", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K", "PAGED",
+         "BATCH_IDX")
 
 
 def lowered_instead_of_launched(step):
@@ -35,6 +38,9 @@ def lowered_instead_of_launched(step):
     launched.append({"kernel": step.name, "grid": list(step.grid),
                      "persistent": step.constexprs.get("PERSISTENT"),
                      "tma": step.constexprs.get("USE_TMA"), "outcome": lowering.outcome,
+                     "features": {k: v for k, v in step.constexprs.items()
+                                  if k in FLAGS and v},
+                     "tiles": [step.constexprs.get("BLOCK_M"), step.constexprs.get("BLOCK_N")],
                      "overflow": lowering.overflow})
 
 
@@ -59,7 +65,11 @@ try:
     results["default"]["launched"], launched[:] = list(launched), []
     with flash_cann.use_backend("triton"):
         results["use_backend"] = run()
-        results["use_backend"]["launched"] = launched
+        results["use_backend"]["launched"], launched[:] = list(launched), []
+    # Features on (the "scores" tile table): a left window bound, softcap, ALiBi slopes.
+    results["features"] = run(window_size=(16, -1), softcap=30.0,
+                              alibi_slopes=torch.full((4,), 0.25).to("npu"))
+    results["features"]["launched"] = launched
 except Exception as err:  # noqa: BLE001 -- the message is what is tested
     results["error"] = f"{type(err).__name__}: {err}"
 print(json.dumps(results))
