@@ -13,7 +13,7 @@ PATH = Path(__file__).resolve().parents[1] / "op_project" / "flash_cann_ops.yaml
 RAW = yaml.safe_load(PATH.read_text())
 OPS = {op["name"]: op for op in RAW["ops"]}
 
-# The CANN op (OpDef, aclnn API, GE proto) has the arguments, layouts and ops of the
+# The CANN op (OpDef, aclnn API, GE proto) has the arguments, outputs, layouts and ops of the
 # features the npu backend lists, and no autograd-only attribute.
 NPU_FEATURES = set(RAW["backends"]["npu"].get("features", []))
 
@@ -24,6 +24,10 @@ def on_cann(item: dict) -> bool:
 
 def cann_inputs(op: dict) -> list[dict]:
     return [t for t in op["inputs"] if on_cann(t)]
+
+
+def cann_outputs(op: dict) -> list[dict]:
+    return [t for t in op["outputs"] if on_cann(t)]
 
 
 def cann_attrs(op: dict) -> list[dict]:

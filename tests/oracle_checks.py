@@ -94,13 +94,15 @@ def packed_lengths(seqlens, device="cpu"):
 def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, layout="BSND",
                   causal=False, window=(-1, -1), softcap=0.0, alibi=None, dropout_p=0.0,
                   masked=False, backward="full", within=contextlib.nullcontext, batch=2,
-                  scale=None):
+                  scale=None, sinks=False):
     """One case of the features through the public flash-attn API vs the float64 oracle.
 
     ``layout`` "BSND" (flash_attn_func; ``seqlens`` = (seqlen_q, seqlen_k), ``batch``
     sequences, ``masked`` adds a key padding mask through flash_cann.attention) or "TND"
     (flash_attn_varlen_func; ``seqlens`` = one (seqlen_q, seqlen_k) per sequence).
     ``alibi``: None, "heads" (slopes (heads_q,)) or "batch" ((batch, heads_q)).
+    ``sinks``: attention sinks, one float32 logit per query head (not differentiated
+    here: test_features checks their gradient).
     With dropout the oracle is fed the mask the call returned in S_dmask (dropped =
     negative), and the call is repeated with the same seed for the gradients."""
     heads_q, heads_kv = heads
@@ -120,9 +122,12 @@ def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, lay
     if alibi is not None:
         shape = (heads_q,) if alibi == "heads" else (batch, heads_q)
         slopes = (torch.rand(shape, generator=gen) * 0.5).to(device)
+    # Around the rows' largest scores, so the sink takes a fair share of each row.
+    sink_logits = (torch.randn(heads_q, generator=gen) + 1.0).to(device) if sinks else None
     seed = int(torch.randint(2**31, (1,), generator=gen))
     features = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
-                    alibi_slopes=slopes, dropout_p=dropout_p, return_attn_probs=True)
+                    alibi_slopes=slopes, dropout_p=dropout_p, return_attn_probs=True,
+                    sinks=sink_logits)
 
     def call(q_, k_, v_):
         rng = torch.Generator(device).manual_seed(seed)  # the same dropout mask every call
@@ -133,7 +138,7 @@ def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, lay
             out, lse = flash_cann.attention(
                 q_, k_, v_, layout="BSND", key_padding_mask=mask, return_lse=True,
                 scale=scale, causal=causal, window_size=window, softcap=softcap,
-                alibi_slopes=slopes, dropout_p=dropout_p, generator=rng)
+                alibi_slopes=slopes, dropout_p=dropout_p, sinks=sink_logits, generator=rng)
             probs = None
         else:
             out, lse, probs = flash_cann.flash_attn_func(q_, k_, v_, generator=rng, **features)
@@ -150,7 +155,7 @@ def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, lay
         dropout_mask = ([kept[b, :, :n_q, :n_k] for b, (n_q, n_k) in enumerate(seqlens)]
                         if packed else kept)
     variant = Variant(window_left=window[0], window_right=window[1], softcap=softcap,
-                      alibi_slopes=slopes, dropout_p=dropout_p,
+                      alibi_slopes=slopes, dropout_p=dropout_p, sinks=sink_logits,
                       cu_seqlens_q=cu_q if packed else None, cu_seqlens_k=cu_k if packed else None,
                       max_seqlen_q=max_q if packed else 0, max_seqlen_k=max_k if packed else 0)
     with within():

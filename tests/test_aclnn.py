@@ -59,7 +59,7 @@ def test_arguments_are_the_yaml_inputs_attrs_outputs_in_order(entry):
     assert [(p.role, p.spec_name) for p in params] == (
         [("input", t["name"]) for t in contract.cann_inputs(entry)]
         + [("attr", a["name"]) for a in contract.cann_attrs(entry)]
-        + [("output", t["name"]) for t in entry["outputs"]])
+        + [("output", t["name"]) for t in contract.cann_outputs(entry)])
     attrs = {p.spec_name: p.ctype for p in params if p.role == "attr"}
     assert attrs == {a["name"]: ATTR_CTYPES[a["type"]] for a in contract.cann_attrs(entry)}
     for param, tensor in zip(params, contract.cann_inputs(entry)):
@@ -71,7 +71,7 @@ def test_launcher_schema_is_the_aclnn_order_with_outputs_written_in_place(entry)
     schema = torch._C.parse_schema(aclnn.launcher_schema(SPEC.ops[entry["name"]]))
     names = ([t["name"] for t in contract.cann_inputs(entry)]
              + [a["name"] for a in contract.cann_attrs(entry)])
-    outputs = [t["name"] for t in entry["outputs"]]
+    outputs = [t["name"] for t in contract.cann_outputs(entry)]
     assert [a.name for a in schema.arguments] == names + outputs
     assert [a.alias_info is not None and a.alias_info.is_write
             for a in schema.arguments] == [False] * len(names) + [True] * len(outputs)

@@ -158,3 +158,35 @@ def test_use_backend_rejects_unknown_names():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         with flash_cann.use_backend("tpu"):
             pass
+
+
+def test_every_public_function_takes_sinks(gen):
+    """sinks= (one logit per query head) on the packed and varlen variants is the unpacked
+    call's, gradient included; attention() and flash_attn_with_kvcache take it too."""
+    q, k, v = make_qkv(2, 4, 4, 7, 7, 16, torch.float32, "BSND", generator=gen)
+    sinks = torch.randn(4, generator=gen)
+    want = flash_cann.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+    same = [
+        flash_cann.flash_attn_qkvpacked_func(torch.stack((q, k, v), 2), causal=True,
+                                             sinks=sinks),
+        flash_cann.flash_attn_kvpacked_func(q, torch.stack((k, v), 2), causal=True, sinks=sinks),
+        flash_cann.attention(q, k, v, layout="BSND", causal=True, sinks=sinks),
+        flash_cann.flash_attn_with_kvcache(q, k, v, causal=True, sinks=sinks),
+    ]
+    cu = torch.tensor([0, 7, 14], dtype=torch.int32)
+    packed = [t.flatten(0, 1) for t in (q, k, v)]
+    same += [t.unflatten(0, (2, 7)) for t in (
+        flash_cann.flash_attn_varlen_func(*packed, cu, cu, 7, 7, causal=True, sinks=sinks),
+        flash_cann.flash_attn_varlen_qkvpacked_func(torch.stack(packed, 1), cu, 7, causal=True,
+                                                    sinks=sinks),
+        flash_cann.flash_attn_varlen_kvpacked_func(packed[0], torch.stack(packed[1:], 1), cu,
+                                                   cu, 7, 7, causal=True, sinks=sinks))]
+    for out in same:
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(want, flash_cann.flash_attn_func(q, k, v, causal=True))
+    sinks.requires_grad_()
+    grads = [torch.autograd.grad(f().sum(), sinks)[0] for f in (
+        lambda: flash_cann.flash_attn_func(q, k, v, causal=True, sinks=sinks),
+        lambda: flash_cann.flash_attn_varlen_func(*packed, cu, cu, 7, 7, causal=True,
+                                                  sinks=sinks))]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)

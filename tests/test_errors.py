@@ -221,3 +221,54 @@ def test_backend_for_takes_a_device_or_its_type():
     assert flash_cann.backend_for("cpu").name == "cpu"
     with pytest.raises(TypeError, match="backend_for takes a device type"):
         flash_cann.backend_for(0)
+
+
+_BAD_SINKS = [
+    (torch.zeros(4, dtype=torch.float16), r"sinks must be float32 of shape \(nheads,\) = "
+                                          r"\(4,\): one logit per query head \(got float16"),
+    (torch.zeros(2, 4), r"sinks must be float32 of shape \(nheads,\) = \(4,\).*\(got float32 "
+                        r"\(2, 4\)\)"),
+    (torch.zeros(2), r"sinks must be float32 of shape \(nheads,\) = \(4,\)"),
+    (torch.zeros(4, device="meta"), "sinks must be on the same device as query"),
+]
+
+
+@pytest.mark.parametrize("sinks, message", _BAD_SINKS,
+                         ids=["dtype", "per-batch", "per-kv-head", "device"])
+def test_bad_sinks_are_refused_by_name(sinks, message):
+    """Eagerly, by the forward and backward ops, and at torch.compile trace time."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=message):
+        torch.ops.flash_cann.fwd(q, k, v, None, 0.25, sinks=sinks)
+    out, lse = _op(q, k, v)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.25, sinks=sinks)
+    if sinks.device.type == "meta":
+        return  # the compiled function below would trace on meta tensors itself
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(q_, k_, v_, s_):
+        return torch.ops.flash_cann.fwd(q_, k_, v_, None, 0.25, sinks=s_)
+
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=message):
+        fn(q, k, v, sinks)
+
+
+def test_sinks_on_a_backend_without_them_are_refused_by_name():
+    """The twin (and the NPU, whose features the spec lists) have no sinks yet."""
+    q, k, v = (t.half() for t in _qkv(layout="BSND"))
+    with flash_cann.use_backend("twin"), pytest.raises(
+            NotImplementedError, match=r"backend 'twin' .* does not support sinks yet "
+                                       r"\(sinks=<tensor>\).*backends that do: cpu, triton"):
+        torch.ops.flash_cann.fwd(q, k, v, None, 0.25, False, "BSND", sinks=torch.zeros(4))
+
+
+@pytest.mark.parametrize("api", ["flash_attn_func", "attention", "flash_attn_with_kvcache"])
+def test_public_api_refuses_sinks_that_are_not_a_tensor_or_not_per_head(api):
+    q, k, v = _qkv(layout="BSND")
+    layout = {"layout": "BSND"} if api == "attention" else {}
+    with pytest.raises(TypeError, match=r"flash_cann: sinks must be a torch.Tensor \(got list\)"):
+        getattr(flash_cann, api)(q, k, v, sinks=[0.0] * 4, **layout)
+    with pytest.raises(ValueError, match=r"sinks must be float32 of shape \(nheads,\) = \(4,\)"):
+        getattr(flash_cann, api)(q, k, v, sinks=torch.zeros(2), **layout)

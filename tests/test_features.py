@@ -27,7 +27,10 @@ FEATURES = [
     ("alibi-heads", dict(alibi="heads")),
     ("alibi-batch-causal", dict(alibi="batch", causal=True)),
     ("dropout", dict(dropout_p=0.3)),
-    ("all", dict(window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2)),
+    ("sinks", dict(sinks=True)),
+    ("sinks-window-causal", dict(sinks=True, window=(4, -1), causal=True)),
+    ("all", dict(window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2,
+                 sinks=True)),
 ]
 # (seqlen_q, seqlen_k) per sequence: an empty query sequence, rows above the diagonal,
 # one longer than a CPU block (128 x 256).
@@ -94,13 +97,13 @@ def test_causal_with_a_right_bound_is_no_window(monkeypatch):
     assert served[0].get("variant", None) in (None, PLAIN), served[0]
 
 
-@pytest.mark.parametrize("masked", [True])
-def test_window_with_padding_and_rows_that_see_nothing(masked, gen):
-    """A window narrower than the padding holes leaves rows with no key: out 0, lse -inf,
-    zero gradients."""
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_window_with_padding_and_rows_that_see_nothing(sinks, gen):
+    """A window narrower than the padding holes leaves rows with no key: out 0, lse -inf
+    (the sink's logit with sinks), zero gradients."""
     assert_all_ok(check_variant("cpu", torch.float16, gen=gen, seqlens=(50, 30), heads=(2, 1),
-                                window=(0, 0), causal=False, masked=masked, softcap=3.0,
-                                alibi="heads"))
+                                window=(0, 0), causal=False, masked=True, softcap=3.0,
+                                alibi="heads", sinks=sinks))
 
 
 def _dropout_call(p, seed, seqlens=(64, 96), heads=(4, 4)):
@@ -211,7 +214,7 @@ def _cache_oracle(q, k_cache, v_cache, seqlens_k, dense, *, causal, variant, sca
         v = dense(v_cache, b)[:n].unsqueeze(0).double()
         slopes = None if variant.alibi_slopes is None else variant.alibi_slopes[b:b + 1]
         one = Variant(window_left=variant.window_left, window_right=variant.window_right,
-                      softcap=variant.softcap, alibi_slopes=slopes)
+                      softcap=variant.softcap, alibi_slopes=slopes, sinks=variant.sinks)
         out, lse = reference.attention(q[b:b + 1].double(), k, v, scale=scale, causal=causal,
                                        layout="BSND", variant=one)
         outs.append(out)
@@ -222,7 +225,8 @@ def _cache_oracle(q, k_cache, v_cache, seqlens_k, dense, *, causal, variant, sca
 # Max |error| of out (values of size ~1) by dtype: a few ulps of the rounded output.
 CACHE_TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 CACHE_FEATURES = [dict(causal=True), dict(causal=True, window_size=(6, -1), softcap=2.0,
-                                          alibi=True), dict(causal=False, window_size=(3, 3))]
+                                          alibi=True, sinks=True),
+                  dict(causal=False, window_size=(3, 3))]
 CACHE_LAYOUTS = [(True, False), (False, False), (False, True)]
 CACHE_IDS = ["paged", "dense", "cache_batch_idx"]
 
@@ -236,9 +240,11 @@ def check_kvcache(device, dtype, gen, *, paged, batch_idx, features, **sizes):
     features = dict(features)
     alibi = features.pop("alibi", False)
     slopes = (torch.rand(q.shape[0], q.shape[2], generator=gen).to(device) if alibi else None)
+    sinks = (torch.randn(q.shape[2], generator=gen).to(device) if features.pop("sinks", False)
+             else None)
     out, lse = flash_cann.flash_attn_with_kvcache(
         q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, alibi_slopes=slopes,
-        return_softmax_lse=True, **features, **kwargs)
+        return_softmax_lse=True, sinks=sinks, **features, **kwargs)
     # The new entries landed after each sequence's filled part, nothing else changed.
     new = k_new.shape[1]
     for b in range(q.shape[0]):
@@ -248,7 +254,7 @@ def check_kvcache(device, dtype, gen, *, paged, batch_idx, features, **sizes):
     assert int((k_cache != before).any(dim=(-1, -2)).sum()) <= q.shape[0] * new
     window = features.get("window_size", (-1, -1))
     variant = Variant(window_left=window[0], window_right=window[1],
-                      softcap=features.get("softcap", 0.0), alibi_slopes=slopes)
+                      softcap=features.get("softcap", 0.0), alibi_slopes=slopes, sinks=sinks)
     ref_out, ref_lse = _cache_oracle(q, k_cache, v_cache, seqlens + new, dense,
                                      causal=features["causal"], variant=variant,
                                      scale=q.shape[-1] ** -0.5)
@@ -325,7 +331,8 @@ def _packed_inputs(gen, dtype=torch.float32, requires_grad=False):
     features = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                     max_seqlen_k=max_k, alibi_slopes=torch.rand(3, 4, generator=gen),
                     rng_state=torch.tensor([11, 0]), window_left=4, softcap=3.0,
-                    dropout_p=0.25)
+                    dropout_p=0.25,
+                    sinks=torch.randn(4, generator=gen).requires_grad_(requires_grad))
     return q, k, v, features
 
 
@@ -337,7 +344,8 @@ def test_opcheck_with_every_feature(gen):
     torch.library.opcheck(torch.ops.flash_cann.bwd.default,
                           (torch.randn(out.shape, generator=gen), q.detach(), k.detach(),
                            v.detach(), out.detach(), lse.detach(), None, None, 0.3),
-                          {"causal": True, "layout": "TND", **features})
+                          {"causal": True, "layout": "TND", **features,
+                           "sinks": features["sinks"].detach()})
 
 
 def test_opcheck_kvcache(gen):
@@ -345,28 +353,32 @@ def test_opcheck_kvcache(gen):
     torch.library.opcheck(torch.ops.flash_cann.fwd_kvcache.default,
                           (q, k_cache, v_cache, k_new, v_new, seqlens, None,
                            kwargs["block_table"], 0.25),
-                          {"causal": True, "window_left": 5, "softcap": 1.0})
+                          {"causal": True, "window_left": 5, "softcap": 1.0,
+                           "sinks": torch.randn(q.shape[2], generator=gen)})
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_compile_fullgraph_varlen_with_features(dynamic, gen):
-    """Packed sequences with window, softcap and ALiBi (no dropout: compiled and eager
-    draw different seeds) compile without graph breaks and match eager, with gradients."""
+    """Packed sequences with window, softcap, ALiBi and sinks (no dropout: compiled and
+    eager draw different seeds) compile without graph breaks and match eager, with
+    gradients (the sinks' included)."""
     q, k, v, features = _packed_inputs(gen, requires_grad=True)
+    sinks = features["sinks"]
 
-    def model(q_, k_, v_):
+    def model(q_, k_, v_, sinks_):
         return flash_cann.flash_attn_varlen_func(
             q_, k_, v_, features["cu_seqlens_q"], features["cu_seqlens_k"],
             features["max_seqlen_q"], features["max_seqlen_k"], causal=True,
-            window_size=(4, 0), softcap=3.0, alibi_slopes=features["alibi_slopes"])
+            window_size=(4, 0), softcap=3.0, alibi_slopes=features["alibi_slopes"],
+            sinks=sinks_)
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
-    eager = model(q, k, v)
-    out = compiled(q, k, v)
+    eager = model(q, k, v, sinks)
+    out = compiled(q, k, v, sinks)
     torch.testing.assert_close(out, eager)
-    for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)),
-                    torch.autograd.grad(eager.sum(), (q, k, v))):
+    for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v, sinks)),
+                    torch.autograd.grad(eager.sum(), (q, k, v, sinks))):
         torch.testing.assert_close(a, b)
 
 
@@ -599,3 +611,131 @@ def test_gradcheck_float64_with_every_feature(layout, gen):
         return out, lse.masked_fill(lse.isinf(), 0.0)  # rows that see no key: lse -inf
 
     torch.autograd.gradcheck(attend, (q, k, v), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# Attention sinks: the sinks' gradient, rows that see no key, float64 gradcheck
+# ---------------------------------------------------------------------------------------
+
+def _sink_case(gen, layout, dtype=torch.float32):
+    """(q, k, v, sinks, keyword arguments of flash_attn_func / _varlen_func, the oracle's
+    keyword arguments): GQA, causal, a window, ALiBi; TND packs sequences of lengths
+    (7, 12), (0, 3), (9, 4)."""
+    kwargs = dict(causal=True, window_size=(5, -1), alibi_slopes=torch.rand(4, generator=gen))
+    if layout == "TND":
+        cu_q, cu_k, max_q, max_k = packed_lengths([(7, 12), (0, 3), (9, 4)])
+        q = torch.randn(16, 4, 8, generator=gen, dtype=dtype)
+        k, v = (torch.randn(19, 2, 8, generator=gen, dtype=dtype) for _ in range(2))
+        packed = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                      max_seqlen_k=max_k)
+        call = dict(kwargs, **packed)
+        variant = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                       max_seqlen_k=max_k)
+    else:
+        q = torch.randn(2, 9, 4, 8, generator=gen, dtype=dtype)
+        k, v = (torch.randn(2, 13, 2, 8, generator=gen, dtype=dtype) for _ in range(2))
+        call, variant = kwargs, {}
+    sinks = torch.randn(4, generator=gen, dtype=torch.promote_types(dtype, torch.float32))
+    return q, k, v, sinks, call, variant
+
+
+def _sink_call(q, k, v, sinks, call, layout):
+    if layout == "TND":
+        call = dict(call)
+        return flash_cann.flash_attn_varlen_func(
+            q, k, v, call.pop("cu_seqlens_q"), call.pop("cu_seqlens_k"),
+            call.pop("max_seqlen_q"), call.pop("max_seqlen_k"), sinks=sinks,
+            return_attn_probs=True, **call)[:2]
+    return flash_cann.flash_attn_func(q, k, v, sinks=sinks, return_attn_probs=True, **call)[:2]
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_sinks_and_their_gradient_match_the_oracle(layout, gen):
+    """out, lse and the gradients of q, k, v and the sinks vs the float64 oracle, through
+    flash_attn_func / flash_attn_varlen_func (an empty sequence included)."""
+    q, k, v, sinks, call, packed = _sink_case(gen, layout)
+    inputs = [t.requires_grad_() for t in (q, k, v, sinks)]
+    out, lse = _sink_call(*inputs, call, layout)
+    left = call["window_size"][0]  # causal: the right bound is the diagonal
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref_variant = Variant(window_left=left, window_right=-1, sinks=ref_inputs[3],
+                          alibi_slopes=call["alibi_slopes"], **packed)
+    ref_out, ref_lse = reference.attention(*ref_inputs[:3], scale=8 ** -0.5, causal=True,
+                                           layout=layout, variant=ref_variant)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    grad_out = torch.randn(out.shape, generator=gen)
+    grad_lse = torch.randn(lse.shape, generator=gen)
+    got = torch.autograd.grad((out * grad_out).sum() + (lse * grad_lse).sum(), inputs)
+    want = torch.autograd.grad((ref_out * grad_out).sum() + (ref_lse * grad_lse).sum(),
+                               ref_inputs)
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=name)
+    assert got[3].dtype == torch.float32 and got[3].shape == (4,)
+
+
+def test_sinks_rows_that_see_no_key_return_zero_and_the_sink(gen):
+    """Every key padded out: out 0, lse = the head's sink, zero gradients for q, k, v; the
+    sinks' gradient is -sum exp(sink - lse) * D = -dlse summed (P_sink = 1, D = -dlse)."""
+    q, k, v = (torch.randn(1, 4, 2, 8, generator=gen).requires_grad_() for _ in range(3))
+    sinks = torch.tensor([0.5, -2.0]).requires_grad_()
+    out, lse = flash_cann.attention(q, k, v, layout="BSND", sinks=sinks, return_lse=True,
+                                    key_padding_mask=torch.zeros(1, 4, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, sinks.detach().view(1, 2, 1).expand(1, 2, 4))
+    grad_lse = torch.randn(lse.shape, generator=gen)
+    dq, dk, dv, dsinks = torch.autograd.grad((out.sum() + (lse * grad_lse).sum()),
+                                             (q, k, v, sinks))
+    assert not any(g.any() for g in (dq, dk, dv))
+    torch.testing.assert_close(dsinks, grad_lse.sum((0, 2)))
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_sinks_gradcheck_float64(layout, gen):
+    """torch.autograd.gradcheck of out and lse in q, k, v and the sinks (tiny shapes)."""
+    q, k, v, sinks, call, _ = _sink_case(gen, layout, dtype=torch.float64)
+    if layout == "TND":
+        q, k, v = q[:9, :2, :4], k[:13, :1, :4], v[:13, :1, :4]
+        call = dict(call, cu_seqlens_q=torch.tensor([0, 7, 7, 9], dtype=torch.int32),
+                    cu_seqlens_k=torch.tensor([0, 12, 12, 13], dtype=torch.int32))
+    else:
+        q, k, v = q[:1, :5, :2, :4], k[:1, :6, :1, :4], v[:1, :6, :1, :4]
+    call["alibi_slopes"] = call["alibi_slopes"][:2]
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks[:2])]
+    assert torch.autograd.gradcheck(
+        lambda *a: _sink_call(*a, call, layout), inputs)
+
+
+def test_sinks_without_sinks_give_no_gradient_and_zeros_from_the_op(gen):
+    """grad_sinks is always an output of the bwd op (zeros without sinks); autograd gives
+    no gradient to a sinks argument that was None."""
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=gen) for _ in range(3))
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.3)
+    grads = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.3)
+    assert len(grads) == 4 and torch.equal(grads[3], torch.zeros(2))
+    sinks = torch.zeros(2)
+    with_sinks = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.3, sinks=sinks)
+    assert with_sinks[3].shape == (2,) and with_sinks[3].any()
+
+
+def check_minus_infinity_sink(gen, dtype=torch.float32):
+    """A head whose sink is -inf attends as without sinks (a row that sees no key: out 0,
+    lse -inf), with gradients and that sink's gradient 0, never NaN."""
+    q, k, v = (torch.randn(2, 6, 2, 8, generator=gen).to(dtype).requires_grad_()
+               for _ in range(3))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False
+    sinks = torch.tensor([float("-inf"), 0.5]).requires_grad_()
+    out, lse = flash_cann.attention(q, k, v, layout="BSND", causal=True, sinks=sinks,
+                                    key_padding_mask=mask, return_lse=True)
+    plain_out, plain_lse = flash_cann.attention(q, k, v, layout="BSND", causal=True,
+                                                key_padding_mask=mask, return_lse=True)
+    torch.testing.assert_close(out[:, :, 0], plain_out[:, :, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(lse[:, 0], plain_lse[:, 0], rtol=0, atol=1e-6)
+    grads = torch.autograd.grad(out.sum() + lse[lse.isfinite()].sum(), (q, k, v, sinks))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert grads[3][0] == 0 and grads[3][1] != 0
+
+
+def test_a_sink_of_minus_infinity_is_no_sink(gen):
+    check_minus_infinity_sink(gen)

@@ -196,3 +196,15 @@ def test_varlen_takes_max_seqlen_as_a_0d_integer_tensor():
     torch.testing.assert_close(as_tensor, as_int)
     with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
         interface.flash_attn_varlen_func(q, q, q, cu_seqlens, cu_seqlens, torch.tensor(4.0), 4)
+
+
+def test_the_alias_passes_sinks_through(alias):
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
+
+    q, sinks = torch.randn(1, 5, 2, 8), torch.tensor([0.5, -1.0])
+    torch.testing.assert_close(flash_attn_func(q, q, q, causal=True, sinks=sinks),
+                               flash_cann.flash_attn_func(q, q, q, causal=True, sinks=sinks))
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    torch.testing.assert_close(flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 5, 5,
+                                                      sinks=sinks),
+                               flash_cann.flash_attn_func(q, q, q, sinks=sinks)[0])

@@ -201,6 +201,7 @@ VARY = {
     "rng_state": lambda _: torch.tensor([1, 2]),
     "window_left": lambda _: 1, "window_right": lambda _: 1,
     "softcap": lambda _: 5.0, "dropout_p": lambda _: 0.25,
+    "sinks": lambda _: torch.zeros(4),
 }
 
 # (op, argument) -> why the plan may ignore it; each is proven by a test below.
@@ -300,7 +301,7 @@ def test_deterministic_reaches_a_backend_that_uses_it(monkeypatch, gen):
 
     def backward(*a, deterministic=False, **kw):
         received.append(deterministic)
-        return tuple(torch.zeros_like(t) for t in a[1:4])
+        return (*(torch.zeros_like(t) for t in a[1:4]), None)
 
     monkeypatch.setattr(twin, "backward", backward)
     monkeypatch.delattr(twin, "backward_planned", raising=False)

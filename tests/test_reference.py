@@ -1,7 +1,7 @@
 """The oracle's features against their definitions (flash_cann.contract.variant), by identities
 that need no backend: a feature at its neutral value is plain attention, causal is the
-window (-1, 0), packed sequences are batched ones, and dropout with every entry kept
-scales the output by 1 / (1 - p)."""
+window (-1, 0), packed sequences are batched ones, dropout with every entry kept
+scales the output by 1 / (1 - p), and a sink is one more key whose value is zero."""
 
 from __future__ import annotations
 
@@ -90,3 +90,43 @@ def test_packed_sequences_are_batched_sequences(gen):
     batched = Variant(window_left=3, alibi_slopes=variant.alibi_slopes)
     ref_out, ref_lse = _attend(q, k, v, causal=True, variant=batched)
     _same((out, lse), (ref_out.flatten(0, 1), ref_lse.transpose(0, 1).flatten(1)))
+
+
+def test_a_sink_is_a_key_with_a_zero_value(gen):
+    """Attention with sinks = attention over one more key per head, at the front, whose
+    score is the head's sink logit and whose value is 0 (out, lse and every gradient,
+    the sink's included), causal and padded."""
+    q, k, v = _qkv(gen, heads=(4, 4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    sinks = torch.tensor([0.5, -1.0, 2.0, -30.0], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1] = False  # a sequence whose rows see no key: out 0, lse = the sink
+    out, lse = _attend(q, k, v, key_padding_mask=mask, causal=True, variant=Variant(sinks=sinks))
+    # The extra key: scale * q . k_sink = sink for every row (k_sink = q's direction
+    # cannot work for all rows at once, so extend the head_dim by one coordinate instead).
+    scale = 0.4
+    one = torch.ones(*q.shape[:-1], 1, dtype=q.dtype)
+    q_ext = torch.cat((q, one), -1)
+    k_ext = torch.cat((torch.zeros(2, 1, 4, 8, dtype=q.dtype), k), 1)
+    k_ext = torch.cat((k_ext, torch.zeros(2, 12, 4, 1, dtype=q.dtype)), -1)
+    k_ext[:, 0, :, -1] = sinks / scale
+    v_ext = torch.cat((torch.zeros(2, 1, 4, 8, dtype=q.dtype), v), 1)
+    v_ext = torch.cat((v_ext, torch.zeros(2, 12, 4, 1, dtype=q.dtype)), -1)
+    # The sink sits left of every key: keep it visible for every row (causal with one
+    # more key keeps the diagonal where it was).
+    mask_ext = torch.cat((torch.ones(2, 1, dtype=torch.bool), mask), 1)
+    want_out, want_lse = _attend(q_ext, k_ext, v_ext, key_padding_mask=mask_ext, causal=True)
+    _same((out, lse), (want_out[..., :8], want_lse))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(lse[1], sinks.detach().view(4, 1).expand(4, 7), rtol=0, atol=0)
+    grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    got = torch.autograd.grad((out * grad).sum() + lse.sum(), (q, k, v, sinks))
+    want = torch.autograd.grad((want_out[..., :8] * grad).sum() + want_lse.sum(),
+                               (q, k, v, sinks))
+    _same(got, want)
+
+
+def test_sinks_far_below_the_scores_are_plain_attention(gen):
+    q, k, v = _qkv(gen)
+    _same(_attend(q, k, v, variant=Variant(sinks=torch.full((4,), -1e4, dtype=torch.float64))),
+          _attend(q, k, v))

@@ -109,7 +109,8 @@ def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
 def test_backward_pairing_is_declared():
     s = spec.load()
     assert s.ops["fwd"].backward == "bwd"
-    assert [t.name for t in s.ops["bwd"].outputs] == ["grad_query", "grad_key", "grad_value"]
+    assert [t.name for t in s.ops["bwd"].outputs] == ["grad_query", "grad_key", "grad_value",
+                                                      "grad_sinks"]
 
 
 def _declared_shape(tensor: dict, sizes: dict, tensors: dict, layout: str) -> tuple:
@@ -132,11 +133,12 @@ def test_tensors_have_their_declared_shapes(layout, gen):
            "softmax_lse": lse}
     grads = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, mask, lse, 0.3, True, layout)
     bwd = {**fwd, "grad_out": out, "grad_softmax_lse": lse,
-           **dict(zip(("grad_query", "grad_key", "grad_value"), grads))}
+           **dict(zip(("grad_query", "grad_key", "grad_value", "grad_sinks"), grads))}
     p = check_fwd(q, k, v, mask, 0.3, True, layout)
     sizes = {name: getattr(p, name) for name in ("batch", "heads_q", "heads_kv", "seqlen_q",
                                                  "seqlen_k", "head_dim")}
-    assert _shaped_tensors_match(fwd, bwd, sizes, layout) == 9
+    # grad_sinks has its shape without sinks too (zeros).
+    assert _shaped_tensors_match(fwd, bwd, sizes, layout) == 10
 
 
 def _shaped_tensors_match(fwd: dict, bwd: dict, sizes: dict, layout: str) -> int:
@@ -160,15 +162,16 @@ def test_packed_tensors_have_their_declared_shapes(gen):
     k, v = (torch.randn(12, 2, 8, generator=gen) for _ in range(2))
     rng_state = torch.tensor([7, 0])
     features = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, rng_state=rng_state,
+                    sinks=torch.randn(4, generator=gen),
                     max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), dropout_p=0.25)
     out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.3, True, "TND", **features)
     fwd = {"query": q, "key": k, "value": v, "out": out, "softmax_lse": lse, **features}
     grads = torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, lse, 0.3, True, "TND",
                                      **features)
     bwd = {**fwd, "grad_out": out, "grad_softmax_lse": lse,
-           **dict(zip(("grad_query", "grad_key", "grad_value"), grads))}
+           **dict(zip(("grad_query", "grad_key", "grad_value", "grad_sinks"), grads))}
     sizes = {"heads_q": 4, "tokens_q": 9, "batch_plus_one": 4, "two": 2}
-    assert _shaped_tensors_match(fwd, bwd, sizes, "TND") == 13
+    assert _shaped_tensors_match(fwd, bwd, sizes, "TND") == 16
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -39,7 +39,7 @@ def torchair(monkeypatch):
         standin.ge.register_ir(op["cann_op_type"], standin.ge.IrDef(
             inputs=[(t["name"], bool(t.get("optional", False))) for t in contract.cann_inputs(op)],
             attrs=[(a["name"], PROTO_ATTR_CLASSES[a["type"]]) for a in contract.cann_attrs(op)],
-            outputs=[t["name"] for t in op["outputs"]]))
+            outputs=[t["name"] for t in contract.cann_outputs(op)]))
     yield standin
     for name in [m for m in sys.modules if m == "torchair" or m.startswith("torchair.")]:
         del sys.modules[name]
@@ -125,14 +125,18 @@ def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_gra
         op, tuple(tensors.values()),
         dict(scale=0.5, causal=True, layout=layout, deterministic=deterministic), meta)
 
-    node = ge.GRAPH.nodes[-1]
-    assert node.type == "FlashCannAttentionGrad"
+    node = next(n for n in ge.GRAPH.nodes[::-1] if n.type == "FlashCannAttentionGrad")
     assert node.inputs == tensors
     assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
                           "layout": ("Str", layout), "deterministic": ("Bool", deterministic)}
-    assert node.outputs == ["grad_query", "grad_key", "grad_value"]
-    assert len(outputs) == 3
-    assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape)]
+    assert node.outputs == [t["name"] for t in contract.cann_outputs(contract.OPS["bwd"])]
+    # The torch op's grad_sinks: the Grad node's while the npu backend lists sinks, else
+    # a constant of zeros (its value without sinks).
+    assert [m.size for m in meta] == [list(q.shape), list(k.shape), list(v.shape), [6]]
+    assert [(o.node, o.index) for o in outputs[:3]] == [(node, 0), (node, 1), (node, 2)]
+    if "sinks" not in contract.NPU_FEATURES:
+        assert outputs[3].node.type == "Const"
+        assert outputs[3].node.attrs["value"] == ("Tensor", [0.0] * 6)
 
 
 def test_bwd_converter_refuses_when_the_spec_says_there_is_no_ascend_backward_kernel(

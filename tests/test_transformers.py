@@ -3,8 +3,9 @@ randomly initialised Llama, Qwen2 and Mistral models built here (nothing downloa
 the logits, gradients and greedy generations of attn_implementation="sdpa", batched with
 left and right padding, and GQA; Mistral's sliding window and Gemma 2's soft-capping and
 window give eager's logits; packed sequences (position_ids, cu_seq_lens) give each
-sequence's own; train-mode dropout is unbiased; "fa_cann" registers on `import flash_cann`
-without importing transformers. Runs on the CPU backend here (and on the lent GPU in the
+sequence's own; a tiny gpt-oss (attention sinks, alternating sliding and full attention)
+gives eager's logits and gradients, the sinks' included; train-mode dropout is unbiased;
+"fa_cann" registers on `import flash_cann` without importing transformers. Runs on the CPU backend here (and on the lent GPU in the
 GPU tests)."""
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ def _qkv(q_len=5, kv_len=7):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(s_aux=torch.zeros(4)), "attention sinks \\(s_aux\\) are not supported yet"),
     (dict(attention_mask=torch.zeros(2, 1, 5, 7, dtype=torch.bool)), "got a 4-D mask"),
 ])
 def test_what_flash_cann_cannot_do_is_refused(kwargs, message):
@@ -256,3 +256,46 @@ def test_import_flash_cann_registers_without_importing_transformers():
                    + check) == ["False", "True", "True"]
     assert _python("import transformers.modeling_utils, transformers.masking_utils, "
                    "flash_cann; " + check) == ["True", "True"]
+
+
+def _gpt_oss():
+    """gpt-oss in miniature: GQA, sliding window (4 keys) then full attention, attention
+    sinks, a mixture of 4 experts."""
+    return transformers.GptOssConfig(
+        **{**TINY, "intermediate_size": 32}, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"])
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_gpt_oss_sinks_match_eager(padding_side):
+    """Logits and every parameter's gradient (the sinks' included) of "fa_cann" vs eager,
+    the sinks set far from their near-zero initialisation so that they matter."""
+    ours, eager = _pair(_gpt_oss, "eager")
+    generator = torch.Generator().manual_seed(4)
+    sinks = {n: torch.randn(p.shape, generator=generator) * 2
+             for n, p in ours.named_parameters() if n.endswith("sinks")}
+    assert len(sinks) == 2
+    for model in (ours, eager):
+        model.load_state_dict(sinks, strict=False)
+    ids, mask = _batch(padding_side)
+    valid = mask.bool()
+    logits, grads = [], []
+    for model in (ours, eager):
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask).logits
+        out[valid].float().square().mean().backward()
+        logits.append(out[valid].detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    torch.testing.assert_close(logits[0], logits[1], **TOLERANCE)
+    assert grads[0].keys() == grads[1].keys() and set(sinks) <= grads[0].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], **TOLERANCE, msg=name)
+    assert all(grads[0][name].abs().sum() > 0 for name in sinks)
+    # Without the sinks (-inf: no share of any row) the logits change: they were used.
+    with torch.no_grad():
+        ours.load_state_dict({n: torch.full_like(s, -1e4) for n, s in sinks.items()},
+                             strict=False)
+        assert not torch.allclose(ours(input_ids=ids, attention_mask=mask).logits[valid],
+                                  logits[0], **TOLERANCE)

@@ -113,18 +113,22 @@ def test_expanded_grad_out(layout, gen):
                         backward="out_sum"))
 
 
-def test_backward_is_deterministic(gen):
-    """Every output element has one writer (no atomics): bitwise equal reruns."""
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_backward_is_deterministic(sinks, gen):
+    """Every output element has one writer (no atomics): bitwise equal reruns (the sinks'
+    gradient: per-tile partial sums added in a fixed order)."""
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16, "BSND", device="cuda",
                        generator=gen)
     mask = random_key_padding_mask(2, 1000, gen, "cuda")
     grad_out = torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16)
+    logits = torch.randn(8, generator=gen).cuda() if sinks else None
 
     def grads():
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        flash_cann.attention(q_, k_, v_, layout="BSND", causal=True,
-                             key_padding_mask=mask).backward(grad_out)
-        return q_.grad, k_.grad, v_.grad
+        s_ = None if logits is None else logits.detach().requires_grad_()
+        flash_cann.attention(q_, k_, v_, layout="BSND", causal=True, key_padding_mask=mask,
+                             sinks=s_).backward(grad_out)
+        return (q_.grad, k_.grad, v_.grad) + (() if s_ is None else (s_.grad,))
 
     first = grads()
     for _ in range(3):
@@ -266,13 +270,15 @@ GPU_FEATURES = [  # (id, check_variant's arguments)
     ("softcap", dict(seqlens=(300, 700), softcap=1.5, causal=True)),
     ("alibi", dict(seqlens=(300, 700), alibi="batch", causal=True)),
     ("dropout", dict(seqlens=(300, 700), dropout_p=0.17)),
+    ("sinks", dict(seqlens=(300, 700), sinks=True, causal=True)),
     ("varlen-all", dict(seqlens=[(170, 400), (0, 5), (400, 170), (1, 1), (700, 1000)],
                         layout="TND", window=(100, 0), causal=True, softcap=2.0, alibi="batch",
-                        dropout_p=0.2)),
+                        dropout_p=0.2, sinks=True)),
     ("varlen", dict(seqlens=[(1000, 1000), (1, 1), (333, 333), (2049, 2049)], layout="TND",
                     causal=True)),
     ("padding-window", dict(seqlens=(500, 300), window=(0, 0), masked=True, softcap=3.0,
                             alibi="heads")),
+    ("padding-window-sinks", dict(seqlens=(500, 300), window=(0, 0), masked=True, sinks=True)),
 ]
 
 
@@ -322,3 +328,33 @@ def test_kvcache_overflow_is_flagged_not_a_device_assert(group):
                                        block_table=block_table)
     torch.cuda.synchronize()
     flash_cann.check_kvcache_capacity("cuda")
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_sinks_gradient_matches_the_oracle(layout, gen):
+    """dq, dk, dv and the sinks' gradient (GQA, causal, window, ALiBi; TND with an empty
+    sequence) vs the float64 oracle."""
+    from test_features import _sink_call, _sink_case
+
+    from flash_cann.contract import reference
+    from flash_cann.contract.variant import Variant
+
+    q, k, v, sinks, call, packed = _sink_case(gen, layout, dtype=torch.bfloat16)
+    move = {key: (value.cuda() if isinstance(value, torch.Tensor) else value)
+            for key, value in call.items()}
+    packed = {key: (value.cuda() if isinstance(value, torch.Tensor) else value)
+              for key, value in packed.items()}
+    inputs = [t.cuda().requires_grad_() for t in (q, k, v, sinks)]
+    out, lse = _sink_call(*inputs, move, layout)
+    grad_out = torch.randn(out.shape, generator=gen).to("cuda", out.dtype)
+    got = torch.autograd.grad(out, inputs, grad_out)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    variant = Variant(window_left=call["window_size"][0], sinks=ref_inputs[3],
+                      alibi_slopes=move["alibi_slopes"], **packed)
+    ref_out, ref_lse = reference.attention(*ref_inputs[:3], scale=8 ** -0.5, causal=True,
+                                           layout=layout, variant=variant)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+    want = torch.autograd.grad(ref_out, ref_inputs, grad_out.double())
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        error = (a.double() - b).norm() / b.norm()
+        assert error < 2e-2, (name, error.item())

@@ -187,12 +187,15 @@ FEATURE_CASES = [  # (id, check_variant's arguments): each feature, then all com
     ("softcap", dict(seqlens=(37, 70), softcap=1.5)),
     ("alibi", dict(seqlens=(37, 70), alibi="batch", causal=True)),
     ("dropout", dict(seqlens=(37, 70), dropout_p=0.3)),
+    ("sinks", dict(seqlens=(37, 70), sinks=True, causal=True)),
     # Packed sequences: an empty one, rows above the diagonal, several blocks.
     ("varlen-all", dict(seqlens=[(17, 40), (0, 5), (40, 17), (1, 1), (70, 100)], layout="TND",
-                        window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2)),
+                        window=(6, 0), causal=True, softcap=2.0, alibi="batch", dropout_p=0.2,
+                        sinks=True)),
     # A window narrower than the padding holes: rows that see no key.
     ("padding-window", dict(seqlens=(50, 30), window=(0, 0), masked=True, softcap=3.0,
                             alibi="heads")),
+    ("padding-window-sinks", dict(seqlens=(50, 30), window=(0, 0), masked=True, sinks=True)),
 ]
 
 
@@ -216,12 +219,13 @@ def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
 
 
 NPU_FEATURE_CASES = [  # (id, check_variant's arguments), through the NPU host
-    # Every score feature batched: the "dropout" tile table (and its persistent loop).
+    # Every score feature batched, and sinks: the "dropout" tile table.
     ("all", dict(seqlens=(37, 70), window=(20, -1), causal=True, softcap=2.0, alibi="batch",
-                 dropout_p=0.2)),
-    # Packed sequences with a two-sided window, softcap and ALiBi: the "scores" table.
+                 dropout_p=0.2, sinks=True)),
+    # Packed sequences with a two-sided window, softcap and ALiBi: the "scores" table; an
+    # empty sequence (the sinks' gradient from the preprocess tiles' partial sums).
     ("varlen-scores", dict(seqlens=[(17, 40), (0, 5), (70, 100)], layout="TND",
-                           window=(6, 3), softcap=2.0, alibi="heads")),
+                           window=(6, 3), softcap=2.0, alibi="heads", sinks=True)),
 ]
 
 
@@ -241,3 +245,32 @@ def test_npu_host_kvcache_matches_oracle(triton_npu_on_cpu, gen):
     with oracle_checks.triton_poisoning():
         check_kvcache("cpu", torch.float16, gen, paged=True, batch_idx=False,
                       features=CACHE_FEATURES[1])
+
+
+@in_interpreter
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on_cpu, gen):
+    """The preprocess kernel's per-tile partial sums of the sinks' gradient, added in a
+    fixed order on the host: vs the float64 oracle, and bitwise the same on a rerun."""
+    from test_features import _sink_call, _sink_case
+
+    from flash_cann.contract import reference
+    from flash_cann.contract.variant import Variant
+
+    q, k, v, sinks, call, packed = _sink_case(gen, layout, dtype=torch.float16)
+    inputs = [t.requires_grad_() for t in (q, k, v, sinks)]
+    out, lse = _sink_call(*inputs, call, layout)
+    grad_out = torch.randn(out.shape, generator=gen).to(out.dtype)
+    runs = [torch.autograd.grad(_sink_call(*inputs, call, layout)[0], inputs, grad_out)
+            for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    variant = Variant(window_left=call["window_size"][0], sinks=ref_inputs[3],
+                      alibi_slopes=call["alibi_slopes"], **packed)
+    ref_out, ref_lse = reference.attention(*ref_inputs[:3], scale=8 ** -0.5, causal=True,
+                                           layout=layout, variant=variant)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+    want = torch.autograd.grad(ref_out, ref_inputs, grad_out.double())
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), runs[0], want):
+        error = (a.double() - b).norm() / b.norm()
+        assert error < 5e-3, (name, error.item())

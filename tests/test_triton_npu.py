@@ -80,8 +80,8 @@ def lower(env_path: str, out: Path, *args: str) -> list[dict]:
 # variants ~2 s. The dtypes alternate so that each half of every_variant gets about as
 # much work.
 FEATURE_GRID = [
-    *((name, "bfloat16", 128) for name in ("window", "softcap", "alibi", "varlen", "cache",
-                                           "paged")),
+    *((name, "bfloat16", 128) for name in ("window", "softcap", "alibi", "varlen", "sinks",
+                                           "cache", "paged")),
     ("scores", "float16", 64), ("scores", "bfloat16", 128), ("scores", "float16", 256),
     ("cache-all", "float16", 64), ("cache-all", "bfloat16", 128), ("cache-all", "float16", 256),
     ("all", "float16", 128),
@@ -117,18 +117,21 @@ def _describe(r):
 
 
 def test_every_variant_reaches_the_binary_step(every_variant):
-    from flash_cann.backends.triton.ascend_lowering import CACHE_SETS
+    from flash_cann.backends.triton.ascend_lowering import CACHE_SETS, FEATURE_SETS
 
     grid = feature_grid()
     cache = [v for v in grid if v.features in CACHE_SETS]
-    # Per target: 24 plain variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim);
-    # each feature variant's fwd, dK/dV, dQ, or a KV cache's fwd and decode.
-    assert len(every_variant) == 2 * (24 * 3 + 6 + (len(grid) - len(cache)) * 3
+    # Per target: 24 plain variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim),
+    # and a preprocess with sinks per dtype x head_dim that has sinks in the grid; each
+    # feature variant's fwd, dK/dV, dQ, or a KV cache's fwd and decode.
+    sinks = {(v.dtype, v.head_dim) for v in grid
+             if v.features not in CACHE_SETS and FEATURE_SETS[v.features].get("sinks")}
+    assert len(every_variant) == 2 * (24 * 3 + 6 + len(sinks) + (len(grid) - len(cache)) * 3
                                       + len(cache) * 2)
     assert {r["arch"] for r in every_variant} == set(ARCHES)
     lowered = {(r["variant"], r["kernel"]) for r in every_variant}
-    for features in ("window", "softcap", "alibi", "varlen", "scores", "all"):
-        assert {k for v, k in lowered if v.endswith(f"-{features}")} == set(MATMUL_KERNELS)
+    for features in ("window", "softcap", "alibi", "varlen", "sinks", "scores", "all"):
+        assert {k for v, k in lowered if v.endswith(f"-{features}")} >= set(MATMUL_KERNELS)
     for features in CACHE_SETS:
         assert {k for v, k in lowered if v.endswith(f"-{features}")} == {"fwd", "decode"}
     wanted = "binary" if shutil.which("hivmc") else "handoff"
@@ -242,13 +245,16 @@ def test_npu_tensors_reach_the_triton_kernels(ascend_env, fake_torch_npu, tmp_pa
     """Without the CANN package, NPU tensors default to the Triton backend (and
     use_backend("triton") selects it): forward and backward through torch.ops.flash_cann,
     four persistent launches over the 910B2's 24 AI cores, each lowered for real; with
-    features on (window, softcap, ALiBi) too, the feature tiles in the launches."""
+    features on (window, softcap, ALiBi, sinks) too, the feature tiles in the launches."""
     from flash_cann.backends.triton.npu import FEATURE_TILES
 
     results = _scenarios(ascend_env, fake_torch_npu, tmp_path)
     assert "error" not in results, results["error"]
     assert results["default_backend"] == "triton"
     featured = {s["kernel"]: s for s in results["features"]["launched"]}
+    assert featured["fwd"]["features"].pop("SINKS")  # the saved lse carries the sink on
+    assert featured["preprocess"]["features"] == {"SINKS": True}  # (and its gradient)
+    assert results["features"]["grad_sinks"] == ["npu", [4]]
     for kernel in MATMUL_KERNELS:
         assert featured[kernel]["features"] == {"LEFT_BOUNDED": True, "SOFTCAP": True,
                                                 "ALIBI": True, "CAUSAL": True}

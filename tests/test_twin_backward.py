@@ -45,8 +45,9 @@ class _TwinGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = twin.backward(grad_out, q, k, v, out, lse, ctx.mask, grad_lse, **ctx.options)
-        return (*grads, None, None)
+        dq, dk, dv, _ = twin.backward(grad_out, q, k, v, out, lse, ctx.mask, grad_lse,
+                                      **ctx.options)
+        return dq, dk, dv, None, None
 
 
 def _planned_bytes(q, k, mask, causal, layout, options):
@@ -182,8 +183,8 @@ def test_fully_masked_rows_get_zero_gradients(gen):
     mask[0, 20:] = False
     out, lse = cpu.forward(q, k, v, mask, scale=0.2, causal=True, layout="BNSD")
     grad_out = torch.randn(out.shape, generator=gen).to(out.dtype)
-    dq, dk, dv = twin.backward(grad_out, q, k, v, out, lse, mask, None, scale=0.2, causal=True,
-                               layout="BNSD")
+    dq, dk, dv, _ = twin.backward(grad_out, q, k, v, out, lse, mask, None, scale=0.2,
+                                  causal=True, layout="BNSD")
     assert not any(torch.isnan(g).any() for g in (dq, dk, dv))
     assert torch.all(dq[1] == 0) and torch.all(dk[1] == 0) and torch.all(dv[1] == 0)
     assert torch.all(dq[0, :, :16] == 0) and torch.any(dq[0, :, 16:] != 0)

@@ -25,7 +25,8 @@ and with seqlen_q = 5, seqlen_k = 2::
     1 1
 
 A query row that sees no key (the first three rows above, or every key padded out)
-returns output 0 and softmax_lse -inf, and gets zero gradients -- never NaN.
+returns output 0 and softmax_lse -inf (the head's sink logit with ``sinks``), and gets
+zero gradients -- never NaN.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _rng_state(dropout_p: float, device: torch.device, generator) -> torch.Tenso
 def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, window_size=(-1, -1),
                softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
                generator=None, return_probs=False, cu_seqlens_q=None, cu_seqlens_k=None,
-               max_seqlen_q=0, max_seqlen_k=0, scale_name="softmax_scale"):
+               max_seqlen_q=0, max_seqlen_k=0, sinks=None, scale_name="softmax_scale"):
     """Every public function's one call of torch.ops.flash_cann.fwd: (out, lse, S_dmask).
 
     S_dmask (``return_probs`` with dropout): a debug output that materialises
@@ -123,7 +124,7 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
             and type(window_size) is tuple and window_size == (-1, -1)
             and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float
             and dropout_p == 0.0 and alibi_slopes is None and cu_seqlens_q is None
-            and cu_seqlens_k is None and not (max_seqlen_q or max_seqlen_k)
+            and cu_seqlens_k is None and not (max_seqlen_q or max_seqlen_k) and sinks is None
             and eager.applies(q, k, v, key_padding_mask)):
         return (*eager.attention(q, k, v, key_padding_mask,
                                  _softmax_scale(softmax_scale, q, scale_name), causal, layout,
@@ -134,24 +135,26 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
     causal = _flag(causal, "causal")
     if alibi_slopes is not None:
         require_tensor(alibi_slopes, "alibi_slopes")
+    if sinks is not None:
+        require_tensor(sinks, "sinks")
     rng_state = _rng_state(dropout_p, q.device, generator) if 0.0 < dropout_p < 1.0 else None
     options = dict(scale=scale, causal=causal, layout=layout, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k, window_left=window_left, window_right=window_right,
                    softcap=_real(softcap, "softcap"), dropout_p=dropout_p)
     out, lse = torch.ops.flash_cann.fwd(
         q, k, v, key_padding_mask, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        alibi_slopes=alibi_slopes, rng_state=rng_state,
+        alibi_slopes=alibi_slopes, rng_state=rng_state, sinks=sinks,
         deterministic=_flag(deterministic, "deterministic"), **options)
     probs = None
     if _flag(return_probs, "return_attn_probs") and rng_state is not None:
         probs = _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q,
-                               cu_seqlens_k, alibi_slopes, **options)
+                               cu_seqlens_k, alibi_slopes, sinks, **options)
     return out, lse, probs
 
 
 @torch.no_grad()
 def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlens_k,
-                   alibi_slopes, *, scale, causal, layout, max_seqlen_q, max_seqlen_k,
+                   alibi_slopes, sinks, *, scale, causal, layout, max_seqlen_q, max_seqlen_k,
                    window_left, window_right, softcap, dropout_p) -> torch.Tensor:
     """S_dmask (see _attention): the oracle's probabilities, signed by the Philox mask the
     kernels drew (flash_cann.contract.variant.keep_mask, same counter, same seed)."""
@@ -165,7 +168,8 @@ def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlen
     variant = Variant(window_left=window_left, window_right=window_right, softcap=softcap,
                       alibi_slopes=slopes, dropout_p=dropout_p, rng_state=rng_state,
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      sinks=None if sinks is None else sinks.detach())
     probs = reference.probabilities(q, k, v, key_padding_mask, scale=scale, causal=causal,
                                     layout=layout, variant=variant)
     b, h, i, j = (torch.arange(n, device=q.device) for n in probs.shape)
@@ -182,7 +186,8 @@ def _returned(out, lse, probs, return_attn_probs):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, *, generator=None):
+                    deterministic=False, return_attn_probs=False, *, sinks=None,
+                    generator=None):
     """dropout_p should be set to 0.0 during evaluation.
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in KV with
     fewer heads than Q. Note that the number of heads in Q must be divisible by the
@@ -221,6 +226,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             instead of the faster fp32 atomic adds.
         return_attn_probs: bool. Whether to also return the logsumexp and the attention
             probabilities (testing only: they may not have the right scaling).
+        sinks: (nheads,), fp32 (fp64 with fp64 inputs), keyword-only. Learnable attention
+            sinks (gpt-oss; vLLM's s_aux): one logit per query head that joins every
+            row's softmax denominator, softmax_lse = log(exp(sinks[h]) + sum_j
+            exp(score_ij)), so the row's probabilities sum to less than 1 (the sink has
+            no value). A row that sees no key gets out 0 and softmax_lse = sinks[h].
+            Differentiable: its gradient flows back to sinks.
         generator: torch.Generator on q's device for the dropout mask's seed (flash_cann's
             extension; default: the device's default generator, seeded by
             torch.manual_seed). Under torch.compile leave it None.
@@ -237,7 +248,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         q, k, v, None, layout="BSND", softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
-        return_probs=return_attn_probs), return_attn_probs)
+        return_probs=return_attn_probs, sinks=sinks), return_attn_probs)
 
 
 def _unpacked(packed, name: str, count: int, shape: str, dim: int):
@@ -250,20 +261,24 @@ def _unpacked(packed, name: str, count: int, shape: str, dim: int):
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False, *, generator=None):
+                              deterministic=False, return_attn_probs=False, *, sinks=None,
+                              generator=None):
     """As :func:`flash_attn_func`, with qkv: (batch_size, seqlen, 3, nheads, headdim)."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(batch_size, seqlen, 3, nheads, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs, generator=generator)
+                           alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
+                           generator=generator)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False, *, generator=None):
+                             deterministic=False, return_attn_probs=False, *, sinks=None,
+                             generator=None):
     """As :func:`flash_attn_func`, with kv: (batch_size, seqlen_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs, generator=generator)
+                           alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
+                           generator=generator)
 
 
 def _max_seqlen(value, name: str) -> int:
@@ -282,7 +297,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           generator=None):
+                           sinks=None, generator=None):
     """As :func:`flash_attn_func`, for a batch of sequences of different lengths packed
     one after another (layout TND; nothing is padded).
 
@@ -300,7 +315,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         block_table: paged keys and values are not supported here yet (use
             flash_attn_with_kvcache); must be None.
         Causal masks, windows and ALiBi positions are per sequence (bottom-right aligned
-        to each sequence's own lengths). The rest as in flash_attn_func.
+        to each sequence's own lengths). sinks (nheads,) are shared by every sequence
+        (vLLM's s_aux). The rest as in flash_attn_func.
     Return:
         out: (total_q, nheads, headdim).
         softmax_lse [optional, if return_attn_probs=True]: (nheads, total_q), float32.
@@ -320,33 +336,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
         return_probs=return_attn_probs, cu_seqlens_q=require_tensor(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=require_tensor(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k), return_attn_probs)
+        max_seqlen_k=max_seqlen_k, sinks=sinks), return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, generator=None):
+                                     return_attn_probs=False, *, sinks=None, generator=None):
     """As :func:`flash_attn_varlen_func`, with qkv: (total, 3, nheads, headdim) and one
     cu_seqlens / max_seqlen for queries and keys."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(total, 3, nheads, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs,
-                                  generator=generator)
+                                  sinks=sinks, generator=generator)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False, *, generator=None):
+                                    return_attn_probs=False, *, sinks=None, generator=None):
     """As :func:`flash_attn_varlen_func`, with kv: (total_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(total_k, 2, nheads_k, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  generator=generator)
+                                  sinks=sinks, generator=generator)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -354,7 +370,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, sinks=None):
     """Attention over a KV cache, for decoding (forward only), as flash-attn's.
 
     If k and v are given, they are written into k_cache and v_cache IN PLACE, after each
@@ -376,7 +392,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             its batch index). Not with block_table.
         block_table: (batch_size, max_num_blocks_per_seq) int32: key j of sequence b lies
             in block block_table[b, j // page_block_size].
-        softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
+        softmax_scale, causal, window_size, softcap, alibi_slopes, sinks: as in
+            flash_attn_func (sinks: keyword-only, not differentiated here: forward only).
         rotary_interleaved: only meaningful with rotary_cos/sin.
         num_splits: a performance hint in flash-attn (split the keys among thread
             blocks); the result does not depend on it, and flash_cann's backends choose
@@ -402,7 +419,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     window_left, window_right = _window(window_size)
     out, lse = torch.ops.flash_cann.fwd_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-        alibi_slopes=alibi_slopes, scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
+        alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
+        scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
         window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))
     return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
 
@@ -411,7 +429,7 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
               key_padding_mask=None, return_lse=False, deterministic=False,
               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-              generator=None):
+              sinks=None, generator=None):
     """Attention for CANN-style callers.
 
     Arguments:
@@ -437,7 +455,7 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: for "TND" only, as in
            :func:`flash_attn_varlen_func` (cumulative offsets: [0, len_0, len_0 + len_1,
            ...], not npu_fusion_attention's actual_seq_qlen which omits the leading 0).
-        window_size, softcap, alibi_slopes, dropout_p, generator: as in
+        window_size, softcap, alibi_slopes, dropout_p, sinks, generator: as in
            :func:`flash_attn_func`.
     Return:
         out: same shape and layout as q.
@@ -478,7 +496,8 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=0 if max_seqlen_q is None else max_seqlen_q,
-        max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, scale_name="scale")
+        max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, sinks=sinks,
+        scale_name="scale")
     if layout == "BSH":
         out = out.flatten(-2)
     return (out, lse) if _flag(return_lse, "return_lse") else out

@@ -69,7 +69,7 @@ def render(spec: Spec) -> str:
         lines += ["", f"// {op.cann_op_type}", f"namespace {op.name} {{",
                   *_indices("input", [t.name for t in op.cann_inputs]),
                   *_indices("attr", [a.name for a in op.cann_attrs]),
-                  *_indices("output", [t.name for t in op.outputs]),
+                  *_indices("output", [t.name for t in op.cann_outputs]),
                   f"}}  // namespace {op.name}"]
     lines += ["", "}  // namespace contract", "}  // namespace flash_cann", "",
               "#endif  // FLASH_CANN_CONTRACT_H", ""]

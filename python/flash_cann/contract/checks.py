@@ -173,6 +173,22 @@ def _alibi(slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
     return slopes.expand(batch, heads_q)
 
 
+def _sinks(sinks, heads_q: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+    """Attention sinks: one logit per query head, in the accumulator dtype."""
+    if sinks is None:
+        return None
+    require_tensor(sinks, "sinks")
+    want = accumulator_dtype(dtype)
+    if sinks.dtype != want or tuple(sinks.shape) != (heads_q,):
+        raise ValueError(_prefix(f"sinks must be {_dtype_name(want)} of shape (nheads,) = "
+                                 f"({heads_q},): one logit per query head (got "
+                                 f"{_dtype_name(sinks.dtype)} {tuple(sinks.shape)})"))
+    if sinks.device != device:
+        raise ValueError(_prefix(f"sinks must be on the same device as query (got "
+                                 f"{sinks.device} and {device})"))
+    return sinks
+
+
 def _check_dropout(dropout_p, rng_state, device) -> None:
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(_prefix(f"dropout_p must be in [0, 1) (got {dropout_p!r})"))
@@ -243,7 +259,7 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
               backend: BackendSpec | None = None, *, cu_seqlens_q=None, cu_seqlens_k=None,
               alibi_slopes=None, rng_state=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-              dropout_p: float = 0.0, op: str = "fwd") -> Problem:
+              dropout_p: float = 0.0, sinks=None, op: str = "fwd") -> Problem:
     """Validate the forward op's arguments; return the problem sizes and its variant."""
     spec = load()
     tensors = {n: require_tensor(t, n) for n, t in
@@ -256,7 +272,8 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                              window_left=window_left,
                              window_right=-1 if causal else window_right,
-                             softcap=softcap, dropout_p=dropout_p), layout, backend,
+                             softcap=softcap, dropout_p=dropout_p, sinks=sinks), layout,
+                    backend,
                     query.device.type)
     _check_scores(scale, window_left, window_right, softcap)
     if key_padding_mask is not None:
@@ -313,7 +330,8 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                       cu_seqlens_q=cu_seqlens_q if packed else None,
                       cu_seqlens_k=cu_seqlens_k if packed else None,
                       max_seqlen_q=max_seqlen_q if packed else 0,
-                      max_seqlen_k=max_seqlen_k if packed else 0)
+                      max_seqlen_k=max_seqlen_k if packed else 0,
+                      sinks=_sinks(sinks, hq, query.dtype, query.device))
     return Problem(b, hq, hk, sq, sk, d, query.dtype, layout, bool(causal),
                    key_padding_mask is not None, variant, tokens_q)
 
@@ -367,11 +385,11 @@ class CacheProblem:
 def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
                   block_table, scale: float, causal: bool, *, alibi_slopes=None,
                   window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                  backend: BackendSpec | None = None) -> CacheProblem:
+                  sinks=None, backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
     _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
                                         window_right=-1 if causal else window_right,
-                                        softcap=softcap),
+                                        softcap=softcap, sinks=sinks),
                     None, backend, query.device.type)
     _check_scores(scale, window_left, window_right, softcap)
     tensors = {n: require_tensor(t, n) for n, t in
@@ -455,7 +473,8 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
         _check_block_table(block_table, cache_seqlens, seqlen_new, page_size, k_cache.shape[0])
     window_left, window_right = window_bounds(window_left, window_right, causal, capacity)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
-                      alibi_slopes=_alibi(alibi_slopes, batch, hq, device))
+                      alibi_slopes=_alibi(alibi_slopes, batch, hq, device),
+                      sinks=_sinks(sinks, hq, query.dtype, device))
     problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, "BSND", bool(causal),
                       False, variant)
     return CacheProblem(problem, seqlen_new, page_size)

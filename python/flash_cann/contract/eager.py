@@ -68,6 +68,6 @@ class _Attention(torch.autograd.Function):
         query, key, value, key_padding_mask, out, lse = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        grads = ops.plain_backward(grad_out, query, key, value, out, lse, key_padding_mask,
-                                   grad_lse, *ctx.attrs)
-        return (*grads, None, None, None, None, None)
+        grad_query, grad_key, grad_value, _ = ops.plain_backward(
+            grad_out, query, key, value, out, lse, key_padding_mask, grad_lse, *ctx.attrs)
+        return grad_query, grad_key, grad_value, None, None, None, None, None

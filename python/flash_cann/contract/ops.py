@@ -239,7 +239,8 @@ def plain_forward(query, key, value, key_padding_mask, scale: float, causal: boo
 def plain_backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                    grad_softmax_lse, scale: float, causal: bool, layout: str,
                    deterministic: bool):
-    """bwd without features, planned as :func:`plain_forward`."""
+    """bwd without features, planned as :func:`plain_forward`: the backend's (grad_query,
+    grad_key, grad_value, None) (no sinks, no sink gradient)."""
     tensors = (grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                grad_softmax_lse)
     signature = (*map(_tensor_signature, tensors), scale, causal, layout, deterministic)
@@ -248,6 +249,17 @@ def plain_backward(grad_out, query, key, value, out, softmax_lse, key_padding_ma
         return plan(*tensors)
     return _plan_and_run(_bwd_plans, signature, check_bwd, "backward", query, tensors, scale,
                          causal, layout, deterministic=deterministic)
+
+
+def _with_grad_sinks(grads: tuple, softmax_lse: torch.Tensor) -> tuple:
+    """The bwd op's outputs from a backend's (grad_query, grad_key, grad_value,
+    grad_sinks or None): without sinks, grad_sinks is zeros, as the CANN op returns it (the
+    spec's comment on grad_sinks), so the op's outputs never depend on its arguments.
+    softmax_lse is (..., heads_q, rows) in every layout."""
+    grad_query, grad_key, grad_value, grad_sinks = grads
+    if grad_sinks is None:
+        grad_sinks = softmax_lse.new_zeros(softmax_lse.shape[-2])
+    return grad_query, grad_key, grad_value, grad_sinks
 
 
 def _is_plain(defaults: dict, args: dict) -> bool:
@@ -278,13 +290,16 @@ def _fwd_kernel(*args, **kwargs):
 def _bwd_kernel(*args, **kwargs):
     a = _arguments(_BWD_OP, args, kwargs)
     if _is_plain(_BWD_PLAIN, a):
-        return plain_backward(*(a[name] for name in _BWD_CORE), a["deterministic"])
+        return _with_grad_sinks(plain_backward(*(a[name] for name in _BWD_CORE),
+                                               a["deterministic"]), a["softmax_lse"])
     device_type = a["query"].device.type
     backend = _serving(device_type)
     p = check_bwd(*(a[name] for name in _BWD_CORE), backend, **_features(_BWD_OP, a))
-    return _backend_call(backend, device_type, "backward", *(a[name] for name in _BWD_CORE[:8]),
-                         scale=a["scale"], causal=a["causal"], layout=a["layout"],
-                         deterministic=a["deterministic"], variant=p.variant)
+    grads = _backend_call(backend, device_type, "backward",
+                          *(a[name] for name in _BWD_CORE[:8]), scale=a["scale"],
+                          causal=a["causal"], layout=a["layout"],
+                          deterministic=a["deterministic"], variant=p.variant)
+    return _with_grad_sinks(grads, a["softmax_lse"])
 
 
 def _fwd_kvcache_kernel(*args, **kwargs):
@@ -384,9 +399,10 @@ def _fwd_fake(*args, **kwargs):
 def _bwd_fake(*args, **kwargs):
     a = _arguments(_BWD_OP, args, kwargs)
     query, key, value = a["query"], a["key"], a["value"]
-    check_bwd(*(a[name] for name in _BWD_CORE), backend_for(query.device.type),
-              **_features(_BWD_OP, a))
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+    p = check_bwd(*(a[name] for name in _BWD_CORE), backend_for(query.device.type),
+                  **_features(_BWD_OP, a))
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            query.new_empty((p.heads_q,), dtype=accumulator_dtype(query.dtype)))
 
 
 @torch.library.register_fake(KVCACHE, lib=_LIB)
@@ -406,6 +422,7 @@ def _fwd_kvcache_fake(*args, **kwargs):
 _FWD_ARGS = _FWD_OP.argument_names()
 _BWD_ARGS = _BWD_OP.argument_names()
 _SAVED = [t.name for t in _FWD_OP.inputs] + [t.name for t in _FWD_OP.outputs]
+_OPTIONAL = {t.name for t in _FWD_OP.inputs if t.optional}
 
 
 def _setup_context(ctx, inputs, output):
@@ -426,7 +443,10 @@ def _backward(ctx, *grads):
     args.update((a.name, a.default) for a in _BWD_OP.attrs if a.name not in args)
     results = getattr(torch.ops.flash_cann, _BWD_OP.name)(*(args[name] for name in _BWD_ARGS))
     by_name = dict(zip((t.name for t in _BWD_OP.outputs), results))
-    return tuple(by_name.get(f"grad_{name}") for name in _FWD_ARGS)
+    # An optional input that was not given (sinks=None) gets no gradient, though the bwd
+    # op always returns one (zeros).
+    return tuple(None if name in _OPTIONAL and args[name] is None
+                 else by_name.get(f"grad_{name}") for name in _FWD_ARGS)
 
 
 def differentiable_once(backward):

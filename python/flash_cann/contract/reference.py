@@ -5,8 +5,9 @@ It forms the whole seqlen_q x seqlen_k score matrix (O(N^2) memory), computes in
 float64 by default, and follows the op contract's conventions (flash_cann.contract.variant
 states them), written out directly from the definitions, sharing no code with the
 backends: bottom-right causal and sliding window, key_padding_mask True = attend,
-softcap, ALiBi, dropout by an explicit keep mask, packed variable-length sequences
-(layout TND) one sequence at a time. Rows that see no key give out = 0, lse = -inf and
+softcap, ALiBi, dropout by an explicit keep mask, attention sinks (one more logit in
+each row's denominator), packed variable-length sequences (layout TND) one sequence at a
+time. Rows that see no key give out = 0, lse = -inf (the sink's logit with sinks) and
 zero gradients. Gradients come from autograd through it. ``compute_dtype`` runs the
 same arithmetic in another precision: the honest baseline for tolerances.
 """
@@ -71,9 +72,16 @@ def _batched(query, key, value, key_padding_mask, scale, causal, layout, compute
                   (variant.window_left, variant.window_right))
     s = s.masked_fill(~vis, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
+    sink = None
+    if variant.sinks is not None:
+        # The sink: a logit per head that every row sees, with no value.
+        sink = variant.sinks.to(work).view(1, -1, 1, 1)  # fp32 in every backend
+        m = torch.maximum(m, sink)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
     p = torch.exp(s - m)
     l = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        l = l + torch.exp(sink - m)
     l_safe = torch.where(l > 0, l, torch.ones_like(l))  # keeps log's gradient finite
     probs = p / l_safe
     if probabilities_only:
@@ -97,7 +105,7 @@ def _sequences(variant: Variant):
 def _sequence_variant(variant: Variant, b: int) -> Variant:
     slopes = variant.alibi_slopes
     return Variant(window_left=variant.window_left, window_right=variant.window_right,
-                   softcap=variant.softcap, dropout_p=variant.dropout_p,
+                   softcap=variant.softcap, dropout_p=variant.dropout_p, sinks=variant.sinks,
                    alibi_slopes=None if slopes is None else slopes.expand(
                        len(variant.cu_seqlens_q) - 1, -1)[b:b + 1])
 
@@ -109,9 +117,10 @@ def attention(query, key, value, key_padding_mask=None, *, scale: float, causal:
     heads_q, seqlen_q), or (heads_q, total_q) for TND), as the op does. Differentiable
     through autograd.
 
-    ``variant``: the features (window, softcap, ALiBi slopes, dropout_p, and cu_seqlens
-    for TND); ``dropout_mask``: which probabilities dropout keeps -- bool (batch,
-    heads_q, seqlen_q, seqlen_k), for TND a list with one (heads_q, seqlen_q, seqlen_k)
+    ``variant``: the features (window, softcap, ALiBi slopes, dropout_p, sinks (the
+    gradient reaches variant.sinks through autograd), and cu_seqlens for TND);
+    ``dropout_mask``: which probabilities dropout keeps -- bool (batch, heads_q,
+    seqlen_q, seqlen_k), for TND a list with one (heads_q, seqlen_q, seqlen_k)
     mask per sequence -- given explicitly, so that the oracle does not share the
     backends' random number generator. ``compute_dtype`` float64 gives the oracle; a
     16-bit one gives the same-precision baseline: every intermediate (scores,

@@ -28,7 +28,7 @@ SIZE_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"
 # "input": the query's dtype; "accumulator": float32, or float64 for float64 inputs.
 TENSOR_DTYPES = ("input", "accumulator", "bool", "int32", "int64", "float32")
 # The optional features (flash_cann.contract.variant.FEATURES; spec.py must not import torch).
-FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
+FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache", "sinks")
 
 
 class SpecError(ValueError):
@@ -129,6 +129,11 @@ class OpSpec:
     def cann_inputs(self) -> tuple[TensorArg, ...]:
         """The inputs of the CANN op, in order."""
         return tuple(t for t in self.inputs if self._on_cann(t.feature))
+
+    @property
+    def cann_outputs(self) -> tuple[TensorArg, ...]:
+        """The outputs of the CANN op, in order (the torch op has all of ``outputs``)."""
+        return tuple(t for t in self.outputs if self._on_cann(t.feature))
 
     @property
     def cann_attrs(self) -> tuple[Attr, ...]:
@@ -233,12 +238,14 @@ def _feature(node: dict, where: str) -> str | None:
     return feature
 
 
-def _tensor(node: Any, where: str) -> TensorArg:
+def _tensor(node: Any, where: str, output: bool = False) -> TensorArg:
     node = _keys(node, where, {"name", "dtype"}, {"optional", "shape", "feature", "mutable"})
     if node["dtype"] not in TENSOR_DTYPES:
         raise SpecError(f"{where}: dtype must be one of {TENSOR_DTYPES}, got {node['dtype']!r}")
     feature = _feature(node, where)
-    if feature is not None and not node.get("optional", False):
+    # An output of a feature is always the torch op's (its value without the feature is
+    # the spec's to say); the CANN op has it when the npu backend lists the feature.
+    if feature is not None and not output and not node.get("optional", False):
         raise SpecError(f"{where}: an input of a feature must be optional (backends "
                         f"without the feature never receive it)")
     return TensorArg(node["name"], node["dtype"], bool(node.get("optional", False)),
@@ -298,7 +305,8 @@ def _op(node: Any, where: str) -> OpSpec:
         summary=" ".join(str(node["summary"]).split()),
         inputs=tuple(_tensor(t, f"{where}.inputs[{i}]") for i, t in enumerate(node["inputs"])),
         attrs=tuple(_attr(a, f"{where}.attrs[{i}]") for i, a in enumerate(node["attrs"])),
-        outputs=tuple(_tensor(t, f"{where}.outputs[{i}]") for i, t in enumerate(node["outputs"])),
+        outputs=tuple(_tensor(t, f"{where}.outputs[{i}]", output=True)
+                      for i, t in enumerate(node["outputs"])),
         backward=node.get("backward"),
         feature=_feature(node, where),
     )

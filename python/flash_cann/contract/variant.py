@@ -14,6 +14,13 @@ score (i, j)     s = scale * q_i · k_j
                  ALiBi:         s = s - slope[b, h] * |i + diagonal - j|
 P                softmax over the visible keys of row i; lse = log Σ_visible exp(s).
                  A row that sees no key: out 0, lse -inf, zero gradients.
+sinks            learnable attention sinks (gpt-oss; vLLM's ``s_aux``): one logit
+                 sink[h] per query head joins every row's denominator,
+                 lse = log(exp(sink[h]) + Σ_visible exp(s)), P = exp(s - lse), so
+                 the row's probabilities sum to less than 1 (the sink takes the rest
+                 and contributes no value). A row that sees no key: out 0, lse =
+                 sink[h]. Gradient: d sink[h] = -Σ_{b, i} exp(sink[h] - lse_bhi) *
+                 D_bhi, D = rowsum(dO * O) - dlse (the backward's D).
 dropout          out_i = Σ_j P_ij * keep_ij / (1 - dropout_p) * v_j; lse is not
                  affected. keep_ij is :func:`keep_mask` (below): a counter-based
                  Philox draw, so the backward regenerates the mask from ``rng_state``
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 # The features a backend may or may not have; the spec lists each backend's.
-FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache")
+FEATURES = ("varlen", "window", "softcap", "alibi", "dropout", "kvcache", "sinks")
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +58,9 @@ class Variant:
     rng_state: int64 (2,) = (seed, offset) on the query's device, with dropout_p > 0.
     cu_seqlens_q/k: int32 (batch + 1,) on the query's device, layout TND only;
     max_seqlen_q/k bound every sequence's length (the caller's promise, as in flash-attn:
-    read on the host, so no synchronisation with the device)."""
+    read on the host, so no synchronisation with the device).
+    sinks: the attention sinks' logits, (heads_q,) in the accumulator dtype (float32;
+    float64 for float64 inputs), on the query's device."""
 
     window_left: int = -1
     window_right: int = -1
@@ -63,6 +72,7 @@ class Variant:
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
+    sinks: torch.Tensor | None = None
 
     @property
     def varlen(self) -> bool:
@@ -76,7 +86,7 @@ class Variant:
     def plain(self) -> bool:
         """No feature is used: plain (causal, padded) attention."""
         return not (self.windowed or self.softcap or self.alibi_slopes is not None
-                    or self.dropout_p or self.varlen)
+                    or self.dropout_p or self.varlen or self.sinks is not None)
 
 
 PLAIN = Variant()

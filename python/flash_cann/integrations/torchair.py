@@ -6,7 +6,9 @@ its op with ``torchair.register_fx_node_ge_converter``. These converters emit on
 ``torchair.ge.custom_op`` node of the spec's CANN op type (``FlashCannAttention``,
 ``FlashCannAttentionGrad``) per call: the inputs by their spec names in spec order (an
 absent optional input as ``None``), every attribute as the ``ge.attr`` class of its spec
-type, the outputs by their spec names. Both layouts and GQA/MQA are the op's business:
+type, the outputs by their spec names. An output of a feature the CANN op does not have
+yet (grad_sinks while the npu backend does not list sinks) is a ``ge.Const`` of zeros,
+its value when the feature is unused (the converter refuses graphs that use it). Both layouts and GQA/MQA are the op's business:
 the converter passes ``layout`` through and never reshapes. Output dtypes and shapes are
 the fake kernels' (``flash_cann.contract.ops``), which torchair stamps on the returned tensors.
 
@@ -91,6 +93,24 @@ def _refuse_features(op: OpSpec, values: dict) -> None:
                 f"({name} is set in the graph); backends with it: {_backends_with(feature)}")
 
 
+# GE's DataType member of each dtype a feature's output may have.
+_GE_DTYPES = {torch.float32: "DT_FLOAT"}
+
+
+def _zeros(ge, op: OpSpec, name: str, meta_outputs, index: int):
+    """Zeros of output ``index``'s meta shape and dtype, as a GE constant."""
+    meta = None if meta_outputs is None else meta_outputs[index]
+    size = None if meta is None else list(meta.size)
+    if size is None or not all(isinstance(n, int) for n in size) or \
+            meta.dtype not in _GE_DTYPES:
+        raise NotImplementedError(
+            f"flash_cann: {op.cann_op_type} has no output {name!r} yet, and its zeros need a "
+            f"static shape and a float32 dtype (got {size} "
+            f"{None if meta is None else meta.dtype})")
+    # Nested lists of the output's shape, as ge.Const takes a value.
+    return ge.Const(torch.zeros(size).tolist(), dtype=getattr(ge.DataType, _GE_DTYPES[meta.dtype]))
+
+
 def converter_for(op: OpSpec, ge) -> Callable:
     """The converter of ``op``: FX args in, ``ge.custom_op`` outputs (a tuple) out."""
     signature = _signature(op)
@@ -115,12 +135,18 @@ def converter_for(op: OpSpec, ge) -> Callable:
         bound.apply_defaults()
         values = bound.arguments
         _refuse_features(op, values)
-        return ge.custom_op(
+        produced = ge.custom_op(
             op.cann_op_type,
             inputs={t.name: values[t.name] for t in op.cann_inputs},
-            outputs=[t.name for t in op.outputs],
+            outputs=[t.name for t in op.cann_outputs],
             attrs={a.name: _attr_value(ge, op, a, values[a.name]) for a in op.cann_attrs},
         )
+        if len(op.cann_outputs) == len(op.outputs):
+            return produced
+        produced = iter(produced if isinstance(produced, (list, tuple)) else (produced,))
+        return tuple(next(produced) if t in op.cann_outputs
+                     else _zeros(ge, op, t.name, meta_outputs, op.outputs.index(t))
+                     for t in op.outputs)
 
     convert.__name__ = f"convert_{op.cann_op_type}"
     convert.__qualname__ = convert.__name__

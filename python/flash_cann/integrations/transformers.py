@@ -20,9 +20,11 @@ meaning: causality from the module (bottom-right aligned, as the KV cache needs)
 ``sliding_window`` of W keys (the query and the W - 1 before it; both sides when not
 causal), ``softcap``, ``dropout`` (transformers passes 0 in eval mode), and packed
 sequences either as ``cu_seq_lens_q/k`` + ``max_length_q/k`` kwargs or as
-``position_ids`` that restart within one row (a padding-free collator). GQA/MQA pass
-the key/value heads as they are (no repeat_kv), on whichever backend serves the tensors'
-device. Attention sinks (``s_aux``) and masks other than a padding mask are refused.
+``position_ids`` that restart within one row (a padding-free collator), and attention
+sinks (``s_aux``: gpt-oss's per-head ``sinks`` parameter, flash_cann's ``sinks``, its
+gradient included). GQA/MQA pass the key/value heads as they are (no repeat_kv), on
+whichever backend serves the tensors' device. Masks other than a padding mask are
+refused.
 """
 
 from __future__ import annotations
@@ -81,15 +83,16 @@ def flash_cann_attention_forward(module: torch.nn.Module, query: torch.Tensor,
     """transformers' attention-function contract: query (batch, heads, q_len, head_dim),
     key/value (batch, kv_heads, kv_len, head_dim), the padding mask of
     ``flash_attention_mask``; returns (batch, q_len, heads, head_dim) and no weights."""
-    _refuse(s_aux is not None, "attention sinks (s_aux) are not supported yet: flash_cann "
-                               "has no sinks feature so far; use attn_implementation='eager'")
     _refuse(attention_mask is not None and attention_mask.dim() != 2,
             f"only padding masks (batch, kv_len) are supported, got a "
             f"{attention_mask.dim() if attention_mask is not None else 0}-D mask")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    # The sinks are a parameter in the model's dtype; the op takes them in the accumulator
+    # dtype (float32), and the cast passes their gradient back.
+    sinks = None if s_aux is None else s_aux.to(torch.promote_types(query.dtype, torch.float32))
     options = dict(softmax_scale=scaling, causal=causal, dropout_p=float(dropout),
                    window_size=_window(sliding_window, key.shape[2], causal),
-                   softcap=0.0 if softcap is None else float(softcap))
+                   softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
     # transformers' precedence: a padding mask, then explicit cu_seq_lens, then positions.
     if attention_mask is None:
         packed = (kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"),
@@ -104,7 +107,7 @@ def flash_cann_attention_forward(module: torch.nn.Module, query: torch.Tensor,
                            **options), None
     out = attention(query, key, value, layout="BNSD", causal=causal, scale=scaling,
                     key_padding_mask=attention_mask, window_size=options["window_size"],
-                    softcap=options["softcap"], dropout_p=options["dropout_p"])
+                    softcap=options["softcap"], dropout_p=options["dropout_p"], sinks=sinks)
     return out.transpose(1, 2), None
 
 

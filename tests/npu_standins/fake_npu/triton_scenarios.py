@@ -26,7 +26,7 @@ launched = []
 lowered = {}  # a launch's specialisation -> its lowering (as triton's kernel cache)
 # The kernels' feature flags (constexprs) a launch reports when on.
 FLAGS = ("CAUSAL", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K", "PAGED",
-         "BATCH_IDX")
+         "BATCH_IDX", "SINKS")
 
 
 def lowered_instead_of_launched(step):
@@ -66,9 +66,12 @@ try:
     with flash_cann.use_backend("triton"):
         results["use_backend"] = run()
         results["use_backend"]["launched"], launched[:] = list(launched), []
-    # Features on (the "scores" tile table): a left window bound, softcap, ALiBi slopes.
+    # Features on (the "scores" tile table): a left window bound, softcap, ALiBi slopes,
+    # attention sinks (their gradient comes back).
+    sinks = torch.zeros(4).to("npu").requires_grad_()
     results["features"] = run(window_size=(16, -1), softcap=30.0,
-                              alibi_slopes=torch.full((4,), 0.25).to("npu"))
+                              alibi_slopes=torch.full((4,), 0.25).to("npu"), sinks=sinks)
+    results["features"]["grad_sinks"] = [sinks.grad.device.type, list(sinks.grad.shape)]
     results["features"]["launched"] = launched
 except Exception as err:  # noqa: BLE001 -- the message is what is tested
     results["error"] = f"{type(err).__name__}: {err}"

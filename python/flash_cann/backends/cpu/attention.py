@@ -2,7 +2,8 @@
 
 The algorithm is FA2's (Dao, 2023), vectorised over batch and heads:
 
-forward, per query block:   m = -inf, l = 0, acc = 0        (fp32 running state)
+forward, per query block:   m = -inf, l = 0, acc = 0        (fp32 running state;
+                                                             with sinks m = sink, l = 1)
     per visible key block:  S = scores(Q Kᵀ), masked        (see "scores" below)
                             m' = max(m, rowmax S);  P = exp(S - m')
                             l = l * exp(m - m') + rowsum P
@@ -14,6 +15,7 @@ backward, per key block:    (dK, dV accumulated for the block)
                             dV += (P ∘ Z)ᵀ dO;  dP = (dO Vᵀ) ∘ Z
                             dS = P * (dP - D) * S',  D = rowsum(dO * O) - dLSE
                             dQ += scale * dS K;  dK += scale * dSᵀ Q
+    sinks:                  dsink_h = -Σ_{b,i} exp(sink_h - lse_bhi) * D_bhi
 
 scores (flash_cann.contract.variant states each feature): S = scale * Q Kᵀ, softcapped
 (c * tanh(S / c); S' = 1 - tanh² is its derivative, else 1), minus the ALiBi distance
@@ -137,7 +139,8 @@ class _Scores:
 
     ``batch_ids``: the batch (or sequence) index of each batch row, for ALiBi and the
     dropout counter; ``slopes``: ALiBi slopes (batch, heads_kv, group) or None; ``left``
-    / ``right``: the window's bounds (-1 = none; causal makes right 0)."""
+    / ``right``: the window's bounds (-1 = none; causal makes right 0); ``sinks``: the
+    sink logits (heads_kv, group) or None."""
 
     scale: float
     seqlen_q: int
@@ -152,6 +155,7 @@ class _Scores:
     dropout_p: float
     rng_state: torch.Tensor | None
     batch_ids: torch.Tensor
+    sinks: torch.Tensor | None = None
 
     @property
     def diagonal(self) -> int:
@@ -212,6 +216,17 @@ class _Scores:
             view.masked_fill_(hidden, _NEG_INF)
         return s, slope
 
+    def row_start(self, batch: int, rows: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m, l) of the online softmax before the first key, (batch, heads_kv, group *
+        rows): (-inf, 0), or with sinks (sink, 1): the sink is the first "key" every row
+        sees, with no value."""
+        shape = (batch, self.heads_kv, self.group * rows)
+        if self.sinks is None:
+            return torch.full(shape, _NEG_INF, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        m = self.sinks.to(dtype).view(1, self.heads_kv, self.group, 1).expand(
+            batch, -1, -1, rows).reshape(shape)
+        return m, torch.ones(shape, dtype=dtype)
+
     def keep(self, i0, i1, j0, j1, dtype) -> torch.Tensor | None:
         """Z of a tile: keep / (1 - p), (batch, heads_kv, group * bq, bk); None without
         dropout. The counter is (column, row, query head, batch index + offset)."""
@@ -228,9 +243,10 @@ def _scores(scale, causal, variant: Variant, seqlen_q, seqlen_k, heads_kv, group
             key_padding_mask, batch_ids, slopes) -> _Scores:
     if slopes is not None:
         slopes = slopes.reshape(-1, heads_kv, group)
+    sinks = None if variant.sinks is None else variant.sinks.view(heads_kv, group)
     return _Scores(scale, seqlen_q, seqlen_k, heads_kv, group, variant.window_left,
                    0 if causal else variant.window_right, variant.softcap, slopes,
-                   key_padding_mask, variant.dropout_p, variant.rng_state, batch_ids)
+                   key_padding_mask, variant.dropout_p, variant.rng_state, batch_ids, sinks)
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,14 +265,15 @@ def _forward_core(q, k, v, out_g, lse_g, sc: _Scores, block_q: int, block_k: int
         i1 = min(i0 + block_q, sq)
         bq = i1 - i0
         lo, hi = sc.key_span(i0, i1)
+        m, l = sc.row_start(b, bq, acc_dtype)
         if hi <= lo:
+            # No query row of this block sees a key: out 0, lse -inf (the sink's logit
+            # with sinks: m + log 1).
             out_g[:, :, :, i0:i1] = 0
-            lse_g[:, :, :, i0:i1] = _NEG_INF
-            continue  # no query row of this block sees a key: out 0, lse -inf
+            lse_g[:, :, :, i0:i1] = m.view(b, hk, g, bq)
+            continue
         # Stage: load the query tile once, heads of a group folded into rows.
         q_tile = q[:, :, :, i0:i1].to(acc_dtype).reshape(b, hk, g * bq, d)
-        m = torch.full((b, hk, g * bq), _NEG_INF, dtype=acc_dtype)
-        l = torch.zeros(b, hk, g * bq, dtype=acc_dtype)
         acc = torch.zeros(b, hk, g * bq, d, dtype=acc_dtype)
         for j0 in range(lo, hi, block_k):
             j1 = min(j0 + block_k, hi)
@@ -387,29 +404,35 @@ def _span_length(span: tuple[int, int]) -> int:
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
              variant: Variant = PLAIN, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """(grad_query, grad_key, grad_value, grad_sinks or None without sinks)."""
     del deterministic  # this backward is always deterministic (no atomics)
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                   for t in (query, key, value))
     if layout == layouts.PACKED:
+        # Each sequence's sink gradient (heads_q,), summed in sequence order.
+        grad_sinks = []
         for b, rows, keys in _sequences(variant):
             dlse = None if grad_softmax_lse is None else grad_softmax_lse[:, rows].unsqueeze(0)
-            _backward_batch(
+            grad_sinks.append(_backward_batch(
                 *(_as_batch(t[rows]) for t in (grad_out, query)),
                 *(_as_batch(t[keys]) for t in (key, value)), _as_batch(out[rows]),
                 softmax_lse[:, rows].unsqueeze(0), None, dlse,
                 _as_batch(grads[0][rows]), *(_as_batch(t[keys]) for t in grads[1:]),
-                scale, causal, "BSND", variant, torch.tensor([b]), block_q, block_k)
-        return grads
-    _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
-                    grad_softmax_lse, *grads, scale, causal, layout, variant,
-                    torch.arange(query.shape[0]), block_q, block_k)
-    return grads
+                scale, causal, "BSND", variant, torch.tensor([b]), block_q, block_k))
+        grad_sinks = None if variant.sinks is None else torch.stack(grad_sinks).sum(0)
+        return (*grads, grad_sinks)
+    grad_sinks = _backward_batch(grad_out, query, key, value, out, softmax_lse,
+                                 key_padding_mask, grad_softmax_lse, *grads, scale, causal,
+                                 layout, variant, torch.arange(query.shape[0]), block_q,
+                                 block_k)
+    return (*grads, grad_sinks)
 
 
 def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                     grad_softmax_lse, grad_query, grad_key, grad_value, scale, causal, layout,
                     variant, batch_ids, block_q, block_k):
-    """One batch of equal-length sequences in ``layout``; the gradients are written."""
+    """One batch of equal-length sequences in ``layout``; the gradients are written and
+    the sinks' gradient (heads_q,) is returned (None without sinks)."""
     _, heads_q, seqlen_q, d = layouts.sizes(query, layout)
     heads_kv, seqlen_k = layouts.sizes(key, layout)[1:3]
     group = heads_q // heads_kv
@@ -441,6 +464,14 @@ def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_m
         for more in partial_dq[1:]:  # in worker order: bitwise repeatable
             dq += more
     _grouped(grad_query, layout, heads_kv).copy_(dq)
+    if variant.sinks is None:
+        return None
+    # P_sink = exp(sink - lse) of each row; dsink = -Σ P_sink * D (its dP term is 0: the
+    # sink has no value). Summed over rows, then over the batch in order. A sink of -inf
+    # (a head without one) in a row that sees no key has lse -inf too: P_sink 0, not NaN.
+    p_sink = torch.exp(variant.sinks.view(1, -1, 1) - softmax_lse)
+    p_sink = torch.where(softmax_lse == _NEG_INF, 0.0, p_sink)
+    return -(p_sink * delta).sum(-1).sum(0)
 
 
 def _cached_keys(cache, b: int, length: int, cache_batch_idx, block_table) -> torch.Tensor:

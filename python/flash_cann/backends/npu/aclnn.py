@@ -84,7 +84,7 @@ def _declare(ctype: str, name: str) -> str:
 
 def aclnn_api(op: OpSpec) -> AclnnApi:
     """The aclnn functions CANN generates for ``op``'s OpDef (which mirrors the spec)."""
-    clash = {t.name for t in op.cann_inputs} & {t.name for t in op.outputs}
+    clash = {t.name for t in op.cann_inputs} & {t.name for t in op.cann_outputs}
     if clash:
         # CANN turns such a pair into one in-place ``<camel>Ref`` argument; no op of ours
         # needs that, so it is refused rather than guessed.
@@ -95,11 +95,11 @@ def aclnn_api(op: OpSpec) -> AclnnApi:
     params += [Param("attr", a.name, _ATTR_CTYPES[a.type],
                      _camel(a.name) + ("Optional" if a.type == "str" and a.has_default else ""))
                for a in op.cann_attrs]
-    if len(op.outputs) == 1:
-        params.append(Param("output", op.outputs[0].name, "const aclTensor *", "out"))
+    if len(op.cann_outputs) == 1:
+        params.append(Param("output", op.cann_outputs[0].name, "const aclTensor *", "out"))
     else:
         params += [Param("output", t.name, "const aclTensor *", _camel(t.name) + "Out")
-                   for t in op.outputs]
+                   for t in op.cann_outputs]
     return AclnnApi(op, tuple(params))
 
 
@@ -108,7 +108,8 @@ def launcher_schema(op: OpSpec) -> str:
     order, the outputs preallocated by the caller and written in place."""
     params = [f"{'Tensor?' if t.optional else 'Tensor'} {t.name}" for t in op.cann_inputs]
     params += [f"{a.type} {a.name}" for a in op.cann_attrs]
-    params += [f"Tensor({alias}!) {t.name}" for alias, t in zip(string.ascii_lowercase, op.outputs)]
+    params += [f"Tensor({alias}!) {t.name}"
+               for alias, t in zip(string.ascii_lowercase, op.cann_outputs)]
     return f"{op.name}({', '.join(params)}) -> ()"
 
 
@@ -122,7 +123,7 @@ def _kernel_params(op: OpSpec) -> list[str]:
     params = [_declare(_KERNEL_TYPES["Tensor?" if t.optional else "Tensor"], t.name)
               for t in op.cann_inputs]
     params += [_declare(_KERNEL_TYPES[a.type], a.name) for a in op.cann_attrs]
-    params += [_declare(_KERNEL_TYPES["Tensor"], t.name) for t in op.outputs]
+    params += [_declare(_KERNEL_TYPES["Tensor"], t.name) for t in op.cann_outputs]
     return params
 
 

@@ -144,4 +144,4 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     grads = tuple(_empty(t.shape, t.dtype, t) for t in (query, key, value))
     launchers.bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                   grad_softmax_lse, scale, causal, layout, deterministic, *grads)
-    return grads
+    return (*grads, None)  # grad_sinks: no sinks on the NPU yet (the spec's features)

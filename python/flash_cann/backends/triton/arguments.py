@@ -29,6 +29,14 @@ def feature_arguments(variant: Variant, causal: bool) -> dict:
     return args
 
 
+def sink_arguments(variant: Variant) -> dict:
+    """The forward and decode kernels' sink arguments: SINKS off without sinks. (The
+    dK/dV and dQ kernels take none: the saved lse holds the sink.)"""
+    if variant.sinks is None:
+        return {}
+    return dict(SINKS=True, Sinks=variant.sinks.contiguous())
+
+
 def packed_views(*tensors):
     """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
     it); the kernels' sequence geometry comes from cu_seqlens."""
@@ -40,10 +48,10 @@ def cache_arguments(variant: Variant, causal: bool, seqlens_k, cache_batch_idx, 
     """The feature arguments of a KV cache call (flash_attn_with_kvcache has no dropout,
     the op's contract): sequence b attends to its first seqlens_k[b] entries
     (SEQUSED_K), read in place through its pages (PAGED: the block table; ``page_size``
-    rows a page) or its cache row (BATCH_IDX)."""
+    rows a page) or its cache row (BATCH_IDX); sinks as sink_arguments."""
     args = feature_arguments(variant, causal)
     del args["DROPOUT"]
-    args.update(SeqUsedK=seqlens_k)
+    args.update(SeqUsedK=seqlens_k, **sink_arguments(variant))
     if block_table is not None:
         args.update(PAGED=True, BlockTable=block_table, block_table_stride=block_table.stride(0),
                     page_size=page_size)

@@ -15,10 +15,12 @@ is given here instead of asked from CANN.
 
     python -m flash_cann.backends.triton.ascend_lowering --out DIR [--arch Ascend910B2 ...]
             [--variants float16-d128-causal-mask,...] [--kernels fwd,...] [--tiles fwd:64:64]
-        lowers the variants (default: all of ``VARIANTS``) for the arches (default: both)
-        and prints one JSON object per lowering;
-    python -m flash_cann.backends.triton.ascend_lowering --search --out DIR
-        prints the largest accepted tiles per kernel, head_dim and dtype (triton_npu.TILES).
+        lowers the variants (default: all of ``VARIANTS``, plain and with features) for
+        the arches (default: both) and prints one JSON object per lowering (with an
+        overflow's UB need, ``ub_bits``, as bishengir-compile reports it);
+    python -m flash_cann.backends.triton.ascend_lowering --search [--table scores] --out DIR
+        prints the largest accepted tiles per kernel, head_dim and dtype of one tile
+        table (npu.TILES, npu.FEATURE_TILES).
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ FEATURE_SETS = {
     "alibi": dict(alibi=True),
     "dropout": dict(dropout_p=0.1),
     "varlen": dict(varlen=True),
+    "sinks": dict(sinks=True),
     "scores": dict(window=(24, -1), softcap=30.0, alibi=True),
-    "all": dict(window=(24, -1), softcap=30.0, alibi=True, dropout_p=0.1, varlen=True),
+    "all": dict(window=(24, -1), softcap=30.0, alibi=True, dropout_p=0.1, varlen=True,
+                sinks=True),
     "cache": dict(cache="rows"),
     "paged": dict(cache="paged"),
-    "cache-all": dict(cache="paged", window=(24, -1), softcap=30.0, alibi=True),
+    "cache-all": dict(cache="paged", window=(24, -1), softcap=30.0, alibi=True, sinks=True),
 }
 # The KV cache sets run a forward only: the forward kernel for one query head per kv
 # head, the decode kernel for a GQA group.
@@ -122,7 +126,8 @@ def _contract_variant(features: dict, batch: int, heads_q: int, seqlens: tuple[i
     return ContractVariant(
         window_left=left, window_right=right, softcap=features.get("softcap", 0.0),
         alibi_slopes=slopes, dropout_p=dropout_p,
-        rng_state=torch.tensor([1, 0]) if dropout_p else None, cu_seqlens_q=cu_seqlens,
+        rng_state=torch.tensor([1, 0]) if dropout_p else None,
+        sinks=torch.zeros(heads_q) if features.get("sinks") else None, cu_seqlens_q=cu_seqlens,
         cu_seqlens_k=cu_seqlens, max_seqlen_q=seqlens[0] if cu_seqlens is not None else 0,
         max_seqlen_k=seqlens[1] if cu_seqlens is not None else 0)
 
@@ -281,12 +286,13 @@ def units(hivm: str) -> dict:
 def _lower_all(jobs, out: Path, kernels=KERNELS):
     """jobs: (variant, arches, tiles); yields one result per lowering of ``kernels`` and
     arch, in job order. The front end runs once per launch for all arches. The
-    preprocess kernel does not depend on causal, mask or features: lowered once per dtype
-    and head_dim."""
+    preprocess kernel depends on no feature but sinks: lowered once per dtype, head_dim
+    and whether there are sinks."""
     seen = set()
     for variant, arches, tiles in jobs:
         for step in launches(variant, tiles):
-            key = (variant.dtype, variant.head_dim, step.name, str(tiles))
+            key = (variant.dtype, variant.head_dim, step.name, str(tiles),
+                   step.constexprs.get("SINKS", False))
             if step.name not in kernels or (step.name == "preprocess" and key in seen):
                 continue
             seen.add(key)
@@ -305,14 +311,15 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", help="comma-separated Variant names (default: all)")
     parser.add_argument("--tiles", action="append", default=[],
                         help="kernel:BLOCK_M:BLOCK_N instead of the table's")
-    parser.add_argument("--kernels", default=",".join(KERNELS),
-                        help=f"comma-separated, of {KERNELS} (default: all)")
+    parser.add_argument("--kernels", help=f"comma-separated, of {KERNELS} (default: all; "
+                                          "with --search, the table's)")
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--table", choices=tuple(SEARCHED), default="plain",
                         help="the tile table --search sizes (default: plain)")
     args = parser.parse_args(argv)
     if args.search:
-        print(json.dumps(search(args.out, args.table, tuple(args.kernels.split(",")))))
+        print(json.dumps(search(args.out, args.table,
+                                args.kernels and tuple(args.kernels.split(",")))))
         return 0
     tiles = {t.split(":")[0]: tuple(map(int, t.split(":")[1:])) for t in args.tiles}
     wanted = set(args.variants.split(",")) if args.variants else None
@@ -322,14 +329,18 @@ def main(argv=None) -> int:
                      f"{VARIANTS[0].name}, {VARIANTS[-1].name}, ...)")
     jobs = [(v, tuple(args.arch or ARCHES), tiles) for v in VARIANTS
             if wanted is None or v.name in wanted]
-    for result in _lower_all(jobs, args.out, tuple(args.kernels.split(","))):
+    for result in _lower_all(jobs, args.out, tuple((args.kernels or ",".join(KERNELS))
+                                                   .split(","))):
         print(json.dumps(result), flush=True)
     return 0
 
 
 # The variant whose tiles each table's search sizes (npu.tile_class): the heaviest that
 # table serves (causal; a padding mask where the call takes one).
-SEARCHED = {"plain": "plain", "scores": "scores", "dropout": "all"}
+SEARCHED = {"plain": "plain", "scores": "scores", "dropout": "all", "cache": "cache-all"}
+# The kernels each table sizes (a KV cache runs the forward and decode kernels only).
+SEARCHED_KERNELS = {"plain": ("fwd", "dkdv", "dq", "decode"), "scores": ("fwd", "dkdv", "dq"),
+                    "dropout": ("fwd", "dkdv", "dq"), "cache": ("fwd", "decode")}
 
 
 def _largest_accepted(kernel: str, dtype: torch.dtype, head_dim: int, out: Path,
@@ -337,14 +348,18 @@ def _largest_accepted(kernel: str, dtype: torch.dtype, head_dim: int, out: Path,
     """The first tile of SEARCH_TILES for which the heaviest variant a table serves
     (SEARCHED) plans ``kernel`` on the 910B2 with no UB/L1/L0 overflow (not even one
     that bishengir-compile recovers from by turning code motion off); the compile check
-    then lowers every variant with it. The feature tables' search starts at the plain
-    table's tile: a feature never gets a larger one."""
-    features = SEARCHED[table]
-    variant = Variant(dtype, head_dim, True, "varlen" not in FEATURE_SETS[features], features)
+    then lowers every variant with it. The feature tables' search (and the decode
+    kernel's) starts at the plain forward tile: a feature never gets a larger one."""
+    # The decode kernel runs over KV caches only: its plain tiles are sized on pages.
+    features = "paged" if (table, kernel) == ("plain", "decode") else SEARCHED[table]
+    variant = Variant(dtype, head_dim, True, "varlen" not in FEATURE_SETS[features]
+                      and "cache" not in FEATURE_SETS[features], features)
     from .npu import TILES
-    m, n = TILES[(kernel, head_dim, str(dtype).removeprefix("torch."))]
+    m, n = TILES[("fwd" if kernel == "decode" else kernel, head_dim,
+                  str(dtype).removeprefix("torch."))]
+    capped = table != "plain" or kernel == "decode"
     for tile in SEARCH_TILES:
-        if table != "plain" and (tile[0] * tile[1] > m * n or tile[0] > m or tile[1] > n):
+        if capped and (tile[0] * tile[1] > m * n or tile[0] > m or tile[1] > n):
             continue
         results = list(_lower_all([(variant, ("Ascend910B2",), {kernel: tile})], out,
                                   (kernel,)))
@@ -358,11 +373,12 @@ SEARCH_TILES = sorted(itertools.product((128, 64, 32, 16), repeat=2),
                       key=lambda t: (-t[0] * t[1], -t[0]))
 
 
-def search(out: Path, table: str = "plain", kernels=("fwd", "dkdv", "dq"),
-           head_dims=HEAD_DIMS, dtypes=DTYPES) -> dict:
-    """The largest accepted (BLOCK_M, BLOCK_N) per kernel, head_dim and dtype for one
-    tile table (npu.TILES, or a table of npu.FEATURE_TILES)."""
-    keys = list(itertools.product(kernels, dtypes, head_dims))
+def search(out: Path, table: str = "plain", kernels=None, head_dims=HEAD_DIMS,
+           dtypes=DTYPES) -> dict:
+    """The largest accepted (BLOCK_M, BLOCK_N) per kernel (default: the table's,
+    SEARCHED_KERNELS), head_dim and dtype for one tile table (npu.TILES, or a table of
+    npu.FEATURE_TILES)."""
+    keys = list(itertools.product(kernels or SEARCHED_KERNELS[table], dtypes, head_dims))
     with concurrent.futures.ProcessPoolExecutor(2) as pool:
         found = pool.map(_largest_accepted, *zip(*keys), itertools.repeat(out / "search"),
                          itertools.repeat(table))

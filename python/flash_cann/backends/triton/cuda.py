@@ -37,7 +37,7 @@ from ...contract import layout as layouts
 from ...contract import ops
 from ...contract.variant import PLAIN, Variant
 from . import kernels
-from .arguments import cache_arguments, feature_arguments, packed_views
+from .arguments import cache_arguments, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 from .launch import Launch, current_stream, launch_and_record
 
@@ -363,6 +363,7 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
     use_tma = not packed and _use_tma(q, k, v, o)
     features = feature_arguments(variant, causal)
+    features.update(sink_arguments(variant))
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
@@ -406,7 +407,7 @@ def backward_planned(grad_out, query, key, value, out, softmax_lse, key_padding_
 
 def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, deterministic, variant, record=False):
-    """((dq, dk, dv), {stage: its Launch if ``record`` and replayable}). Always
+    """((dq, dk, dv, dsinks or None), {stage: its Launch if ``record`` and replayable}). Always
     deterministic: no atomic adds (NOTES.md, step 9: an atomic dQ was slower)."""
     del deterministic
     packed = layout == layouts.PACKED
@@ -445,15 +446,21 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
         if packed else {}
     launches = {}
+    # The sinks' gradient: one partial sum per preprocess tile, added here in a fixed order.
+    rows = max(16, PREPROCESS_TILE // block_d)
+    sinks = {}
+    if variant.sinks is not None:
+        sinks = dict(SINKS=True, Lse=lse, Sinks=variant.sinks.contiguous(),
+                     DSinkParts=empty((q.shape[0], heads_q, triton.cdiv(seqlen_q, rows)),
+                                      torch.float32, device))
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
-        rows = max(16, PREPROCESS_TILE // block_d)
         launches["preprocess"] = _launch(
             kernels.attn_bwd_preprocess, lambda meta: (triton.cdiv(seqlen_q, rows), heads_q,
                                                        q.shape[0]), 4 * record,
             o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
-            BLOCK_M=rows)
+            BLOCK_M=rows, **sinks)
         # Stage: dK, dV per key block.
         launches["dkdv"] = DKDV.launch(
             lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
@@ -465,7 +472,8 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
             *inputs, dq, *input_strides, *dq.stride(), *scalars, record=8 * record,
             **shared, **varlen, **({"max_seqlen_q": rows_q} if packed else {}))
-    return (grad_query, grad_key, grad_value), launches
+    grad_sinks = sinks["DSinkParts"].sum((0, 2)) if sinks else None
+    return (grad_query, grad_key, grad_value, grad_sinks), launches
 
 
 class _ForwardPlan:
@@ -513,7 +521,7 @@ class _BackwardPlan:
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
             launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
             launches["dq"](*inputs, grad_query, stream=stream)
-        return grad_query, grad_key, grad_value
+        return grad_query, grad_key, grad_value, None
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,

@@ -3,7 +3,8 @@ triton-ascend (Huawei's Triton backend; its ``bishengir-compile`` maps each ``tl
 to the cube unit and the softmax to the vector units of an AI core).
 
 Every feature of the CUDA host (``cuda.py``) runs here too: windows, softcap, ALiBi,
-dropout, packed sequences and KV caches (the decode kernel for GQA groups). What
+dropout, attention sinks, packed sequences and KV caches (the decode kernel for GQA
+groups). What
 differs from it:
 * a persistent grid: one program per AI core (PERSISTENT), each looping over its tiles,
   as the Ascend runtime schedules a program per core rather than per tile;
@@ -29,7 +30,7 @@ import torch
 
 from ...contract import layout as layouts
 from ...contract.variant import PLAIN, Variant
-from .arguments import cache_arguments, feature_arguments, packed_views
+from .arguments import cache_arguments, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 
 # (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
@@ -48,6 +49,11 @@ TILES = {
     ("dq", 64, "float16"): (128, 128), ("dq", 64, "bfloat16"): (128, 128),
     ("dq", 128, "float16"): (128, 128), ("dq", 128, "bfloat16"): (128, 128),
     ("dq", 256, "float16"): (64, 64), ("dq", 256, "bfloat16"): (64, 64),
+    # The decode kernel (KV caches with GQA), sized on a paged cache (its heaviest plain
+    # variant) and capped at the forward's tile: `--search` 2026-11-25, float16.
+    ("decode", 64, "float16"): (64, 128), ("decode", 64, "bfloat16"): (64, 128),
+    ("decode", 128, "float16"): (64, 32), ("decode", 128, "bfloat16"): (64, 32),
+    ("decode", 256, "float16"): (32, 32), ("decode", 256, "bfloat16"): (32, 32),
 }
 # The feature variants' tiles, per tile_class. UB (the vector units' memory: 1572864
 # bits on the 910B) is what runs out: at the plain tiles bishengir-compile reports dQ
@@ -60,7 +66,9 @@ TILES = {
 # with no overflow, not even one bishengir-compile recovers from by turning code motion
 # off: `python -m flash_cann.backends.triton.ascend_lowering --search --table scores`,
 # 2026-11-25, same versions (float16; bfloat16 takes the same, as in TILES, and is
-# lowered in CI). "dropout": 32 x 32 everywhere, not searched (each candidate costs
+# lowered in CI). "cache": the same search (`--table cache`) for the forward and decode
+# kernels over a paged KV cache with a left window bound, softcap, ALiBi and sinks.
+# "dropout": 32 x 32 everywhere, not searched (each candidate costs
 # bishengir-compile ~35 s of CPU with dropout): 32 x 64 overflows the forward at
 # head_dim 64 with dropout alone (recovered without code motion only), and 32 x 32 plans
 # with every feature on (dropout, window, softcap, ALiBi, packed) for each kernel.
@@ -76,7 +84,15 @@ FEATURE_TILES = {
         ("dq", 128, "float16"): (32, 128), ("dq", 128, "bfloat16"): (32, 128),
         ("dq", 256, "float16"): (64, 32), ("dq", 256, "bfloat16"): (64, 32),
     },
-    "dropout": {key: (32, 32) for key in TILES},
+    "cache": {
+        ("fwd", 64, "float16"): (64, 64), ("fwd", 64, "bfloat16"): (64, 64),
+        ("fwd", 128, "float16"): (64, 32), ("fwd", 128, "bfloat16"): (64, 32),
+        ("fwd", 256, "float16"): (32, 64), ("fwd", 256, "bfloat16"): (32, 64),
+        ("decode", 64, "float16"): (64, 64), ("decode", 64, "bfloat16"): (64, 64),
+        ("decode", 128, "float16"): (64, 32), ("decode", 128, "bfloat16"): (64, 32),
+        ("decode", 256, "float16"): (32, 32), ("decode", 256, "bfloat16"): (32, 32),
+    },
+    "dropout": {key: (32, 32) for key in TILES if key[0] != "decode"},
 }
 # Rows of the preprocess tile (D = rowsum(dO ∘ O), vector units only; the compile check
 # lowers it for every head_dim).
@@ -137,23 +153,23 @@ def block_d(head_dim: int) -> int:
 
 def tile_class(features: dict) -> str:
     """Which tile table serves a launch with these feature arguments
-    (arguments.feature_arguments): "dropout" (the Philox draw's fp32/uint32 tiles
-    dominate the vector units' memory), "scores" (a left window bound, softcap or ALiBi:
-    a few more score-sized tiles), else "plain" (a right bound alone is the causal
-    mask; packed sequences and KV caches add only index arithmetic)."""
+    (arguments.feature_arguments, arguments.cache_arguments): "dropout" (the Philox
+    draw's uint32 words dominate the vector units' memory), "scores" (a left window
+    bound, softcap or ALiBi: a few more score-sized tiles), "cache" (those over a KV
+    cache, whose key rows are gathered through the block table or cut at each
+    sequence's filled length), else "plain" (a right bound alone is the causal mask;
+    packed sequences, sinks and a KV cache alone add only index arithmetic)."""
     if features.get("DROPOUT"):
         return "dropout"
     if features.get("LEFT_BOUNDED") or features.get("SOFTCAP") or features.get("ALIBI"):
-        return "scores"
+        return "cache" if "SeqUsedK" in features else "scores"
     return "plain"
 
 
 def tiles(kernel: str, head_dim: int, dtype: torch.dtype, features: dict) -> dict:
-    """BLOCK_M and BLOCK_N of a launch. The decode kernel's tile holds what the forward's
-    holds (query rows, a key block in flight): it takes the forward's."""
+    """BLOCK_M and BLOCK_N of a launch."""
     table = tile_class(features)
-    key = ("fwd" if kernel == "decode" else kernel, block_d(head_dim),
-           str(dtype).removeprefix("torch."))
+    key = (kernel, block_d(head_dim), str(dtype).removeprefix("torch."))
     m, n = TILES[key] if table == "plain" else FEATURE_TILES[table][key]
     return {"BLOCK_M": m, "BLOCK_N": n}
 
@@ -189,6 +205,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     heads_kv, seqlen_k = k.shape[1:3]
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
     features = feature_arguments(variant, causal)
+    features.update(sink_arguments(variant))
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=variant.max_seqlen_q)
@@ -239,12 +256,18 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
                   **features)
     varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
         if packed else {}
+    # The sinks' gradient: one partial sum per preprocess tile, added here in a fixed order.
+    sinks = {}
+    if variant.sinks is not None:
+        parts = (q.shape[0], heads_q, math.ceil(seqlen_q / PREPROCESS_ROWS))
+        sinks = dict(SINKS=True, Lse=lse, Sinks=variant.sinks.contiguous(),
+                     DSinkParts=empty(parts, torch.float32, device))
     # Stages as on CUDA: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no
     # bounds); dK, dV per key block; dQ per query block.
     launch(Launch("preprocess", kernels.attn_bwd_preprocess, cores,
                   (o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q),
                   dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), HAS_DLSE=dlse is not None,
-                       PERSISTENT=True, BLOCK_M=PREPROCESS_ROWS)))
+                       PERSISTENT=True, BLOCK_M=PREPROCESS_ROWS, **sinks)))
     launch(Launch("dkdv", kernels.attn_bwd_dkdv, cores,
                   (*inputs, dk, dv, *strides, *dk.stride(), *dv.stride(), *scalars),
                   dict(shared, **varlen, **({"max_seqlen_k": variant.max_seqlen_k} if packed
@@ -255,7 +278,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
                   dict(shared, **varlen, **({"max_seqlen_q": variant.max_seqlen_q} if packed
                                            else {}),
                        **tiles("dq", head_dim, query.dtype, features))))
-    return grads
+    grad_sinks = sinks["DSinkParts"].sum((0, 2)) if sinks else None
+    return (*grads, grad_sinks)
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,

@@ -123,7 +123,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
              ai_cores: int | None = None, allocated: dict | None = None,
              unordered_atomic_adds: list | None = None):
-    """Run the backward kernel on the twin; returns (grad_query, grad_key, grad_value).
+    """Run the backward kernel on the twin; returns (grad_query, grad_key, grad_value,
+    grad_sinks = None).
 
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
     run and every split of the work over cores; ``allocated`` as for ``forward``.
@@ -149,4 +150,4 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
             allocated=allocated, reports=(names, 0 if names is None else len(names)))
     if unordered_atomic_adds is not None:
         unordered_atomic_adds.extend(filter(None, names.value.decode().split(",")))
-    return dq, dk, dv
+    return dq, dk, dv, None  # grad_sinks: the kernel has no sinks yet (spec: features)

@@ -1,6 +1,7 @@
-"""The backward kernels: D = rowsum(dO ∘ O) - dLSE (preprocess), then dK/dV per key
-block and dQ per query block -- two kernels, each owning its output: deterministic, no
-atomics. Both recompute P from the saved lse."""
+"""The backward kernels: D = rowsum(dO ∘ O) - dLSE (preprocess, with the attention sinks'
+gradient), then dK/dV per key block and dQ per query block -- two kernels, each owning
+its output: deterministic, no atomics. Both recompute P from the saved lse (which
+includes the sink: P = exp(S - lse) needs nothing more)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ def attn_bwd_preprocess(Out, DOut, DLse, Delta, stride_ob, stride_oh, stride_os,
                         stride_dob, stride_doh, stride_dos, stride_dod, batch, heads_q, seqlen_q,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         HAS_DLSE: tl.constexpr, PERSISTENT: tl.constexpr,
-                        BLOCK_M: tl.constexpr):
-    """Tiles (query blocks, heads_q, batch): D = rowsum(dO ∘ O) - dLSE, fp32."""
+                        BLOCK_M: tl.constexpr, Lse=None, Sinks=None, DSinkParts=None,
+                        SINKS: tl.constexpr = False):
+    """Tiles (query blocks, heads_q, batch): D = rowsum(dO ∘ O) - dLSE, fp32. SINKS: also
+    each tile's share of the sink's gradient, -Σ_rows exp(sink - lse) * D, into
+    DSinkParts (batch, heads_q, blocks), which the host sums in a fixed order: no atomics,
+    so the result is bitwise repeatable."""
     blocks = tl.cdiv(seqlen_q, BLOCK_M)
     first, end, step = tiles_of_program(blocks * heads_q * batch, PERSISTENT)
     for tile in range(first, end, step):
@@ -41,6 +46,14 @@ def attn_bwd_preprocess(Out, DOut, DLse, Delta, stride_ob, stride_oh, stride_os,
                              mask=rows < seqlen_q, other=0.0)
         tl.store(row_vector(Delta, b, h, heads_q, seqlen_q) + rows, delta,
                  mask=rows < seqlen_q)
+        if SINKS:
+            # P_sink = exp(sink - lse) of each row; the sink has no value, so its dP is 0
+            # and dsink = Σ P_sink * (0 - D). A sink of -inf (a head without one) in a row
+            # that sees no key has lse -inf too: P_sink 0, not NaN.
+            lse = tl.load(row_vector(Lse, b, h, heads_q, seqlen_q) + rows,
+                          mask=rows < seqlen_q, other=float("inf"))
+            p_sink = tl.where(lse == float("-inf"), 0.0, tl.exp(tl.load(Sinks + h) - lse))
+            tl.store(DSinkParts + (b * heads_q + h) * blocks + block, -tl.sum(p_sink * delta, 0))
 
 
 @triton.jit

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .forward import fwd_key_blocks
+from .forward import fwd_key_blocks, softmax_start
 from .tiles import LN2, assert_tiles, heads_view, sequence, tile_index, tiles_of_program
 
 
@@ -17,11 +17,11 @@ def _decode_tile(Q, K, V, Out, Lse, block, h_kv, b,
                  stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
                  stride_os, stride_od, heads_q, group, seqlen_q, seqlen_k, qk_scale,
                  window_left, window_right, softcap, Alibi, alibi_stride_b, SeqUsedK,
-                 BlockTable, block_table_stride, page_size, CacheBatchIdx,
+                 BlockTable, block_table_stride, page_size, CacheBatchIdx, Sinks,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr,
                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                 PAGED: tl.constexpr, BATCH_IDX: tl.constexpr):
+                 PAGED: tl.constexpr, BATCH_IDX: tl.constexpr, SINKS: tl.constexpr):
     """Decoding over a KV cache with GQA: the rows of a tile are the (query
     head of kv head h_kv's group, position) pairs of sequence b, group-major, so each K/V
     block is read once for the whole group rather than once per query head. A few rows
@@ -45,8 +45,9 @@ def _decode_tile(Q, K, V, Out, Lse, block, h_kv, b,
     table_row = BlockTable + b.to(tl.int64) * block_table_stride if PAGED else BlockTable
     slope = tl.load(Alibi + b * alibi_stride_b + heads, mask=valid, other=0.0)[:, None] \
         if ALIBI else 0.0
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    # Each row starts from its own head's sink (rows past the group's read head h_kv's
+    # first: valid, and masked at the store).
+    m_i, l_i = softmax_start(Sinks, tl.where(valid, heads, h_kv * group), BLOCK_M, SINKS)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # Stage: the keys some position sees (the first position's left bound, the last
     # position's right bound), every block masked per row.
@@ -85,13 +86,15 @@ def attn_decode(Q, K, V, Out, Lse,
                 PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 window_left=0, window_right=0, softcap=1.0, Alibi=None, alibi_stride_b=0,
                 SeqUsedK=None, BlockTable=None, block_table_stride=0, page_size=1,
-                CacheBatchIdx=None, LEFT_BOUNDED: tl.constexpr = False,
+                CacheBatchIdx=None, Sinks=None, LEFT_BOUNDED: tl.constexpr = False,
                 SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
-                PAGED: tl.constexpr = False, BATCH_IDX: tl.constexpr = False):
+                PAGED: tl.constexpr = False, BATCH_IDX: tl.constexpr = False,
+                SINKS: tl.constexpr = False):
     """Tiles (blocks of group x seqlen_q rows, heads_kv, batch; PERSISTENT as in
     forward.attn_fwd): out and lse of one block of a kv head's (query head, position)
-    rows, reading sequence b's first SeqUsedK[b] cache entries. The arguments after BLOCK_N as in forward.attn_fwd (no dropout,
-    padding mask or packed sequences: flash_attn_with_kvcache has none)."""
+    rows, reading sequence b's first SeqUsedK[b] cache entries. The arguments after
+    BLOCK_N as in forward.attn_fwd (no dropout, padding mask or packed sequences:
+    flash_attn_with_kvcache has none)."""
     assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
     blocks = tl.cdiv(group * seqlen_q, BLOCK_M)
     heads_kv = heads_q // group
@@ -103,5 +106,6 @@ def attn_decode(Q, K, V, Out, Lse,
                      stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
                      stride_os, stride_od, heads_q, group, seqlen_q, seqlen_k, qk_scale,
                      window_left, window_right, softcap, Alibi, alibi_stride_b, SeqUsedK,
-                     BlockTable, block_table_stride, page_size, CacheBatchIdx, HEAD_DIM, BLOCK_D,
-                     CAUSAL, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP, ALIBI, PAGED, BATCH_IDX)
+                     BlockTable, block_table_stride, page_size, CacheBatchIdx, Sinks, HEAD_DIM,
+                     BLOCK_D, CAUSAL, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP, ALIBI, PAGED,
+                     BATCH_IDX, SINKS)

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .scores import dropout_keep, head_features, scores_log2, visible_pairs
-from .tiles import (LN2, assert_tiles, heads_view, key_block_range, key_value_views, load_keys,
+from .tiles import (LN2, LOG2E, assert_tiles, heads_view, key_block_range, key_value_views, load_keys,
                     load_rows, row_vector, sequence_tile, store_rows, tile_index,
                     tiles_of_program)
 
@@ -76,6 +76,21 @@ def fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, strid
 
 
 @triton.jit
+def softmax_start(Sinks, heads, BLOCK_M: tl.constexpr, SINKS: tl.constexpr):
+    """(m, l) of the online softmax before the first key block, per row (log2 units):
+    (-inf, 0), or with sinks (sink * log2(e), 1) -- the sink is a key every row sees
+    first, with no value, so a row that sees no other key ends with out 0, lse = sink.
+    ``heads``: the query head of the tile (a scalar) or of each row."""
+    if SINKS:
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(Sinks + heads) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
 def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
               stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
               stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
@@ -83,13 +98,13 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
               heads_q, group, seqlen_q, seqlen_k, qk_scale,
               window_left, window_right, softcap, Alibi, alibi_stride_b, Rng, dropout_threshold,
               dropout_scale, CuSeqQ, CuSeqK, SeqUsedK, BlockTable, block_table_stride,
-              page_size, CacheBatchIdx,
+              page_size, CacheBatchIdx, Sinks,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr,
               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
-              BATCH_IDX: tl.constexpr):
+              BATCH_IDX: tl.constexpr, SINKS: tl.constexpr):
     """out and lse of query block ``block`` of head h, sequence b (causal: last-first,
     see sequence_tile)."""
     q_start, len_q, k_start, len_k, m0, live, tensor_b, diagonal = sequence_tile(
@@ -113,8 +128,7 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
         slope, seed, rng_offset = head_features(b, h, Alibi, alibi_stride_b, Rng, ALIBI, DROPOUT)
 
         # Stage: fp32 running state; Q is loaded once.
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        m_i, l_i = softmax_start(Sinks, h, BLOCK_M, SINKS)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         q = load_rows(q_view, 0, stride_qs, stride_qd, 0, m0, len_q, HEAD_DIM, BLOCK_M,
                       BLOCK_D, USE_TMA)
@@ -146,7 +160,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
             True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP, ALIBI,
             DROPOUT, PAGED)
 
-        # Epilogue: normalise once; rows that saw no key (l = 0) give out 0, lse -inf.
+        # Epilogue: normalise once; rows that saw no key (l = 0) give out 0, lse -inf
+        # (with sinks l >= 1: out 0, lse = the sink).
         seen = l_i > 0.0
         l_safe = tl.where(seen, l_i, 1.0)
         o_view = heads_view(Out + q_start.to(tl.int64) * stride_os, stride_ob, stride_oh,
@@ -175,10 +190,11 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
              window_left=0, window_right=0, softcap=1.0, Alibi=None, alibi_stride_b=0, Rng=None,
              dropout_threshold=0, dropout_scale=1.0, CuSeqQ=None, CuSeqK=None, SeqUsedK=None,
              BlockTable=None, block_table_stride=0, page_size=1, CacheBatchIdx=None,
-             max_seqlen_q=1, LEFT_BOUNDED: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-             ALIBI: tl.constexpr = False, DROPOUT: tl.constexpr = False,
-             VARLEN: tl.constexpr = False, SEQUSED_K: tl.constexpr = False,
-             PAGED: tl.constexpr = False, BATCH_IDX: tl.constexpr = False):
+             max_seqlen_q=1, Sinks=None, LEFT_BOUNDED: tl.constexpr = False,
+             SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+             DROPOUT: tl.constexpr = False, VARLEN: tl.constexpr = False,
+             SEQUSED_K: tl.constexpr = False, PAGED: tl.constexpr = False,
+             BATCH_IDX: tl.constexpr = False, SINKS: tl.constexpr = False):
     """Tiles (query blocks, heads_q, batch): out and lse of one query block of one head.
     NEGATIVE_SCALE: qk_scale < 0 (the sign decides which end of a score row is its max).
     CAUSAL: the window has a right bound, window_right keys right of the diagonal (0 for
@@ -186,8 +202,8 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     off by default: a left window bound, softcap, ALiBi slopes (batch, heads_q), dropout
     (Rng = (seed, offset); keep iff draw >= dropout_threshold; kept P x dropout_scale),
     packed sequences (VARLEN: cu_seqlens; the grid covers max_seqlen_q), a KV cache's
-    filled lengths (SEQUSED_K), pages (PAGED: block table, page_size) and cache rows
-    (BATCH_IDX)."""
+    filled lengths (SEQUSED_K), pages (PAGED: block table, page_size), cache rows
+    (BATCH_IDX) and attention sinks (SINKS: fp32 logits (heads_q,))."""
     assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
     blocks = tl.cdiv(max_seqlen_q if VARLEN else seqlen_q, BLOCK_M)
     first, end, step = tiles_of_program(blocks * heads_q * batch, PERSISTENT)
@@ -199,6 +215,6 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
                   stride_os, stride_od, keep_stride_b, keep_stride_s, heads_q, group, seqlen_q,
                   seqlen_k, qk_scale, window_left, window_right, softcap, Alibi, alibi_stride_b,
                   Rng, dropout_threshold, dropout_scale, CuSeqQ, CuSeqK, SeqUsedK, BlockTable,
-                  block_table_stride, page_size, CacheBatchIdx, HEAD_DIM, BLOCK_D, CAUSAL,
-                  HAS_MASK, NEGATIVE_SCALE, USE_TMA, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP,
-                  ALIBI, DROPOUT, VARLEN, SEQUSED_K, PAGED, BATCH_IDX)
+                  block_table_stride, page_size, CacheBatchIdx, Sinks, HEAD_DIM, BLOCK_D,
+                  CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, BLOCK_M, BLOCK_N, LEFT_BOUNDED,
+                  SOFTCAP, ALIBI, DROPOUT, VARLEN, SEQUSED_K, PAGED, BATCH_IDX, SINKS)

@@ -10,7 +10,8 @@ import torch
 from . import attr
 from .attr import _Attr
 
-__all__ = ["Tensor", "TensorSpec", "custom_op", "attr", "GRAPH", "register_ir", "Data"]
+__all__ = ["Tensor", "TensorSpec", "custom_op", "attr", "GRAPH", "register_ir", "Data", "Const",
+           "DataType"]
 
 
 @dataclass
@@ -75,6 +76,19 @@ def _record(node: Node, outputs: int):
 def Data(name: str) -> Tensor:
     """A graph input."""
     return _record(Node("Data", attrs={"name": ("Str", name)}), 1)[0]
+
+
+class DataType:
+    """torchair.ge.DataType's members that the converters use."""
+
+    DT_FLOAT = 0
+
+
+def Const(v, dtype=None, node_name=None, readable=True) -> Tensor:
+    """torchair.ge.Const: a constant tensor of value ``v`` (nested lists give the shape)."""
+    if dtype is None:
+        raise AssertionError("this stand-in wants Const's dtype given explicitly")
+    return _record(Node("Const", attrs={"value": ("Tensor", v), "dtype": ("Int", dtype)}), 1)[0]
 
 
 def opaque(op: str, meta) -> Tensor | tuple:
