@@ -218,6 +218,35 @@ def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
                       features=CACHE_FEATURES[1])
 
 
+NPU_FEATURE_CASES = [  # (id, check_variant's arguments), through the NPU host
+    # Every score feature batched, and sinks: the "dropout" tile table.
+    ("all", dict(seqlens=(37, 70), window=(20, -1), causal=True, softcap=2.0, alibi="batch",
+                 dropout_p=0.2, sinks=True)),
+    # Packed sequences with a two-sided window, softcap and ALiBi: the "scores" table; an
+    # empty sequence (the sinks' gradient from the preprocess tiles' partial sums).
+    ("varlen-scores", dict(seqlens=[(17, 40), (0, 5), (70, 100)], layout="TND",
+                           window=(6, 3), softcap=2.0, alibi="heads", sinks=True)),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("name, features", NPU_FEATURE_CASES,
+                         ids=[c[0] for c in NPU_FEATURE_CASES])
+def test_npu_host_features_match_oracle(name, features, triton_npu_on_cpu, gen):
+    """The feature variants as the NPU runs them (PERSISTENT, the feature tile tables)."""
+    assert_all_ok(oracle_checks.check_variant("cpu", torch.float16, gen=gen, heads=(4, 2),
+                                              within=oracle_checks.triton_poisoning, **features))
+
+
+@in_interpreter
+def test_npu_host_kvcache_matches_oracle(triton_npu_on_cpu, gen):
+    """A paged KV cache with GQA through the NPU host: the decode kernel's persistent
+    loop, window, softcap and ALiBi."""
+    with oracle_checks.triton_poisoning():
+        check_kvcache("cpu", torch.float16, gen, paged=True, batch_idx=False,
+                      features=CACHE_FEATURES[1])
+
+
 @in_interpreter
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on_cpu, gen):
@@ -245,10 +274,3 @@ def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), runs[0], want):
         error = (a.double() - b).norm() / b.norm()
         assert error < 5e-3, (name, error.item())
-
-
-@in_interpreter
-def test_a_sink_of_minus_infinity_is_no_sink(triton_on_cpu, gen):
-    from test_features import check_minus_infinity_sink
-
-    check_minus_infinity_sink(gen, torch.float16)

@@ -1,8 +1,10 @@
 """The Triton kernels lowered for Ascend by Huawei's compilers (triton-ascend 3.2.0,
-bishengir-compile 1.2.0), with no NPU and no CANN: every launch the NPU backend makes
-(forward, preprocess, dK/dV, dQ; float16/bfloat16; causal or not; padding mask or not;
-head_dim 64/128/256) for Ascend910B2 and Ascend910B4, up to the hand-off to `hivmc`
-(the CANN tool that emits the binary; with one on PATH a binary is required).
+bishengir-compile 1.2.0), with no NPU and no CANN: every plain launch the NPU backend
+makes (forward, preprocess, dK/dV, dQ; float16/bfloat16; causal or not; padding mask or
+not; head_dim 64/128/256) and a grid of its feature launches (each feature alone and
+combined, KV caches through the forward and decode kernels; FEATURE_GRID) for
+Ascend910B2 and Ascend910B4, up to the hand-off to `hivmc` (the CANN tool that emits
+the binary; with one on PATH a binary is required).
 
 The environment (triton-ascend cannot share one with upstream triton) is built by
 scripts/triton_ascend_env.sh into build/triton-ascend-env, once; its site-packages go in
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = ROOT / "build" / "triton-ascend-env"
 ARCHES = ("Ascend910B2", "Ascend910B4")
 MATMUL_KERNELS = ("fwd", "dkdv", "dq")
+MATMUL_AND_DECODE = (*MATMUL_KERNELS, "decode")
 
 
 def build_ascend_env(directory: Path, python: str = sys.executable) -> str:
@@ -68,15 +71,42 @@ def lower(env_path: str, out: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+# The feature variants CI lowers, (feature set, dtype, head_dim) (FEATURE_VARIANTS holds
+# every set for every dtype and head_dim; `python -m flash_cann.backends.triton.
+# ascend_lowering` lowers them all): each feature alone and the KV cache's two ways of
+# addressing at head_dim 128, and the combinations at every head_dim (the feature
+# tables' tiles differ per head_dim) -- but the one with dropout at 128 only: its ten
+# Philox rounds cost bishengir-compile ~35 s of CPU per launch and target, the other
+# variants ~2 s. The dtypes alternate so that each half of every_variant gets about as
+# much work.
+FEATURE_GRID = [
+    *((name, "bfloat16", 128) for name in ("window", "softcap", "alibi", "varlen", "sinks",
+                                           "cache", "paged")),
+    ("scores", "float16", 64), ("scores", "bfloat16", 128), ("scores", "float16", 256),
+    ("cache-all", "float16", 64), ("cache-all", "bfloat16", 128), ("cache-all", "float16", 256),
+    ("all", "float16", 128),
+]
+
+
+def feature_grid():
+    from flash_cann.backends.triton.ascend_lowering import FEATURE_VARIANTS
+
+    return [v for v in FEATURE_VARIANTS
+            if (v.features, str(v.dtype).removeprefix("torch."), v.head_dim) in FEATURE_GRID]
+
+
 @pytest.fixture(scope="module")
 def every_variant(ascend_env, tmp_path_factory):
-    """All variants for both targets: two processes (CI's two cores), each lowering half
-    the variants for both targets (the front end runs once per launch)."""
-    from flash_cann.backends.triton.ascend_lowering import VARIANTS
+    """The plain variants and the feature grid for both targets: two processes (CI's two
+    cores), one per dtype, each lowering its variants for both targets (the front end
+    runs once per launch)."""
+    from flash_cann.backends.triton.ascend_lowering import PLAIN_VARIANTS
 
     out = tmp_path_factory.mktemp("ascend")
-    half = len(VARIANTS) // 2  # by dtype: each (dtype, head_dim) preprocess lowered once
-    halves = [",".join(v.name for v in part) for part in (VARIANTS[:half], VARIANTS[half:])]
+    variants = PLAIN_VARIANTS + feature_grid()
+    # By dtype: each (dtype, head_dim) preprocess is lowered once.
+    halves = [",".join(v.name for v in variants if str(v.dtype) == dtype)
+              for dtype in ("torch.float16", "torch.bfloat16")]
     with concurrent.futures.ThreadPoolExecutor(len(halves)) as pool:
         runs = pool.map(lambda names: lower(ascend_env, out, "--variants", names), halves)
         return [r for run in runs for r in run]
@@ -87,9 +117,23 @@ def _describe(r):
 
 
 def test_every_variant_reaches_the_binary_step(every_variant):
-    # 24 variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim), per target.
-    assert len(every_variant) == 2 * (24 * 3 + 6)
+    from flash_cann.backends.triton.ascend_lowering import CACHE_SETS, FEATURE_SETS
+
+    grid = feature_grid()
+    cache = [v for v in grid if v.features in CACHE_SETS]
+    # Per target: 24 plain variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim),
+    # and a preprocess with sinks per dtype x head_dim that has sinks in the grid; each
+    # feature variant's fwd, dK/dV, dQ, or a KV cache's fwd and decode.
+    sinks = {(v.dtype, v.head_dim) for v in grid
+             if v.features not in CACHE_SETS and FEATURE_SETS[v.features].get("sinks")}
+    assert len(every_variant) == 2 * (24 * 3 + 6 + len(sinks) + (len(grid) - len(cache)) * 3
+                                      + len(cache) * 2)
     assert {r["arch"] for r in every_variant} == set(ARCHES)
+    lowered = {(r["variant"], r["kernel"]) for r in every_variant}
+    for features in ("window", "softcap", "alibi", "varlen", "sinks", "scores", "all"):
+        assert {k for v, k in lowered if v.endswith(f"-{features}")} >= set(MATMUL_KERNELS)
+    for features in CACHE_SETS:
+        assert {k for v, k in lowered if v.endswith(f"-{features}")} == {"fwd", "decode"}
     wanted = "binary" if shutil.which("hivmc") else "handoff"
     failed = [r for r in every_variant if r["outcome"] != wanted or r["overflow"]]
     assert not failed, "\n\n".join(map(_describe, failed[:5]))
@@ -97,11 +141,13 @@ def test_every_variant_reaches_the_binary_step(every_variant):
 
 def misplaced(kernel: str, units: dict) -> list[str]:
     """What is not where it belongs in a kernel's HIVM module: every mma call must be an
-    AIC (cube) function called from the kernel's cube half; exp (and, forward, the row
-    max and sum) must be AIV (vector) functions called from its vector half."""
+    AIC (cube) function called from the kernel's cube half; exp (and, forward and
+    decode, the row max and sum) must be AIV (vector) functions called from its vector
+    half."""
     cube = {k: v for k, v in units.items() if k.startswith("mma_tile_")}
     vector = {k: v for k, v in units.items() if k not in cube}
-    wanted = ["mma_tile_", "vexp_"] + (["reduce_max", "reduce_sum"] if kernel == "fwd" else [])
+    wanted = ["mma_tile_", "vexp_"] + (["reduce_max", "reduce_sum"] if kernel in ("fwd", "decode")
+                                       else [])
     problems = [f"no {w} call" for w in wanted if not any(w in k for k in units)]
     problems += [f"{k}: {v}" for k, v in cube.items()
                  if v["core"] != "AIC" or not v["caller"].endswith("_mix_aic")]
@@ -112,7 +158,7 @@ def misplaced(kernel: str, units: dict) -> list[str]:
 
 def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
     for r in every_variant:
-        if r["kernel"] in MATMUL_KERNELS:
+        if r["kernel"] in MATMUL_AND_DECODE:
             assert not misplaced(r["kernel"], r["units"]), _describe(r)
 
 
@@ -198,11 +244,23 @@ def _scenarios(python_path: str, lib: Path, out: Path) -> dict:
 def test_npu_tensors_reach_the_triton_kernels(ascend_env, fake_torch_npu, tmp_path):
     """Without the CANN package, NPU tensors default to the Triton backend (and
     use_backend("triton") selects it): forward and backward through torch.ops.flash_cann,
-    four persistent launches over the 910B2's 24 AI cores, each lowered for real."""
+    four persistent launches over the 910B2's 24 AI cores, each lowered for real; with
+    features on (window, softcap, ALiBi, sinks) too, the feature tiles in the launches."""
+    from flash_cann.backends.triton.npu import FEATURE_TILES
+
     results = _scenarios(ascend_env, fake_torch_npu, tmp_path)
     assert "error" not in results, results["error"]
     assert results["default_backend"] == "triton"
-    for run in (results["default"], results["use_backend"]):
+    featured = {s["kernel"]: s for s in results["features"]["launched"]}
+    assert featured["fwd"]["features"].pop("SINKS")  # the saved lse carries the sink on
+    assert featured["preprocess"]["features"] == {"SINKS": True}  # (and its gradient)
+    assert results["features"]["grad_sinks"] == ["npu", [4]]
+    for kernel in MATMUL_KERNELS:
+        assert featured[kernel]["features"] == {"LEFT_BOUNDED": True, "SOFTCAP": True,
+                                                "ALIBI": True, "CAUSAL": True}
+        assert tuple(featured[kernel]["tiles"]) == FEATURE_TILES["scores"][
+            (kernel, 64, "float16")]
+    for run in (results["default"], results["use_backend"], results["features"]):
         assert run["out"] == ["npu", [2, 40, 4, 64]]
         assert run["grads"] == [["npu", [2, 40, 4, 64]], ["npu", [2, 40, 2, 64]],
                                 ["npu", [2, 40, 2, 64]]]

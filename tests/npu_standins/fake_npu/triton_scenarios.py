@@ -24,10 +24,16 @@ launched = []
 
 
 lowered = {}  # a launch's specialisation -> its lowering (as triton's kernel cache)
+# The kernels' feature flags (constexprs) a launch reports when on.
+FLAGS = ("CAUSAL", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K", "PAGED",
+         "BATCH_IDX", "SINKS")
 
 
 def lowered_instead_of_launched(step):
-    key = (step.name, step.args[0].dtype, tuple(sorted(step.constexprs.items())))
+    # Feature tensors (ALiBi slopes) are not part of the key: kept here, NPU tensors would
+    # outlive the fake device's allocator at interpreter exit.
+    key = (step.name, step.args[0].dtype, tuple(sorted(
+        (k, v) for k, v in step.constexprs.items() if not isinstance(v, torch.Tensor))))
     if key not in lowered:
         lowered[key] = ascend_lowering.lower(step, "Ascend910B2",
                                              Path(os.environ["LOWERING_DIR"]) / step.name)
@@ -35,6 +41,9 @@ def lowered_instead_of_launched(step):
     launched.append({"kernel": step.name, "grid": list(step.grid),
                      "persistent": step.constexprs.get("PERSISTENT"),
                      "tma": step.constexprs.get("USE_TMA"), "outcome": lowering.outcome,
+                     "features": {k: v for k, v in step.constexprs.items()
+                                  if k in FLAGS and v},
+                     "tiles": [step.constexprs.get("BLOCK_M"), step.constexprs.get("BLOCK_N")],
                      "overflow": lowering.overflow})
 
 
@@ -59,7 +68,14 @@ try:
     results["default"]["launched"], launched[:] = list(launched), []
     with flash_cann.use_backend("triton"):
         results["use_backend"] = run()
-        results["use_backend"]["launched"] = launched
+        results["use_backend"]["launched"], launched[:] = list(launched), []
+    # Features on (the "scores" tile table): a left window bound, softcap, ALiBi slopes,
+    # attention sinks (their gradient comes back).
+    sinks = torch.zeros(4).to("npu").requires_grad_()
+    results["features"] = run(window_size=(16, -1), softcap=30.0,
+                              alibi_slopes=torch.full((4,), 0.25).to("npu"), sinks=sinks)
+    results["features"]["grad_sinks"] = [sinks.grad.device.type, list(sinks.grad.shape)]
+    results["features"]["launched"] = launched
 except Exception as err:  # noqa: BLE001 -- the message is what is tested
     results["error"] = f"{type(err).__name__}: {err}"
 print(json.dumps(results))

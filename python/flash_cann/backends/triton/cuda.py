@@ -35,8 +35,9 @@ import triton
 
 from ...contract import layout as layouts
 from ...contract import ops
-from ...contract.variant import PLAIN, Variant, dropout_threshold
+from ...contract.variant import PLAIN, Variant
 from . import kernels
+from .arguments import cache_arguments, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 from .launch import Launch, current_stream, launch_and_record
 
@@ -328,41 +329,6 @@ def _mask_strides(mask: torch.Tensor | None) -> tuple[int, ...]:
 # The backend's entry points (called by flash_cann.contract.ops after the shared checks)
 # ---------------------------------------------------------------------------------------
 
-def _feature_arguments(variant: Variant, causal: bool) -> dict:
-    """The kernels' feature arguments (kernels.forward.attn_fwd's docstring): the window
-    as CAUSAL (a right bound) + window_right and LEFT_BOUNDED + window_left, softcap,
-    ALiBi slopes, dropout; each constexpr flag off unless the call uses it, so a plain
-    call compiles the plain kernel."""
-    right_bounded = causal or variant.window_right >= 0
-    args = dict(CAUSAL=right_bounded, window_right=0 if causal else max(variant.window_right, 0),
-                LEFT_BOUNDED=variant.window_left >= 0, window_left=max(variant.window_left, 0),
-                SOFTCAP=variant.softcap > 0, softcap=variant.softcap or 1.0,
-                ALIBI=variant.alibi_slopes is not None, DROPOUT=variant.dropout_p > 0)
-    if variant.alibi_slopes is not None:
-        slopes = variant.alibi_slopes  # (batch, heads_q), maybe a stride-0 expansion
-        if slopes.stride(1) != 1:
-            slopes = slopes.contiguous()
-        args.update(Alibi=slopes, alibi_stride_b=slopes.stride(0))
-    if variant.dropout_p > 0:
-        args.update(Rng=variant.rng_state, dropout_threshold=dropout_threshold(variant.dropout_p),
-                    dropout_scale=1.0 / (1.0 - variant.dropout_p))
-    return args
-
-
-def _sink_arguments(variant: Variant) -> dict:
-    """The forward and decode kernels' sink arguments: SINKS off without sinks. (The
-    dK/dV and dQ kernels take none: the saved lse holds the sink.)"""
-    if variant.sinks is None:
-        return {}
-    return dict(SINKS=True, Sinks=variant.sinks.contiguous())
-
-
-def _packed_views(*tensors):
-    """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
-    it); the kernels' sequence geometry comes from cu_seqlens."""
-    return tuple(layouts.to_bnsd(t.unsqueeze(0), "BSND") for t in tensors)
-
-
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             variant: Variant = PLAIN):
     out, lse, _ = _forward(query, key, value, key_padding_mask, scale, causal, layout, variant)
@@ -385,7 +351,7 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     packed = layout == layouts.PACKED
     out = empty(query.shape, query.dtype, query.device)
     if packed:
-        q, k, v, o = _packed_views(query, key, value, out)
+        q, k, v, o = packed_views(query, key, value, out)
         batch = variant.cu_seqlens_q.shape[0] - 1
         rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
     else:
@@ -396,8 +362,8 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     heads_kv, seqlen_k = k.shape[1:3]
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
     use_tma = not packed and _use_tma(q, k, v, o)
-    features = _feature_arguments(variant, causal)
-    features.update(_sink_arguments(variant))
+    features = feature_arguments(variant, causal)
+    features.update(sink_arguments(variant))
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
@@ -451,7 +417,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     grad_value = empty(value.shape, value.dtype, device)
     tensors = (query, key, value, out, grad_out, grad_query, grad_key, grad_value)
     if packed:
-        q, k, v, o, do, dq, dk, dv = _packed_views(*tensors)
+        q, k, v, o, do, dq, dk, dv = packed_views(*tensors)
         batch = variant.cu_seqlens_q.shape[0] - 1
         rows_q, rows_k = variant.max_seqlen_q, variant.max_seqlen_k
         softmax_lse = softmax_lse.unsqueeze(0)
@@ -473,7 +439,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
                seqlen_k, scale, scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k))
-    features = _feature_arguments(variant, causal)
+    features = feature_arguments(variant, causal)
     shared = dict(scores=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, HAS_MASK=key_padding_mask is not None,
                   USE_TMA=use_tma, PERSISTENT=False, **features)
@@ -572,14 +538,8 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     group = heads_q // heads_kv
     capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
     lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
-    features = _feature_arguments(variant, causal)
-    del features["DROPOUT"]  # flash_attn_with_kvcache has no dropout (the op's contract)
-    features.update(SeqUsedK=seqlens_k, **_sink_arguments(variant))
-    if block_table is not None:
-        features.update(PAGED=True, BlockTable=block_table,
-                        block_table_stride=block_table.stride(0), page_size=k.shape[2])
-    if cache_batch_idx is not None:
-        features.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
+    features = cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table,
+                               k.shape[2])
     tensors = (q, k, v, o, lse)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
     sizes = (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e),
@@ -589,7 +549,8 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     with _launching_on(query.device, False):
         if group > 1:
             DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]),
-                                        heads_kv, batch), *tensors, *strides, *sizes, **common)
+                                        heads_kv, batch), *tensors, *strides, *sizes,
+                          PERSISTENT=False, **common)
         else:
             FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,

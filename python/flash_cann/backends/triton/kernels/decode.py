@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .forward import fwd_key_blocks, softmax_start
-from .tiles import LN2, assert_tiles, heads_view, sequence
+from .tiles import LN2, assert_tiles, heads_view, sequence, tile_index, tiles_of_program
 
 
 @triton.jit
@@ -83,23 +83,29 @@ def attn_decode(Q, K, V, Out, Lse,
                 batch, heads_q, group, seqlen_q, seqlen_k, qk_scale,
                 seqlen_q_bucket, seqlen_k_bucket,  # the autotuner's key only
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 window_left=0, window_right=0, softcap=1.0, Alibi=None, alibi_stride_b=0,
                 SeqUsedK=None, BlockTable=None, block_table_stride=0, page_size=1,
                 CacheBatchIdx=None, Sinks=None, LEFT_BOUNDED: tl.constexpr = False,
                 SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
                 PAGED: tl.constexpr = False, BATCH_IDX: tl.constexpr = False,
                 SINKS: tl.constexpr = False):
-    """Tiles (blocks of group x seqlen_q rows, heads_kv, batch): out and lse of one block
-    of a kv head's (query head, position) rows, reading sequence b's first SeqUsedK[b]
-    cache entries. The arguments after BLOCK_N as in forward.attn_fwd (no dropout,
-    padding mask or packed sequences: flash_attn_with_kvcache has none)."""
+    """Tiles (blocks of group x seqlen_q rows, heads_kv, batch; PERSISTENT as in
+    forward.attn_fwd): out and lse of one block of a kv head's (query head, position)
+    rows, reading sequence b's first SeqUsedK[b] cache entries. The arguments after
+    BLOCK_N as in forward.attn_fwd (no dropout, padding mask or packed sequences:
+    flash_attn_with_kvcache has none)."""
     assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
-    _decode_tile(Q, K, V, Out, Lse, tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                 stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
-                 stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
-                 stride_os, stride_od, heads_q, group, seqlen_q, seqlen_k, qk_scale,
-                 window_left, window_right, softcap, Alibi, alibi_stride_b, SeqUsedK,
-                 BlockTable, block_table_stride, page_size, CacheBatchIdx, Sinks, HEAD_DIM,
-                 BLOCK_D, CAUSAL, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP, ALIBI, PAGED,
-                 BATCH_IDX, SINKS)
+    blocks = tl.cdiv(group * seqlen_q, BLOCK_M)
+    heads_kv = heads_q // group
+    first, end, step = tiles_of_program(blocks * heads_kv * batch, PERSISTENT)
+    for tile in range(first, end, step):
+        block, h_kv, b = tile_index(tile, blocks, heads_kv, PERSISTENT)
+        _decode_tile(Q, K, V, Out, Lse, block, h_kv, b,
+                     stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                     stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
+                     stride_os, stride_od, heads_q, group, seqlen_q, seqlen_k, qk_scale,
+                     window_left, window_right, softcap, Alibi, alibi_stride_b, SeqUsedK,
+                     BlockTable, block_table_stride, page_size, CacheBatchIdx, Sinks, HEAD_DIM,
+                     BLOCK_D, CAUSAL, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP, ALIBI, PAGED,
+                     BATCH_IDX, SINKS)

@@ -1,0 +1,60 @@
+"""What both hosts of the Triton kernels (CUDA: ``cuda.py``, NPU: ``npu.py``) pass the
+kernels beyond the tensors and their strides: the features' arguments and the views of
+packed sequences. Imports no Triton."""
+
+from __future__ import annotations
+
+from ...contract import layout as layouts
+from ...contract.variant import Variant, dropout_threshold
+
+
+def feature_arguments(variant: Variant, causal: bool) -> dict:
+    """The kernels' feature arguments (kernels.forward.attn_fwd's docstring): the window
+    as CAUSAL (a right bound) + window_right and LEFT_BOUNDED + window_left, softcap,
+    ALiBi slopes, dropout; each constexpr flag off unless the call uses it, so a plain
+    call compiles the plain kernel."""
+    right_bounded = causal or variant.window_right >= 0
+    args = dict(CAUSAL=right_bounded, window_right=0 if causal else max(variant.window_right, 0),
+                LEFT_BOUNDED=variant.window_left >= 0, window_left=max(variant.window_left, 0),
+                SOFTCAP=variant.softcap > 0, softcap=variant.softcap or 1.0,
+                ALIBI=variant.alibi_slopes is not None, DROPOUT=variant.dropout_p > 0)
+    if variant.alibi_slopes is not None:
+        slopes = variant.alibi_slopes  # (batch, heads_q), maybe a stride-0 expansion
+        if slopes.stride(1) != 1:
+            slopes = slopes.contiguous()
+        args.update(Alibi=slopes, alibi_stride_b=slopes.stride(0))
+    if variant.dropout_p > 0:
+        args.update(Rng=variant.rng_state, dropout_threshold=dropout_threshold(variant.dropout_p),
+                    dropout_scale=1.0 / (1.0 - variant.dropout_p))
+    return args
+
+
+def sink_arguments(variant: Variant) -> dict:
+    """The forward and decode kernels' sink arguments: SINKS off without sinks. (The
+    dK/dV and dQ kernels take none: the saved lse holds the sink.)"""
+    if variant.sinks is None:
+        return {}
+    return dict(SINKS=True, Sinks=variant.sinks.contiguous())
+
+
+def packed_views(*tensors):
+    """TND tensors as BNSD views of a batch of one (packed sequences are row ranges of
+    it); the kernels' sequence geometry comes from cu_seqlens."""
+    return tuple(layouts.to_bnsd(t.unsqueeze(0), "BSND") for t in tensors)
+
+
+def cache_arguments(variant: Variant, causal: bool, seqlens_k, cache_batch_idx, block_table,
+                    page_size: int) -> dict:
+    """The feature arguments of a KV cache call (flash_attn_with_kvcache has no dropout,
+    the op's contract): sequence b attends to its first seqlens_k[b] entries
+    (SEQUSED_K), read in place through its pages (PAGED: the block table; ``page_size``
+    rows a page) or its cache row (BATCH_IDX); sinks as sink_arguments."""
+    args = feature_arguments(variant, causal)
+    del args["DROPOUT"]
+    args.update(SeqUsedK=seqlens_k, **sink_arguments(variant))
+    if block_table is not None:
+        args.update(PAGED=True, BlockTable=block_table, block_table_stride=block_table.stride(0),
+                    page_size=page_size)
+    if cache_batch_idx is not None:
+        args.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
+    return args
