@@ -98,15 +98,21 @@ def feature_grid():
 @pytest.fixture(scope="module")
 def every_variant(ascend_env, tmp_path_factory):
     """The plain variants and the feature grid for both targets: two processes (CI's two
-    cores), one per dtype, each lowering its variants for both targets (the front end
-    runs once per launch)."""
-    from flash_cann.backends.triton.ascend_lowering import PLAIN_VARIANTS
+    cores), each lowering its variants for both targets (the front end runs once per
+    launch). The dropout variants get a process of their own: bishengir-compile takes
+    about 35 s per launch and target on Philox's ten rounds, as long as the rest of the
+    grid together. Each (dtype, head_dim, sinks) preprocess is lowered once all the same:
+    the dropout grid's only preprocess is the one with sinks of its (dtype, head_dim),
+    which no other variant of the grid has."""
+    from flash_cann.backends.triton.ascend_lowering import FEATURE_SETS, PLAIN_VARIANTS
 
     out = tmp_path_factory.mktemp("ascend")
     variants = PLAIN_VARIANTS + feature_grid()
-    # By dtype: each (dtype, head_dim) preprocess is lowered once.
-    halves = [",".join(v.name for v in variants if str(v.dtype) == dtype)
-              for dtype in ("torch.float16", "torch.bfloat16")]
+
+    def dropout(v):
+        return bool(FEATURE_SETS[v.features].get("dropout_p"))
+
+    halves = [",".join(v.name for v in variants if dropout(v) == heavy) for heavy in (True, False)]
     with concurrent.futures.ThreadPoolExecutor(len(halves)) as pool:
         runs = pool.map(lambda names: lower(ascend_env, out, "--variants", names), halves)
         return [r for run in runs for r in run]
