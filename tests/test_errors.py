@@ -265,19 +265,3 @@ def test_public_api_refuses_sinks_that_are_not_a_tensor_or_not_per_head(api):
         getattr(flash_cann, api)(q, k, v, sinks=[0.0] * 4, **layout)
     with pytest.raises(ValueError, match=r"sinks must be float32 of shape \(nheads,\) = \(4,\)"):
         getattr(flash_cann, api)(q, k, v, sinks=torch.zeros(2), **layout)
-
-
-def test_triton_on_npus_refuses_sinks_by_name():
-    """The spec gives triton-ascend no features yet (also_on_features): sinks on NPU
-    tensors are refused by the checks, and the host module refuses a bypassing call."""
-    from flash_cann.contract import checks, spec
-    from flash_cann.contract.variant import Variant
-
-    triton = spec.load().backends["triton"]
-    assert "sinks" in triton.features_on("cuda") and "sinks" not in triton.features_on("npu")
-    with pytest.raises(NotImplementedError, match=r"backend 'triton' \(device type 'npu'\) "
-                                                  r"does not support sinks yet \(sinks=<tensor>\)"):
-        checks._check_features("fwd", {"sinks": torch.zeros(2)}, "BNSD", triton, "npu")
-    npu_host = pytest.importorskip("flash_cann.backends.triton.npu")
-    with pytest.raises(NotImplementedError, match="plain attention only .* sinks"):
-        npu_host._plain_only(Variant(sinks=torch.zeros(2)))

@@ -78,4 +78,9 @@ try:
     results["features"]["launched"] = launched
 except Exception as err:  # noqa: BLE001 -- the message is what is tested
     results["error"] = f"{type(err).__name__}: {err}"
-print(json.dumps(results))
+print(json.dumps(results), flush=True)
+# Leave without the interpreter's teardown: under load, a std::thread still joinable at
+# static destruction (in triton-ascend's compiler or the stand-in device; not root-caused)
+# aborts the process after the results above are complete ("terminate called without an
+# active exception"). What is tested is the results, not this scaffold's teardown.
+os._exit(0)

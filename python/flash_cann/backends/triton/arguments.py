@@ -4,8 +4,14 @@ packed sequences. Imports no Triton."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import torch
+
 from ...contract import layout as layouts
 from ...contract.variant import Variant, dropout_threshold
+from .buffers import empty
 
 
 def feature_arguments(variant: Variant, causal: bool) -> dict:
@@ -58,3 +64,35 @@ def cache_arguments(variant: Variant, causal: bool, seqlens_k, cache_batch_idx, 
     if cache_batch_idx is not None:
         args.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
     return args
+
+
+@dataclass(frozen=True)
+class CacheCall:
+    """A KV cache call as both hosts launch it: the outputs, the launch arguments that
+    precede the hosts' own, and the features."""
+    out: torch.Tensor
+    lse: torch.Tensor
+    group: int     # query heads per kv head: > 1 runs the decode kernel
+    heads_kv: int
+    tensors: tuple  # q, k, v, out, lse (BNSD views; the cache read in place)
+    strides: tuple
+    sizes: tuple   # batch, heads_q, group, seqlen_q, capacity, scale * log2(e)
+    features: dict
+
+
+def cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+               scale: float, causal: bool, variant: Variant) -> CacheCall:
+    """The outputs and the kernels' leading arguments of a KV cache call (query BSND;
+    the cache's capacity is its pages' rows with a block table, else its rows)."""
+    out = empty(query.shape, query.dtype, query.device)
+    q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
+    batch, heads_q, seqlen_q, _ = q.shape
+    heads_kv = k.shape[1]
+    group = heads_q // heads_kv
+    capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
+    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
+    return CacheCall(
+        out, lse, group, heads_kv, (q, k, v, o, lse),
+        (*q.stride(), *k.stride(), *v.stride(), *o.stride()),
+        (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e)),
+        cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table, k.shape[2]))

@@ -37,7 +37,7 @@ from ...contract import layout as layouts
 from ...contract import ops
 from ...contract.variant import PLAIN, Variant
 from . import kernels
-from .arguments import cache_arguments, feature_arguments, packed_views, sink_arguments
+from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 from .launch import Launch, current_stream, launch_and_record
 
@@ -531,21 +531,14 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     through the block table); never a gathered copy of the cache. With GQA the decode
     kernel packs the group's query heads into one tile, so K/V are read once per group;
     without, the forward kernel runs."""
-    out = empty(query.shape, query.dtype, query.device)
-    q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv = k.shape[1]
-    group = heads_q // heads_kv
-    capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
-    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
-    features = cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table,
-                               k.shape[2])
-    tensors = (q, k, v, o, lse)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
-    sizes = (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e),
-             _bucket(seqlen_q), _bucket(capacity))
+    call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
+                      scale=scale, causal=causal, variant=variant)
+    batch, heads_q, group, seqlen_q, capacity, _ = call.sizes
+    head_dim, heads_kv = query.shape[-1], call.heads_kv
+    tensors, strides = call.tensors, call.strides
+    sizes = (*call.sizes, _bucket(seqlen_q), _bucket(capacity))
     common = dict(scores=batch * heads_q * seqlen_q * capacity, HEAD_DIM=head_dim,
-                  BLOCK_D=_block_d(head_dim), **features)
+                  BLOCK_D=_block_d(head_dim), **call.features)
     with _launching_on(query.device, False):
         if group > 1:
             DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]),
@@ -556,4 +549,4 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
                        NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
                        SEQUSED_K=True, **common)
-    return out, lse
+    return call.out, call.lse

@@ -30,7 +30,7 @@ import torch
 
 from ...contract import layout as layouts
 from ...contract.variant import PLAIN, Variant
-from .arguments import cache_arguments, feature_arguments, packed_views, sink_arguments
+from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 
 # (kernel, BLOCK_D, dtype) -> (BLOCK_M, BLOCK_N): per kernel, head_dim and dtype the
@@ -291,25 +291,18 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     from . import kernels
 
     query = _unit_last_stride(query)
-    out = empty(query.shape, query.dtype, query.device)
-    q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv = k.shape[1]
-    group = heads_q // heads_kv
-    capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
-    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
-    features = cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table,
-                               k.shape[2])
-    tensors = (q, k, v, o, lse)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
-    sizes = (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e), 0, 0)
+    call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
+                      scale=scale, causal=causal, variant=variant)
+    head_dim, features = query.shape[-1], call.features
+    tensors, strides = call.tensors, call.strides
+    sizes = (*call.sizes, 0, 0)
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), PERSISTENT=True, **features)
     cores = (ai_cores(query.device),)
-    if group > 1:
+    if call.group > 1:
         launch(Launch("decode", kernels.attn_decode, cores, (*tensors, *strides, *sizes),
                       dict(common, **tiles("decode", head_dim, query.dtype, features))))
     else:
         launch(Launch("fwd", kernels.attn_fwd, cores, (*tensors, None, *strides, 0, 0, *sizes),
                       dict(common, HAS_MASK=False, NEGATIVE_SCALE=scale < 0, USE_TMA=False,
                            SEQUSED_K=True, **tiles("fwd", head_dim, query.dtype, features))))
-    return out, lse
+    return call.out, call.lse
