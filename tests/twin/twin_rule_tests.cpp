@@ -635,11 +635,12 @@ void RaceMissingMte2ToV()
     }, line);
 }
 
-// The cube writes GM with Fixpipe; a vector core reads it: a cross-core flag must order it.
-void RaceMissingCrossCoreFlag()
+// The cube writes GM with Fixpipe; a vector core reads it: a cross-core flag set from the
+// FIX pipe must order it. Unsynced, the flag is missing, or (fromWrongPipe) set from MTE3.
+void RaceCrossCoreFlag(const char* name, bool fromWrongPipe)
 {
     int line = 0;
-    ExpectRace("race: no cross-core flag", 1, [&](bool synced, [[maybe_unused]] float* gm) {
+    ExpectRace(name, 1, [&](bool synced, [[maybe_unused]] float* gm) {
         TPipe pipe;
         GlobalTensor<float> g;
         g.SetGlobalBuffer(gm, 256);
@@ -651,9 +652,13 @@ void RaceMissingCrossCoreFlag()
             c = que.DeQue<float>();
             Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(16, 16, 16, 16, false));
             que.FreeTensor(c);
-            if (synced) CrossCoreSetFlag<2, PIPE_FIX>(1);
+            if (synced) {
+                CrossCoreSetFlag<2, PIPE_FIX>(1);
+            } else if (fromWrongPipe) {
+                CrossCoreSetFlag<2, PIPE_MTE3>(1);
+            }
         } else {
-            if (synced) CrossCoreWaitFlag(1);
+            if (synced || fromWrongPipe) CrossCoreWaitFlag(1);
             TQue<TPosition::VECIN, 1> que;
             pipe.InitBuffer(que, 1, 1024);
             LocalTensor<float> t = que.AllocTensor<float>();
@@ -662,6 +667,11 @@ void RaceMissingCrossCoreFlag()
             que.FreeTensor(t);
         }
     }, line);
+}
+
+void RaceMissingCrossCoreFlag()
+{
+    RaceCrossCoreFlag("race: no cross-core flag", false);
 }
 
 // L0C reused by the next Mmad while Fixpipe may still read it: FIX -> M is missing.
@@ -865,37 +875,10 @@ void RaceBarrierOnTheWrongPipe()
     }, line);
 }
 
-// The cube writes GM with Fixpipe; the cross-core flag is set from MTE3 instead of FIX.
+// The cross-core flag is set from MTE3 instead of FIX: it does not wait for Fixpipe.
 void RaceCrossCoreFlagFromTheWrongPipe()
 {
-    int line = 0;
-    ExpectRace("race: cross-core flag, wrong pipe", 1, [&](bool synced, [[maybe_unused]] float* gm) {
-        TPipe pipe;
-        GlobalTensor<float> g;
-        g.SetGlobalBuffer(gm, 256);
-        if (OnAic()) {
-            TQue<TPosition::CO1, 1> que;
-            pipe.InitBuffer(que, 1, 1024);
-            LocalTensor<float> c = que.AllocTensor<float>();
-            que.EnQue(c);
-            c = que.DeQue<float>();
-            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(16, 16, 16, 16, false));
-            que.FreeTensor(c);
-            if (synced) {
-                CrossCoreSetFlag<2, PIPE_FIX>(1);
-            } else {
-                CrossCoreSetFlag<2, PIPE_MTE3>(1);
-            }
-        } else {
-            CrossCoreWaitFlag(1);
-            TQue<TPosition::VECIN, 1> que;
-            pipe.InitBuffer(que, 1, 1024);
-            LocalTensor<float> t = que.AllocTensor<float>();
-            if (OnAiv0()) line = AT;
-            DataCopy(t, g, 256);
-            que.FreeTensor(t);
-        }
-    }, line);
+    RaceCrossCoreFlag("race: cross-core flag, wrong pipe", true);
 }
 
 // A scalar store into UB read by a vector instruction needs S -> V.
