@@ -64,6 +64,13 @@ def _same_device(tensors: dict[str, torch.Tensor], ref: str) -> None:
                                      f"(got {t.device} and {device})"))
 
 
+def _on_query_device(t: torch.Tensor, name: str, device) -> None:
+    """An optional input that travels with the call must be where the query is."""
+    if t.device != device:
+        raise ValueError(_prefix(f"{name} must be on the same device as query (got {t.device} "
+                                 f"and {device})"))
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -117,9 +124,7 @@ def _check_int32_vector(t, name: str, length: int | None, device) -> None:
         want = f"({length},)" if length is not None else "1-D"
         raise ValueError(_prefix(f"{name} must be an int32 tensor of shape {want} (got "
                                  f"{_dtype_name(t.dtype)} {tuple(t.shape)})"))
-    if t.device != device:
-        raise ValueError(_prefix(f"{name} must be on the same device as query (got {t.device} "
-                                 f"and {device})"))
+    _on_query_device(t, name, device)
 
 
 def _check_cu_seqlens(cu, name: str, tokens: int, max_seqlen: int, max_name: str,
@@ -167,9 +172,7 @@ def _alibi(slopes, batch: int, heads_q: int, device) -> torch.Tensor | None:
         raise ValueError(_prefix(f"alibi_slopes must be float32 of shape (nheads,) = "
                                  f"({heads_q},) or (batch, nheads) = {(batch, heads_q)} (got "
                                  f"{_dtype_name(slopes.dtype)} {tuple(slopes.shape)})"))
-    if slopes.device != device:
-        raise ValueError(_prefix(f"alibi_slopes must be on the same device as query (got "
-                                 f"{slopes.device} and {device})"))
+    _on_query_device(slopes, "alibi_slopes", device)
     return slopes.expand(batch, heads_q)
 
 
@@ -183,9 +186,7 @@ def _sinks(sinks, heads_q: int, dtype: torch.dtype, device) -> torch.Tensor | No
         raise ValueError(_prefix(f"sinks must be {_dtype_name(want)} of shape (nheads,) = "
                                  f"({heads_q},): one logit per query head (got "
                                  f"{_dtype_name(sinks.dtype)} {tuple(sinks.shape)})"))
-    if sinks.device != device:
-        raise ValueError(_prefix(f"sinks must be on the same device as query (got "
-                                 f"{sinks.device} and {device})"))
+    _on_query_device(sinks, "sinks", device)
     return sinks
 
 
@@ -200,9 +201,7 @@ def _check_dropout(dropout_p, rng_state, device) -> None:
         if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
             raise ValueError(_prefix(f"rng_state must be int64 of shape (2,) (got "
                                      f"{_dtype_name(rng_state.dtype)} {tuple(rng_state.shape)})"))
-        if rng_state.device != device:
-            raise ValueError(_prefix(f"rng_state must be on the same device as query (got "
-                                     f"{rng_state.device} and {device})"))
+        _on_query_device(rng_state, "rng_state", device)
 
 
 def _check_qkv(tensors: dict, layout: str, backend: BackendSpec | None, same_batch=True):
@@ -508,9 +507,7 @@ def key_padding_mask_as_bool(mask, batch: int, seqlen_k: int,
     if mask.dtype != torch.bool and (mask.is_floating_point() or mask.is_complex()):
         raise TypeError(_prefix(f"key_padding_mask must be a bool or integer tensor "
                                 f"(True/nonzero = attend); got {_dtype_name(mask.dtype)}"))
-    if mask.device != device:
-        raise ValueError(_prefix(f"key_padding_mask must be on the same device as query "
-                                 f"(got {mask.device} and {device})"))
+    _on_query_device(mask, "key_padding_mask", device)
     if tuple(mask.shape) == (seqlen_k,):
         mask = mask.unsqueeze(0).expand(batch, seqlen_k)
     elif tuple(mask.shape) != (batch, seqlen_k):
