@@ -170,14 +170,21 @@ def test_extension_built_from_another_spec_is_reported(results):
     assert "pip install --no-build-isolation ./framework" in reason
 
 
-@pytest.mark.parametrize("case", ["fwd_bnsd_gqa", "fwd_bsnd_strided_masked"])
-def test_forward_reaches_aclnn_with_the_spec_arguments(results, case):
-    result = results[case]
+def _forward_stage1(result) -> dict:
+    """The forward's first-stage aclnn call, after checking the two-stage lifecycle and
+    that each tensor the scenario passed reached it as given."""
     _check_lifecycle(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize",
                      "aclnnFlashCannAttention")
     stage1 = _calls(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
     for name, given in result["tensors"].items():
         _check_tensor(stage1[name], given, name)
+    return stage1
+
+
+@pytest.mark.parametrize("case", ["fwd_bnsd_gqa", "fwd_bsnd_strided_masked"])
+def test_forward_reaches_aclnn_with_the_spec_arguments(results, case):
+    result = results[case]
+    stage1 = _forward_stage1(result)
     assert {k: stage1[k] for k in ("scale", "causal", "layout")} == result["attrs"]
     out, lse, query = (result["tensors"][n] for n in ("out", "softmax_lse", "query"))
     assert out["dims"] == query["dims"] and out["contiguous"] and out["dtype"] == query["dtype"]
@@ -194,11 +201,7 @@ def test_forward_features_reach_aclnn(results, case):
     (heads_q,) slopes as the caller's tensor (not the checks' stride-0 expansion), fp32
     (batch, heads_q) slopes, int64 (2,) rng_state, each without a copy."""
     result = results[case]
-    _check_lifecycle(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize",
-                     "aclnnFlashCannAttention")
-    stage1 = _calls(result["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
-    for name, given in result["tensors"].items():
-        _check_tensor(stage1[name], given, name)
+    stage1 = _forward_stage1(result)
     assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
 
 
