@@ -352,7 +352,7 @@ def test_opcheck_kvcache(gen):
     q, k_cache, v_cache, k_new, v_new, seqlens, kwargs, _ = _cache_case(gen, paged=True)
     torch.library.opcheck(torch.ops.flash_cann.fwd_kvcache.default,
                           (q, k_cache, v_cache, k_new, v_new, seqlens, None,
-                           kwargs["block_table"], 0.25),
+                           kwargs["block_table"], None, 0.25),
                           {"causal": True, "window_left": 5, "softcap": 1.0,
                            "sinks": torch.randn(q.shape[2], generator=gen)})
 

@@ -418,7 +418,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                    device=q.device)
     window_left, window_right = _window(window_size)
     out, lse = torch.ops.flash_cann.fwd_kvcache(
-        q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+        q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, None,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
         scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
         window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))

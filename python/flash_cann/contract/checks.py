@@ -382,10 +382,16 @@ class CacheProblem:
 
 
 def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
-                  block_table, scale: float, causal: bool, *, alibi_slopes=None,
-                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                  sinks=None, backend: BackendSpec | None = None) -> CacheProblem:
+                  block_table, scale: float, causal: bool, *, cache_leftpad=None,
+                  layout: str = "BSND", cu_seqlens_q=None, max_seqlen_q: int = 0,
+                  alibi_slopes=None, window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0, sinks=None,
+                  backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
+    # TODO(issue 24, in progress this session): cache_leftpad and TND queries.
+    if cache_leftpad is not None or layout != "BSND" or cu_seqlens_q is not None:
+        raise NotImplementedError(_prefix("cache_leftpad and layout='TND' are not supported "
+                                          "by fwd_kvcache yet"))
     _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
                                         window_right=-1 if causal else window_right,
                                         softcap=softcap, sinks=sinks),

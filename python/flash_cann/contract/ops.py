@@ -47,6 +47,8 @@ _BWD_CORE = ("grad_out", "query", "key", "value", "out", "softmax_lse", "key_pad
              "grad_softmax_lse", "scale", "causal", "layout")
 _KVCACHE_CORE = ("query", "k_cache", "v_cache", "key", "value", "cache_seqlens",
                  "cache_batch_idx", "block_table", "scale", "causal")
+# fwd_kvcache's arguments beyond the core that belong to no feature.
+_KVCACHE_MORE = ("cache_leftpad", "layout")
 
 # device type -> name of the backend that serves it now.
 _selected: dict[str, str] = {}
@@ -307,7 +309,7 @@ def _fwd_kvcache_kernel(*args, **kwargs):
     device_type = a["query"].device.type
     backend = _serving(device_type)
     c = check_kvcache(*(a[name] for name in _KVCACHE_CORE), backend=backend,
-                      **_features(_KVCACHE_OP, a))
+                      **{n: a[n] for n in _KVCACHE_MORE}, **_features(_KVCACHE_OP, a))
     seqlens_k = kvcache.append(a["k_cache"], a["v_cache"], a["key"], a["value"],
                                a["cache_seqlens"], a["cache_batch_idx"], a["block_table"], c)
     return _backend_call(backend, device_type, "kvcache_forward", a["query"], a["k_cache"],
@@ -410,7 +412,8 @@ def _fwd_kvcache_fake(*args, **kwargs):
     a = _arguments(_KVCACHE_OP, args, kwargs)
     query = a["query"]
     c = check_kvcache(*(a[name] for name in _KVCACHE_CORE),
-                      backend=backend_for(query.device.type), **_features(_KVCACHE_OP, a))
+                      backend=backend_for(query.device.type),
+                      **{n: a[n] for n in _KVCACHE_MORE}, **_features(_KVCACHE_OP, a))
     p = c.problem
     return query.new_empty(query.shape), query.new_empty(
         (p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))

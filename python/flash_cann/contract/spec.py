@@ -389,8 +389,8 @@ def parse(doc: Any) -> Spec:
             _check_backward_names(op, ops[op.backward])
         _check_autograd_only(op, ops)
         layout = next((a for a in op.attrs if a.name == "layout"), None)
-        if layout is not None and set(layout.choices) != set(layouts):
-            raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be the "
+        if layout is not None and not set(layout.choices) <= set(layouts):
+            raise SpecError(f"op {op.name!r}: layout choices {layout.choices} must be "
                             f"declared layouts {tuple(layouts)}")
     return Spec(doc["namespace"], backends, layouts, layout_features, head_dim["min"],
                 head_dim["max"], ops)
