@@ -12,8 +12,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-import native_build
 import pytest
+
+import native_build
 
 ROOT = Path(__file__).resolve().parents[1]
 
