@@ -154,16 +154,16 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
             acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stride_kd, stride_vb,
             stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, mid, hi, len_k, diagonal,
             qk_scale, window_left, window_right, softcap, slope, seed, rng_offset, b, h,
-            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N, BLOCK_D,
-            False, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP, ALIBI,
-            DROPOUT, PAGED)
+            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N,
+            BLOCK_D, False, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP,
+            ALIBI, DROPOUT, PAGED)
         acc, l_i, m_i = fwd_key_blocks(
             acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stride_kd, stride_vb,
             stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, hi, end, len_k, diagonal,
             qk_scale, window_left, window_right, softcap, slope, seed, rng_offset, b, h,
-            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N, BLOCK_D,
-            True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP, ALIBI,
-            DROPOUT, PAGED)
+            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N,
+            BLOCK_D, True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP,
+            ALIBI, DROPOUT, PAGED)
 
         # Epilogue: normalise once; rows that saw no key (l = 0) give out 0, lse -inf
         # (with sinks l >= 1: out 0, lse = the sink).
