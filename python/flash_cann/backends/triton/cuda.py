@@ -525,27 +525,31 @@ class _BackwardPlan:
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-                    scale: float, causal: bool, variant: Variant = PLAIN):
-    """Attention over each sequence's first seqlens_k[b] cache entries (SEQUSED_K), read
-    in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer loads
-    through the block table); never a gathered copy of the cache. With GQA the decode
-    kernel packs the group's query heads into one tile, so K/V are read once per group;
-    without, the forward kernel runs."""
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN):
+    """Attention over entries cache_leftpad[b] (LEFTPAD) .. seqlens_k[b] - 1 (SEQUSED_K) of
+    each sequence's cache, read in place: through its cache row (BATCH_IDX) or its pages
+    (PAGED, pointer loads through the block table); never a gathered copy of the cache.
+    Queries BSND or packed (TND: VARLEN, vLLM's mixed prefill + decode rows). With GQA
+    the decode kernel packs the group's query heads into one tile, so K/V are read once
+    per group; without, the forward kernel runs."""
     call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
-                      scale=scale, causal=causal, variant=variant)
-    batch, heads_q, group, seqlen_q, capacity, _ = call.sizes
+                      scale=scale, causal=causal, variant=variant, layout=layout,
+                      cache_leftpad=cache_leftpad)
+    batch, heads_q, group, _, capacity, _ = call.sizes
+    rows_q = call.rows_q  # a sequence's query rows at most (max_seqlen_q with TND)
     head_dim, heads_kv = query.shape[-1], call.heads_kv
     tensors, strides = call.tensors, call.strides
-    sizes = (*call.sizes, _bucket(seqlen_q), _bucket(capacity))
-    common = dict(scores=batch * heads_q * seqlen_q * capacity, HEAD_DIM=head_dim,
+    sizes = (*call.sizes, _bucket(rows_q), _bucket(capacity))
+    common = dict(scores=batch * heads_q * rows_q * capacity, HEAD_DIM=head_dim,
                   BLOCK_D=_block_d(head_dim), **call.features)
     with _launching_on(query.device, False):
         if group > 1:
-            DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]),
+            DECODE.launch(lambda meta: (triton.cdiv(group * rows_q, meta["BLOCK_M"]),
                                         heads_kv, batch), *tensors, *strides, *sizes,
                           PERSISTENT=False, **common)
         else:
-            FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+            FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
                        NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
                        SEQUSED_K=True, **common)
