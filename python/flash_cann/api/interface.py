@@ -37,7 +37,7 @@ import sys
 
 import torch
 
-from ..contract import eager
+from ..contract import capture, eager
 from ..contract import layout as layouts
 from ..contract.checks import key_padding_mask_as_bool, reads_values, require_tensor
 from ..contract.variant import Variant, keep_mask, window_bounds
@@ -79,6 +79,9 @@ def _window(window_size) -> tuple[int, int]:
     if isinstance(window_size, torch.Tensor) and not (
             window_size.is_floating_point() or window_size.is_complex()
             or window_size.dtype == torch.bool):
+        capture.refuse_host_read(window_size.device,
+                                 f"window_size (a tensor on {window_size.device.type})",
+                                 "pass the window as a pair of Python ints")
         window_size = window_size.tolist()
     try:
         left, right = window_size
@@ -148,6 +151,9 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
         deterministic=_flag(deterministic, "deterministic"), **options)
     probs = None
     if _flag(return_probs, "return_attn_probs") and rng_state is not None:
+        capture.refuse_host_read(q.device, "the dropout seed (return_attn_probs=True with "
+                                           "dropout builds S_dmask, a debug output, on the host)",
+                                 "capture without return_attn_probs")
         probs = _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q,
                                cu_seqlens_k, alibi_slopes, sinks, **options)
     return out, lse, probs
@@ -284,9 +290,14 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def _max_seqlen(value, name: str) -> int:
     """An int; a 0-d integer tensor is read (one host sync): transformers passes
-    ``cu_seqlens.diff().max()`` as it is, which flash-attn's int argument accepts."""
+    ``cu_seqlens.diff().max()`` as it is, which flash-attn's int argument accepts. Not
+    during a graph capture (contract.capture): the bound sizes the launch, so a captured
+    graph needs it as a Python int."""
     if (isinstance(value, torch.Tensor) and value.dim() == 0
             and not value.is_floating_point() and value.dtype != torch.bool):
+        capture.refuse_host_read(value.device, f"{name} (a 0-d tensor on {value.device.type})",
+                                 f"pass {name} as a Python int, the bound the graph's launches "
+                                 f"are sized for")
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"flash_cann: {name} must be an int (got {type(value).__name__} "
