@@ -220,7 +220,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             (e.g., for auto-regressive modeling).
         window_size: (left, right). If not (-1, -1), implements sliding window local
             attention. A pair of ints: tuple, list or a tensor of 2 ints (a device
-            tensor is read on the host). As in flash-attn 2.8, causal=True sets the
+            tensor is read on the host: not during a graph capture). As in flash-attn
+            2.8, causal=True sets the
             right bound to 0 and a bound >= seqlen_k means unbounded.
         softcap: float. Anything > 0 activates softcapping attention:
             softcap * tanh(scores / softcap), before the ALiBi bias.
@@ -325,8 +326,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
             cu_seqlens_q[b + 1] - 1).
         cu_seqlens_k: (batch_size + 1,), int32: the same for k and v. Optional with
             block_table and seqused_k (vLLM passes None).
-        max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host). The
-            longest query / key sequence. On an accelerator they are taken on trust
+        max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host; not
+            during a graph capture, which needs ints). The longest query / key sequence. On
+            an accelerator they are taken on trust
             (reading cu_seqlens would stall the device), as in flash-attn; CPU calls check
             them.
         block_table: (batch_size, max_num_blocks_per_seq), int32: k and v are paged caches
