@@ -18,8 +18,10 @@ or CANN: on an NPU a capture is untested.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +195,18 @@ def test_triton_npu_host_is_captured(results, case, launched):
     result = results[case]
     assert result["error"] is None
     assert result["launched"] == launched
+
+
+def test_the_cann_shells_read_no_input_values_on_the_host():
+    """What the stand-in cannot see: CANN's host side. An OpDef input marked ValueDepend is
+    copied to the host for the tiling function (TilingContext::GetInputTensor /
+    GetOptionalInputTensor read it) -- a synchronisation at every call, which breaks a
+    capture (Huawei's FusedInferAttentionScore marks actual_seq_lengths so, hence
+    torch_npu's NPUGraph.update). flash-cann's tiling reads shapes and attributes only:
+    cu_seqlens, cache_seqlens and block tables are the kernels' to read."""
+    root = Path(__file__).resolve().parents[1] / "op_host"
+    found = [f"{path.relative_to(root.parent)}:{number}: {line.strip()}"
+             for path in sorted(root.rglob("*")) if path.suffix in (".cpp", ".h")
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bValueDepend\s*\(|\bGet(Optional)?InputTensor\s*\(", line)]
+    assert not found, "host reads of input values in the CANN shells:\n" + "\n".join(found)
