@@ -149,14 +149,17 @@ def test_npu_packed_and_kvcache_calls_are_captured(results, case, launches):
 @pytest.mark.parametrize("backend", ["npu", "triton"])
 def test_a_replayed_decode_step_matches_eager(results, backend):
     """A paged decode step with append, captured with placeholder cache_seqlens; the
-    step's inputs set after the capture; the replay appends the new keys and values where
-    eager does (the positions come from device values) and, on the npu backend, its
-    kernels read the integer inputs (lengths, block table) eager's read."""
+    step's inputs set after the capture; the replay leaves the caches as eager does (on
+    Triton's host the append is device ops, which write where the device values say) and,
+    on the npu backend, its kernels read the integer inputs (lengths, block table) eager's
+    read. (Should the npu kernel take over the append, the stand-in's kernel writes
+    nothing: the caches then stay as they were in both.)"""
     result = _listed(results[f"{backend}_decode_replay"])
     assert result["error"] is None
-    assert result["caches_changed"] == [True, True]  # the append wrote something
     assert result["caches_equal"] == [True, True]
-    if backend == "npu":
+    if backend == "triton":
+        assert result["caches_changed"] == [True, True]  # the append wrote something
+    else:
         assert result["replay"], "nothing replayed"
         assert [(c["call"], c["int_values"]) for c in result["replay"]] == \
             [(c["call"], c["int_values"]) for c in result["eager"]]
