@@ -195,7 +195,12 @@ inline void RefuseHostReadingOp(const c10::OperatorHandle &op, const torch::jit:
       }
     }
   }
-  if (op.hasTag(at::Tag::dynamic_output_shape) && !index_list) {
+  // repeat_interleave's output_size: the caller gives the size, nothing is read.
+  bool sized = false;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    sized = sized || (schema.arguments()[i].name() == "output_size" && !stack[first + i].isNone());
+  }
+  if (op.hasTag(at::Tag::dynamic_output_shape) && !index_list && !sized) {
     RefuseInCapture(name, "its output size depends on an npu tensor's values, read on the host");
   }
 }
