@@ -65,6 +65,7 @@ def _captured_launches(log: list[dict]) -> list[str]:
     ("cpu", "a copy of an npu tensor to the host (Tensor.cpu(), .tolist()"),
     ("tolist", "a copy of an npu tensor to the host"),
     ("nonzero", "aten::nonzero"),
+    ("repeat_interleave", "aten::repeat_interleave.Tensor"),
     ("mask_index", "aten::nonzero"),
     ("print", "aten::masked_select"),
     ("synchronize", "torch.npu.synchronize()"),
@@ -84,7 +85,8 @@ def test_a_host_read_fails_the_capture_and_works_outside(results, read, operatio
 
 
 def test_device_work_that_reads_nothing_is_captured(results):
-    assert results["rules_allowed"] == {"integer_index": None, "is_capturing": [False, True]}
+    assert results["rules_allowed"] == {"integer_index": None, "sized_repeat_interleave": None,
+                                        "is_capturing": [False, True]}
     assert results["default_stream"]["error"] == (
         "RuntimeError: NPU graphs must be captured on a non-default stream. (However, after "
         "capture, it's ok to replay them on the default stream.)")
@@ -133,13 +135,15 @@ def test_each_dropout_replay_draws_its_seed_on_the_device(results):
     ("npu_tnd", [FORWARD, BACKWARD]),
     ("npu_decode", None),
     ("npu_decode_paged", None),
+    ("npu_decode_rotary_leftpad", None),
     ("npu_vllm", None),
+    ("npu_seqused_k", None),
 ])
 def test_npu_packed_and_kvcache_calls_are_captured(results, case, launches):
     """TND forward and backward (cu_seqlens on the device), KV-cache decoding with append
-    (contiguous; paged with window, softcap, ALiBi, sinks) and vLLM's paged varlen call:
-    no host read, and at least one aclnn launch captured (the decode kernel's name is
-    its engineer's)."""
+    (contiguous; paged with window, softcap, ALiBi, sinks; rotary and cache_leftpad),
+    vLLM's paged varlen call into its out= and packed keys with seqused_k: no host read,
+    and at least one aclnn launch captured (the decode kernel's name is its engineer's)."""
     result = _listed(results[case])
     assert result["error"] is None
     captured = _captured_launches(result["log"])
@@ -178,6 +182,7 @@ def test_api_host_conveniences_are_refused_by_name_under_capture(results):
         "int, the bound the graph's launches are sized for")
     assert api["window_inside"].startswith(
         "RuntimeError: flash_cann: window_size (a tensor on npu) would be read on the host")
+    assert api["rotary_packed"] is None  # apply_rotary_emb reads nothing on the device
     # torch_npu.npu_fusion_attention's signature takes host lists: refused up front.
     assert api["fusion_tnd_inside"].startswith(
         "RuntimeError: flash_cann: actual_seq_qlen / actual_seq_kvlen (host lists in "
@@ -191,6 +196,8 @@ TRAINING = ["fwd", "preprocess", "dkdv", "dq"]
     *((f"triton_{name}", TRAINING)
       for name in ("plain", "window", "softcap", "alibi", "dropout", "sinks", "tnd")),
     ("triton_decode", ["decode"]), ("triton_decode_paged", ["decode"]),
+    ("triton_decode_rotary_leftpad", ["decode"]), ("triton_vllm", ["decode"]),
+    ("triton_seqused_k", ["decode"]),
 ])
 def test_triton_npu_host_is_captured(results, case, launched):
     """The Triton backend's NPU host (backends/triton/npu.py) under capture, every

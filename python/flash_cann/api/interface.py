@@ -328,9 +328,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
             block_table and seqused_k (vLLM passes None).
         max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host; not
             during a graph capture, which needs ints). The longest query / key sequence. On
-            an accelerator they are taken on trust
-            (reading cu_seqlens would stall the device), as in flash-attn; CPU calls check
-            them.
+            an accelerator they are taken on trust (reading cu_seqlens would stall the
+            device), as in flash-attn; CPU calls check them.
         block_table: (batch_size, max_num_blocks_per_seq), int32: k and v are paged caches
             and key j of sequence b lies in block block_table[b, j // page_block_size]. The
             sequence's keys are its first seqused_k[b] entries (else cu_seqlens_k[b + 1] -

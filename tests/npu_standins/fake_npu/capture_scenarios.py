@@ -17,6 +17,7 @@ import os
 import torch
 
 import flash_cann
+from flash_cann.api import rotary as rotary_module
 from flash_cann.backends.triton import npu as triton_npu
 from flash_cann.contract.spec import load
 
@@ -80,6 +81,7 @@ def aclnn_launches(log):
 # The capture mode's rules: each host read fails inside a capture and works outside.
 # ---------------------------------------------------------------------------------------
 x = torch.arange(6, dtype=torch.float32).to("npu")
+repeats = torch.full((6,), 2).to("npu")
 READS = {
     "item": lambda: x[1].item(),
     "int": lambda: int(x[2]),
@@ -87,6 +89,7 @@ READS = {
     "cpu": lambda: x.cpu(),
     "tolist": lambda: x.tolist(),
     "nonzero": lambda: x.nonzero(),
+    "repeat_interleave": lambda: torch.repeat_interleave(x, repeats),
     "mask_index": lambda: x[x > 2],
     "equal": lambda: torch.equal(x, x),
     "print": lambda: str(x),
@@ -107,6 +110,8 @@ for name, read in READS.items():
 rows = torch.tensor([0, 2]).to("npu")
 results["rules_allowed"] = {  # device work that reads nothing on the host
     "integer_index": capture(lambda: x[rows] * 2)[2],
+    "sized_repeat_interleave": capture(
+        lambda: torch.repeat_interleave(x, repeats, output_size=12))[2],
     "is_capturing": [torch.npu.is_current_stream_capturing(),
                      capture(torch.npu.is_current_stream_capturing)[1]],
 }
@@ -208,19 +213,35 @@ case("npu_decode", lambda: decode_call(contiguous), ("kvcache",))
 case("npu_decode_paged", lambda: decode_call(paged, **DECODE_FEATURES),
      ("kvcache", "window", "softcap", "alibi", "sinks"))
 
+# With rotary embeddings (positions from cache_seqlens, on the device) and cache_leftpad.
+rotary = dict(rotary_cos=torch.rand(16, 4).to("npu"), rotary_sin=torch.rand(16, 4).to("npu"),
+              cache_leftpad=torch.tensor([1, 2], dtype=torch.int32).to("npu"))
+case("npu_decode_rotary_leftpad", lambda: decode_call(contiguous, **rotary), ("kvcache",))
+
 # vLLM's call: TND queries (a prefill of 3 rows and a decode row) over a paged cache with
-# seqused_k (no append).
+# seqused_k (no append), into vLLM's preallocated out; and packed keys with seqused_k.
 vllm_q, vllm_cu = on_npu(4, 4, 16, seed=12), torch.tensor([0, 3, 4], dtype=torch.int32).to("npu")
 vllm_used = torch.tensor([7, 9], dtype=torch.int32).to("npu")
+vllm_out = torch.empty_like(vllm_q)
+packed_k, packed_v = on_npu(10, 2, 16, seed=13), on_npu(10, 2, 16, seed=14)
+packed_cu_k = torch.tensor([0, 6, 10], dtype=torch.int32).to("npu")
 
 
 def vllm_step():
     return flash_cann.flash_attn_varlen_func(
         vllm_q, paged["k_cache"], paged["v_cache"], cu_seqlens_q=vllm_cu, max_seqlen_q=3,
-        seqused_k=vllm_used, max_seqlen_k=12, block_table=paged["block_table"], causal=True)
+        seqused_k=vllm_used, max_seqlen_k=12, block_table=paged["block_table"], causal=True,
+        out=vllm_out)
+
+
+def seqused_step():
+    return flash_cann.flash_attn_varlen_func(
+        vllm_q, packed_k, packed_v, vllm_cu, packed_cu_k, 3, 6, seqused_k=vllm_used - 3,
+        causal=True)
 
 
 case("npu_vllm", vllm_step, ("varlen", "kvcache"))
+case("npu_seqused_k", seqused_step, ("varlen", "kvcache"))
 
 
 # Replay of a paged decode step against eager on the same inputs: the append writes the
@@ -265,6 +286,10 @@ with flash_cann.use_backend("triton"):
         "window_inside": capture(lambda: flash_cann.flash_attn_func(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             window_size=window))[2],
+        # flash-attn's apply_rotary_emb on packed sequences, max_seqlen given (a check
+        # that reads cu_seqlens only where that is free: CPU tensors).
+        "rotary_packed": capture(lambda: rotary_module.apply_rotary_emb(
+            tq, rotary["rotary_cos"], rotary["rotary_sin"], cu_seqlens=cu, max_seqlen=5))[2],
         "fusion_tnd_inside": capture(lambda: flash_cann.npu_fusion_attention(
             tq, tk, tv, 4, "TND", actual_seq_qlen=[3, 3, 8], actual_seq_kvlen=[3, 3, 8]))[2]}
 
@@ -291,6 +316,9 @@ with flash_cann.use_backend("triton"):
     triton_case("triton_tnd", tnd_step)
     triton_case("triton_decode", lambda: decode_call(contiguous))
     triton_case("triton_decode_paged", lambda: decode_call(paged, **DECODE_FEATURES))
+    triton_case("triton_decode_rotary_leftpad", lambda: decode_call(contiguous, **rotary))
+    triton_case("triton_vllm", vllm_step)
+    triton_case("triton_seqused_k", seqused_step)
     results["triton_decode_replay"] = decode_replay()
 
 print(json.dumps(results), flush=True)
