@@ -150,6 +150,17 @@ def test_npu_packed_and_kvcache_calls_are_captured(results, case, launches):
     assert captured == launches if launches else captured
 
 
+def test_a_replayed_packed_step_reads_the_offsets_of_replay_time(results):
+    """TND forward and backward captured with placeholder cu_seqlens; the real offsets
+    written into the same tensors afterwards; the replayed kernels read them (eager's
+    values), not the capture's."""
+    result = _listed(results["npu_tnd_replay"])
+    assert result["error"] is None
+    assert [c["call"] for c in result["replay"]] == [FORWARD, BACKWARD]
+    assert [c["int_values"] for c in result["replay"]] == \
+        [c["int_values"] for c in result["eager"]]
+
+
 @pytest.mark.parametrize("backend", ["npu", "triton"])
 def test_a_replayed_decode_step_matches_eager(results, backend):
     """A paged decode step with append, captured with placeholder cache_seqlens; the
