@@ -7,9 +7,9 @@ operation, and failing capture_end even if caught) and works outside; replay re-
 recorded device work on new inputs. Then flash-cann under it: the npu backend (the
 extension and the op package's aclnn API, faked) for the plain forward and backward and
 each feature, the public API's conveniences that read a tensor on the host, and the
-Triton backend's NPU host (its launches recorded, not run). The packed-sequence (TND),
-KV-cache and vLLM cases run once the spec's npu backend lists varlen / kvcache (engineers
-"tnd" and "decode"); until then they skip, naming the missing feature.
+Triton backend's NPU host (its launches recorded, not run). The npu backend's
+packed-sequence (TND), KV-cache and vLLM cases run once the spec's npu backend lists
+varlen / kvcache; until then they skip, naming the missing feature.
 
 This checks flash-cann's host code and the stand-in's model of a capture, not torch_npu
 or CANN: on an NPU a capture is untested.

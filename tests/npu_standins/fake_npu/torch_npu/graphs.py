@@ -142,7 +142,7 @@ class graph:  # noqa: N801 -- torch_npu's name
     def __enter__(self):
         synchronize()
         empty_cache()
-        self._stream = globals()["stream"](self.capture_stream)
+        self._stream = stream(self.capture_stream)
         self._stream.__enter__()
         self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
 
