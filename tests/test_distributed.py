@@ -1,0 +1,72 @@
+"""Context parallelism on several processes (flash_cann.distributed): gloo on the CPU at
+2 and 4 ranks, float32, each case against one process running the whole sequence
+(within 1e-5 of the tensor's scale), forward and backward; causal, full, windowed, GQA,
+both shardings, both rotations; deterministic runs bitwise equal (and the ring equal to
+the all-gather). With >= 2 GPUs the same cases run on NCCL (float16).
+
+The cases live in distributed_workers.py; one spawned group per (backend, world) runs
+them all, and each test here reports its own case."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import distributed_workers
+
+CASES = {
+    "causal_zigzag": ("dense", dict(causal=True)),
+    "causal_contiguous_p2p": ("dense", dict(causal=True, sharding="contiguous", rotate="p2p")),
+    "causal_zigzag_allgather_bnsd": ("dense", dict(causal=True, rotate="allgather",
+                                                   layout="BNSD")),
+    "full_p2p_batch2": ("dense", dict(causal=False, rotate="p2p", batch=2)),
+    "gqa_causal_p2p": ("dense", dict(causal=True, heads=(4, 1), rotate="p2p")),
+    "window_causal_contiguous": ("dense", dict(causal=True, window=(5, -1),
+                                               sharding="contiguous")),
+    "window_two_sided_zigzag": ("dense", dict(causal=False, window=(6, 3), rotate="allgather")),
+    "softcap_causal": ("dense", dict(causal=True, softcap=5.0, rotate="p2p")),
+    "bitwise_causal_gqa": ("bitwise", dict(causal=True)),
+    "bitwise_window": ("bitwise", dict(causal=False, window=(7, 2))),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(backend: str, world: int, tmp_path_factory):
+    """Runs every case on a group of ``world`` processes. They fork from a forkserver that
+    imported torch, torch._dynamo (the op's first dispatch imports it: seconds per
+    process) and flash_cann once, instead of each rank importing them again."""
+    out_dir = tmp_path_factory.mktemp(f"{backend}{world}")
+    mp.get_context("forkserver").set_forkserver_preload(["torch._dynamo", "distributed_workers"])
+    cases = [(name, function, params) for name, (function, params) in CASES.items()]
+    mp.start_processes(distributed_workers.run_group, nprocs=world, join=True,
+                       args=(world, _free_port(), backend, cases, str(out_dir)),
+                       start_method="forkserver")
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+GROUPS = [("gloo", 2), ("gloo", 4)] + [
+    pytest.param(("nccl", n), marks=pytest.mark.skipif(
+        torch.cuda.device_count() < n, reason=f"NCCL needs {n} GPUs"))
+    for n in (2,)]
+
+
+@pytest.fixture(scope="module", params=GROUPS, ids=lambda p: f"{p[0]}{p[1]}")
+def group_results(request, tmp_path_factory):
+    backend, world = request.param
+    return _launch(backend, world, tmp_path_factory)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case(group_results, case):
+    failures = {rank: result[case] for rank, result in enumerate(group_results)
+                if result[case] is not None}
+    assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in failures.items())
