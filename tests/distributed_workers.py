@@ -98,6 +98,38 @@ def case_bitwise(ctx, *, causal, window=(-1, -1), heads=(2, 1)):
         assert torch.equal(a, c), f"{name}: ring and all-gather differ"
 
 
+# ------------------------------------------------------------------ packed documents
+
+DOCUMENTS = [0, 5, 23, 24, 40, 64]  # 5 documents, 64 tokens: boundaries inside shards
+
+
+def case_varlen(ctx, *, causal, window=(-1, -1), heads=(2, 2)):
+    """llama3-style: contiguous token shards, per-rank cu_seqlens, against
+    flash_attn_varlen_func on the whole packed batch."""
+    tokens, dim = DOCUMENTS[-1], 16
+    q, k, v, dout = (ctx.rand(tokens, h, dim, seed=s)
+                     for s, h in enumerate((heads[0], heads[1], heads[1], heads[0])))
+    cu = torch.tensor(DOCUMENTS, dtype=torch.int32, device=ctx.device)
+    longest = max(b - a for a, b in zip(DOCUMENTS, DOCUMENTS[1:]))
+    ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse, _ = flash_cann.flash_attn_varlen_func(ql, kl, vl, cu, cu, longest, longest,
+                                                    causal=causal, window_size=window,
+                                                    return_attn_probs=True)
+    out.backward(dout)
+    want = (out, lse, ql.grad, kl.grad, vl.grad)
+    shard = cp.varlen_shard(DOCUMENTS, causal=causal, device=ctx.device)
+    local = [cp.shard(t, 0, sharding="contiguous") for t in (q, k, v, dout)]
+    ql, kl, vl = (t.requires_grad_() for t in local[:3])
+    out, lse = cp.context_parallel_varlen_attn_func(ql, kl, vl, shard, causal=causal,
+                                                    window_size=window, return_lse=True)
+    out.backward(local[3])
+    rel = 1e-5 if ctx.dtype == torch.float32 else 2e-2
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"),
+                          (out, lse, ql.grad, kl.grad, vl.grad), want):
+        close(g, cp.shard(w.detach(), 1 if name == "lse" else 0, sharding="contiguous"),
+              name, rel)
+
+
 # ------------------------------------------------------------------ the harness
 
 def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: str):

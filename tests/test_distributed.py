@@ -29,6 +29,9 @@ CASES = {
                                                sharding="contiguous")),
     "window_two_sided_zigzag": ("dense", dict(causal=False, window=(6, 3), rotate="allgather")),
     "softcap_causal": ("dense", dict(causal=True, softcap=5.0, rotate="p2p")),
+    "varlen_causal_gqa": ("varlen", dict(causal=True, heads=(4, 2))),
+    "varlen_full": ("varlen", dict(causal=False)),
+    "varlen_causal_window": ("varlen", dict(causal=True, window=(6, 0))),
     "bitwise_causal_gqa": ("bitwise", dict(causal=True)),
     "bitwise_window": ("bitwise", dict(causal=False, window=(7, 2))),
 }

@@ -18,6 +18,7 @@ there).
 
 from .attention import context_parallel_attn_func
 from .sharding import SHARDINGS, chunks_of, restore, shard, unshard
+from .varlen import VarlenShard, context_parallel_varlen_attn_func, varlen_shard
 
-__all__ = ["context_parallel_attn_func", "shard", "unshard", "restore", "chunks_of",
-           "SHARDINGS"]
+__all__ = ["context_parallel_attn_func", "context_parallel_varlen_attn_func", "varlen_shard",
+           "VarlenShard", "shard", "unshard", "restore", "chunks_of", "SHARDINGS"]

@@ -102,16 +102,22 @@ def blocks(ring: Ring, tensors: Sequence[torch.Tensor], steps: int,
     gathered, works = [], []
     if steps > 1:
         for t in tensors:
-            # flat buffers: gloo checks the output as (world * numel,)
-            out = torch.empty(ring.world * t.numel(), dtype=t.dtype, device=t.device)
-            works.append(_all_gather(out, t.contiguous().view(-1), group=ring.group,
-                                     async_op=True))
-            gathered.append(out.view(ring.world, *t.shape))
+            out, work = gather(ring, t, async_op=True)
+            gathered.append(out)
+            works.append(work)
     yield 0, list(tensors)
     for work in works:
         work.wait()
     for step in range(1, steps):
         yield step, [g[(ring.rank - step) % ring.world] for g in gathered]
+
+
+def gather(ring: Ring, t: torch.Tensor, async_op: bool = False):
+    """(every rank's ``t`` stacked, (world, *t.shape); the pending work or None)."""
+    # a flat buffer: gloo checks the output as (world * numel,)
+    out = torch.empty(ring.world * t.numel(), dtype=t.dtype, device=t.device)
+    work = _all_gather(out, t.contiguous().view(-1), group=ring.group, async_op=async_op)
+    return out.view(ring.world, *t.shape), work
 
 
 def sum_to_owners(ring: Ring, partials: torch.Tensor, steps: int) -> torch.Tensor:
