@@ -7,10 +7,14 @@ per rank."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +132,120 @@ def case_varlen(ctx, *, causal, window=(-1, -1), heads=(2, 2)):
                           (out, lse, ql.grad, kl.grad, vl.grad), want):
         close(g, cp.shard(w.detach(), 1 if name == "lse" else 0, sharding="contiguous"),
               name, rel)
+
+
+# ------------------------------------------------------------------ ring-flash-attn, yunchang
+# Their own functions, unchanged, with flash_cann serving `import flash_attn`. Their
+# backwards assume 16-bit inputs (ring-flash-attn returns dq as bfloat16), so bfloat16,
+# checked as the style guide says: the error against a float32 single-process run is
+# at most 2x (output) / 3x (gradients) that of the bfloat16 single-process run -- times
+# world / 2 for gradients, since these libraries round each block's partial dQ/dK/dV
+# to bfloat16 (their block buffers have the input dtype) before summing W of them.
+
+def _third_party_modules(package: str, names):
+    """``package``'s submodules, imported without running its __init__ (ring-flash-attn's
+    imports its Hugging Face adapter, which does not import under transformers 5)."""
+    flash_cann.install_as_flash_attn()
+    if package not in sys.modules:
+        spec = importlib.util.find_spec(package)
+        stub = types.ModuleType(package)
+        stub.__path__ = list(spec.submodule_search_locations)
+        sys.modules[package] = stub
+    return [importlib.import_module(f"{package}.{name}") for name in names]
+
+
+def _single(q, k, v, dout, dtype, **options):
+    """One process, the whole sequence, in ``dtype``: (out, dq, dk, dv)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = flash_cann.flash_attn_func(*leaves, **options)
+    out.backward(dout.to(dtype))
+    return [out.detach(), *(t.grad for t in leaves)]
+
+
+def _against_baseline(ctx, got, q, k, v, dout, extract, **options):
+    """got = (out, dq, dk, dv) of this rank; extract: whole sequence -> this rank's part."""
+    exact = _single(q, k, v, dout, torch.float32, **options)
+    single = _single(q, k, v, dout, torch.bfloat16, **options)
+    grads = 3 * max(1, ctx.world // 2)
+    for name, g, e, s, factor in zip(("out", "dq", "dk", "dv"), got, exact, single,
+                                     (2, grads, grads, grads)):
+        e, s = extract(e), extract(s)
+        err = (g.float() - e).abs().max().item()
+        base = (s.float() - e).abs().max().item()
+        assert err <= factor * base + 1e-6 * e.abs().max().item(), (
+            f"{name}: error {err:.3g} > {factor} x single-process bfloat16's {base:.3g}")
+
+
+def _bf16_inputs(ctx, batch=1, seqlen=None, heads=(2, 2), head_dim=16):
+    seqlen = seqlen or 16 * ctx.world
+    return _qkv(ctx, batch, seqlen, heads[0], heads[1], head_dim, "BSND")
+
+
+def case_ring_flash_attn(ctx, *, function, causal):
+    """ring-flash-attn 0.1.8's ring_flash_attn_func (contiguous shards) or
+    zigzag_ring_flash_attn_func (zigzag shards)."""
+    (module,) = _third_party_modules("ring_flash_attn", [f"{function}_flash_attn"])
+    fn = getattr(module, f"{function}_flash_attn_func")
+    sharding = "zigzag" if function == "zigzag_ring" else "contiguous"
+    q, k, v, dout = _bf16_inputs(ctx)
+    leaves = [cp.shard(t, 1, sharding=sharding).to(torch.bfloat16).requires_grad_()
+              for t in (q, k, v)]
+    out = fn(*leaves, causal=causal)
+    out.backward(cp.shard(dout, 1, sharding=sharding).to(torch.bfloat16))
+    _against_baseline(ctx, [out.detach(), *(t.grad for t in leaves)], q, k, v, dout,
+                      lambda t: cp.shard(t, 1, sharding=sharding).float(), causal=causal)
+
+
+def case_ring_flash_attn_llama3(ctx, *, causal):
+    """ring-flash-attn 0.1.8's llama3_flash_attn_varlen_func on packed documents."""
+    (module,) = _third_party_modules("ring_flash_attn", ["llama3_flash_attn_varlen"])
+    tokens = DOCUMENTS[-1]
+    q, k, v, dout = (ctx.rand(tokens, 2, 16, seed=s) for s in range(4))
+    cu = torch.tensor(DOCUMENTS, dtype=torch.int32, device=ctx.device)
+    cu_q, cu_k, max_q, max_k, k_slice = module.llama3_flash_attn_prepare_cu_seqlens(
+        cu, causal, ctx.rank, ctx.world)
+    part = lambda t: cp.shard(t, 0, sharding="contiguous")  # noqa: E731
+    leaves = [part(t).to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+    out = module.llama3_flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k,
+                                               heads_k_stride=1, local_k_slice=k_slice,
+                                               causal=causal)
+    out.backward(part(dout).to(torch.bfloat16))
+    # the whole packed batch as one "batch" of flash_attn_func would mix documents:
+    # compare with flash_attn_varlen_func instead
+    longest = max(b - a for a, b in zip(DOCUMENTS, DOCUMENTS[1:]))
+
+    def single(dtype):
+        ls = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o = flash_cann.flash_attn_varlen_func(*ls, cu, cu, longest, longest, causal=causal)
+        o.backward(dout.to(dtype))
+        return [o.detach(), *(t.grad for t in ls)]
+    exact, single16 = single(torch.float32), single(torch.bfloat16)
+    for name, g, e, s, factor in zip(("out", "dq", "dk", "dv"),
+                                     [out.detach(), *(t.grad for t in leaves)], exact,
+                                     single16, (2, 3, 3, 3)):  # one block: no extra rounding
+        e, s = part(e), part(s).float()
+        err, base = (g.float() - e).abs().max().item(), (s - e).abs().max().item()
+        assert err <= factor * base + 1e-6 * e.abs().max().item(), (name, err, base)
+
+
+def case_yunchang(ctx, *, ring_impl, ulysses, causal):
+    """yunchang's LongContextAttention (Ulysses all-to-all x ring), attn_type FA, its
+    input sharded by its own extract_local."""
+    from yunchang import LongContextAttention, set_seq_parallel_pg
+    from yunchang.comm.extract_local import EXTRACT_FUNC_DICT
+    from yunchang.kernels import AttnType
+    _third_party_modules("yunchang", [])
+    ring = ctx.world // ulysses
+    set_seq_parallel_pg(ulysses, ring, ctx.rank, ctx.world)
+    q, k, v, dout = _bf16_inputs(ctx, heads=(4, 4))
+    extract = lambda t: EXTRACT_FUNC_DICT[ring_impl](  # noqa: E731
+        t, ctx.rank, world_size=ctx.world, rd=ring, ud=ulysses).float()
+    leaves = [extract(t).to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+    attention = LongContextAttention(ring_impl_type=ring_impl, attn_type=AttnType.FA)
+    out = attention(*leaves, causal=causal)
+    out.backward(extract(dout).to(torch.bfloat16))
+    _against_baseline(ctx, [out.detach(), *(t.grad for t in leaves)], q, k, v, dout, extract,
+                      causal=causal)
 
 
 # ------------------------------------------------------------------ the harness
