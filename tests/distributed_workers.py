@@ -248,6 +248,64 @@ def case_yunchang(ctx, *, ring_impl, ulysses, causal):
                       causal=causal)
 
 
+# ------------------------------------------------------------------ torch's context_parallel
+
+def _torch_cp(ctx, rotate):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    set_rotate_method(rotate)
+    return init_device_mesh(ctx.device.type, (ctx.world,)), context_parallel
+
+
+def case_torch_context_parallel(ctx, *, rotate, causal, layout="BNSD", heads=(2, 2)):
+    """flash_cann.attention called unchanged inside torch's context_parallel on buffers
+    it shards (head-tail), forward and backward, against one process."""
+    mesh, context_parallel = _torch_cp(ctx, rotate)
+    dim = 2 if layout == "BNSD" else 1
+    q, k, v, dout = _qkv(ctx, 1, 16 * ctx.world, *heads, 16, layout)
+    want = _whole(q, k, v, dout, layout, causal, (-1, -1))
+    buffers = [t.clone() for t in (q, k, v, dout)]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[dim] * 4):
+        ql, kl, vl = (t.detach().requires_grad_() for t in buffers[:3])
+        out, lse = flash_cann.attention(ql, kl, vl, layout=layout, causal=causal,
+                                        return_lse=True)
+        out.backward(buffers[3])
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"),
+                          (out, lse, ql.grad, kl.grad, vl.grad), want):
+        close(g, cp.shard(w, 2 if name == "lse" else dim), name, 1e-5)
+
+
+def case_torch_context_parallel_hf(ctx, *, rotate):
+    """A tiny Llama (GQA) with attn_implementation="fa_cann" inside torch's
+    context_parallel: logits and every parameter's gradient (summed over ranks) as one
+    process running the whole sequence."""
+    import transformers
+    mesh, context_parallel = _torch_cp(ctx, rotate)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="fa_cann").to(ctx.device)
+    seqlen = 16 * ctx.world
+    ids = torch.randint(0, 97, (1, seqlen), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(seqlen).unsqueeze(0)
+    weights = ctx.rand(1, seqlen, 97, seed=5)
+    logits = model(ids.to(ctx.device), position_ids=positions.to(ctx.device)).logits
+    (logits * weights).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    buffers = [ids.to(ctx.device), positions.to(ctx.device), weights.clone()]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1]):
+        local = model(buffers[0], position_ids=buffers[1]).logits
+        (local * buffers[2]).sum().backward()
+    close(local.detach(), cp.shard(logits.detach(), 1), "logits", 1e-5)
+    for name, p in model.named_parameters():
+        dist.all_reduce(p.grad)
+        close(p.grad, want[name], name, 1e-5)
+
+
 # ------------------------------------------------------------------ the harness
 
 def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: str):

@@ -83,7 +83,8 @@ def _rows(t: torch.Tensor, dim: int, start: int, end: int) -> torch.Tensor:
     return t.narrow(dim, start, end - start)
 
 
-def _forward(setup: _Setup, q, k, v):
+def forward(setup: _Setup, q, k, v):
+    """(out in q's dtype, lse float32) of this rank's rows; no autograd."""
     partial = merge.Partial(q, setup.layout)
     dim = setup.seq_dim
     for step, (k_block, v_block) in rotation.blocks(setup.ring, (k, v), setup.steps,
@@ -152,11 +153,19 @@ def _backward_gathered(setup: _Setup, q, k, v, out, lse, dout, dlse):
             rotation.sum_to_owners(setup.ring, dvs, steps))
 
 
+def backward(setup: _Setup, q, k, v, out, lse, dout, dlse):
+    """(dq, dk, dv) in the inputs' dtypes, from the global out and lse of this rank's
+    rows (``forward``'s); dlse may be None."""
+    run = _backward_ring if setup.method == "p2p" else _backward_gathered
+    dq, dk, dv = run(setup, q, k, v, out, lse, dout, dlse)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _ContextParallelAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, setup: _Setup):
-        out, lse = _forward(setup, q, k, v)
+        out, lse = forward(setup, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.setup = setup
         ctx.set_materialize_grads(False)
@@ -165,12 +174,9 @@ class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        setup = ctx.setup
         if dout is None:
             dout = torch.zeros_like(out)
-        run = _backward_ring if setup.method == "p2p" else _backward_gathered
-        dq, dk, dv = run(setup, q, k, v, out, lse, dout, dlse)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return (*backward(ctx.setup, q, k, v, out, lse, dout, dlse), None)
 
 
 def _check(q, k, v, layout: str, ring: Ring) -> int:
@@ -188,6 +194,24 @@ def _check(q, k, v, layout: str, ring: Ring) -> int:
                          f"one sequence (self-attention): their sequence lengths differ "
                          f"({q.shape[dim]}, {k.shape[dim]}, {v.shape[dim]})")
     return q.shape[dim] * ring.world
+
+
+def prepare(q, k, v, group, *, scale: float, causal: bool, window: tuple[int, int],
+            softcap: float, sharding: str, rotate: str, deterministic: bool,
+            layout: str) -> _Setup:
+    """The setup of one call (checked; the rotation chosen), for :func:`forward` and
+    :func:`backward`."""
+    ring = Ring.of(group)
+    seqlen = _check(q, k, v, layout, ring)
+    left, right = blocks.band(causal, window)
+    windowed = not (math.isinf(left) and (math.isinf(right) or right == 0))
+    local = sum(t.numel() * t.element_size() for t in (q, k, v))
+    kv = sum(t.numel() * t.element_size() for t in (k, v))
+    setup = _Setup(ring=ring, layout=layout, sharding=sharding, seqlen=seqlen, left=left,
+                   right=right, scale=scale, softcap=softcap, deterministic=deterministic,
+                   method=rotation.choose(rotate, local, kv, ring.world, windowed))
+    setup.plans  # refuses an unknown sharding or a length it cannot split
+    return setup
 
 
 def context_parallel_attn_func(q, k, v, group=None, *, softmax_scale=None, causal=False,
@@ -215,17 +239,9 @@ def context_parallel_attn_func(q, k, v, group=None, *, softmax_scale=None, causa
         out: like q; softmax_lse [if return_lse]: (batch_size, nheads, seqlen / world),
             float32, differentiable.
     """
-    ring = Ring.of(group)
-    seqlen = _check(q, k, v, layout, ring)
-    left, right = blocks.band(_flag(causal, "causal"), _window(window_size))
-    windowed = not (math.isinf(left) and (math.isinf(right) or right == 0))
-    local = sum(t.numel() * t.element_size() for t in (q, k, v))
-    kv = sum(t.numel() * t.element_size() for t in (k, v))
-    setup = _Setup(ring=ring, layout=layout, sharding=sharding, seqlen=seqlen, left=left,
-                   right=right, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
-                   softcap=_real(softcap, "softcap"),
-                   deterministic=_flag(deterministic, "deterministic"),
-                   method=rotation.choose(rotate, local, kv, ring.world, windowed))
-    setup.plans  # refuses an unknown sharding or a length it cannot split
+    setup = prepare(q, k, v, group, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
+                    causal=_flag(causal, "causal"), window=_window(window_size),
+                    softcap=_real(softcap, "softcap"), sharding=sharding, rotate=rotate,
+                    deterministic=_flag(deterministic, "deterministic"), layout=layout)
     out, lse = _ContextParallelAttention.apply(q, k, v, setup)
     return (out, lse) if _flag(return_lse, "return_lse") else out
