@@ -309,12 +309,21 @@ def case_torch_context_parallel_hf(ctx, *, rotate):
 # ------------------------------------------------------------------ the harness
 
 def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: str):
-    """Entry point of each spawned rank: run every (name, function, params) case."""
+    """Entry point of each spawned rank: run every (name, function, params) case.
+    backend "gloo-triton": gloo, with CPU tensors served by the triton backend in
+    Triton's interpreter (TRITON_INTERPRET=1 set by the launcher; float16)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device, dtype = torch.device("cuda", rank), torch.float16
+    elif backend == "gloo-triton":
+        import triton_interpreter_patch
+        from flash_cann.contract import ops
+        assert os.environ.get("TRITON_INTERPRET") == "1", "the forkserver runs Triton compiled"
+        triton_interpreter_patch.patch_interpreter(setattr)
+        ops._selected["cpu"] = "triton"
+        device, dtype, backend = torch.device("cpu"), torch.float16, "gloo"
     else:
         device, dtype = torch.device("cpu"), torch.float32
     dist.init_process_group(backend, rank=rank, world_size=world)

@@ -2,7 +2,8 @@
 2 and 4 ranks, float32, each case against one process running the whole sequence
 (within 1e-5 of the tensor's scale), forward and backward; causal, full, windowed, GQA,
 both shardings, both rotations; deterministic runs bitwise equal (and the ring equal to
-the all-gather). With >= 2 GPUs the same cases run on NCCL (float16).
+the all-gather). A few cases run the triton backend's kernels in Triton's interpreter
+(gloo, float16). With >= 2 GPUs the same cases run on NCCL (float16).
 
 The cases live in distributed_workers.py; one spawned group per (backend, world) runs
 them all, and each test here reports its own case."""
@@ -63,27 +64,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(backend: str, world: int, tmp_path_factory):
-    """Runs every case on a group of ``world`` processes. They fork from a forkserver that
-    imported torch, torch._dynamo (the op's first dispatch imports it: seconds per
-    process), flash_cann, transformers' Llama and torch's context_parallel once, instead
-    of each rank importing them again (2 groups: 45 s -> 20 s on 2 cores)."""
-    out_dir = tmp_path_factory.mktemp(f"{backend}{world}")
+# The triton backend's kernels in Triton's interpreter (float16; seconds per case, so two:
+# causal zigzag with GQA and the ring, a causal window over contiguous shards).
+TRITON_CASES = ("gqa_causal_p2p", "window_causal_contiguous")
+
+
+NCCL_GPUS = 2
+# Without the GPUs of the NCCL group, the forkserver (and so every rank) runs Triton in
+# its interpreter: TRITON_INTERPRET=1 must be set before triton is imported, and a
+# forkserver that imported it once saves each interpreter rank ~10 s of imports. The
+# gloo groups use the cpu backend, which never touches Triton.
+INTERPRET = torch.cuda.device_count() < NCCL_GPUS
+
+
+def _forkserver():
+    """Start (once) the forkserver that every group forks from: it imported torch,
+    torch._dynamo (the op's first dispatch imports it: seconds per process), flash_cann,
+    transformers' Llama and torch's context_parallel, so the ranks do not (3 groups:
+    ~90 s -> ~30 s on 2 cores)."""
+    from multiprocessing import forkserver
     mp.get_context("forkserver").set_forkserver_preload(
         ["torch._dynamo", "distributed_workers", "transformers.models.llama.modeling_llama",
          "torch.distributed.tensor.experimental"])
+    saved = os.environ.get("TRITON_INTERPRET")
+    if INTERPRET:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _launch(backend: str, world: int, tmp_path_factory):
+    """Runs every case on a group of ``world`` processes, forked from _forkserver()."""
+    out_dir = tmp_path_factory.mktemp(f"{backend}{world}")
     cases = [(name, function, params) for name, (function, params) in CASES.items()
-             if ONLY_AT.get(name, world) == world]
+             if ONLY_AT.get(name, world) == world
+             and (backend != "gloo-triton" or name in TRITON_CASES)]
+    _forkserver()
     mp.start_processes(distributed_workers.run_group, nprocs=world, join=True,
                        args=(world, _free_port(), backend, cases, str(out_dir)),
                        start_method="forkserver")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-GROUPS = [("gloo", 2), ("gloo", 4)] + [
-    pytest.param(("nccl", n), marks=pytest.mark.skipif(
-        torch.cuda.device_count() < n, reason=f"NCCL needs {n} GPUs"))
-    for n in (2,)]
+GROUPS = [("gloo", 2), ("gloo", 4),
+          pytest.param(("gloo-triton", 2), marks=pytest.mark.skipif(
+              importlib.util.find_spec("triton") is None or not INTERPRET,
+              reason="triton is not installed, or GPUs run the real kernels (nccl2)")),
+          pytest.param(("nccl", NCCL_GPUS), marks=pytest.mark.skipif(
+              INTERPRET, reason=f"NCCL needs {NCCL_GPUS} GPUs"))]
 
 
 @pytest.fixture(scope="module", params=GROUPS, ids=lambda p: f"{p[0]}{p[1]}")
@@ -106,7 +139,8 @@ def test_case(group_results, case):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     if case not in group_results[0]:
-        pytest.skip(f"{case} runs at {ONLY_AT[case]} ranks only")
+        pytest.skip(f"{case} runs at {ONLY_AT[case]} ranks only" if case in ONLY_AT
+                    else f"{case} is not among the Triton interpreter's cases")
     failures = {rank: result[case] for rank, result in enumerate(group_results)
                 if result[case] is not None}
     assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in failures.items())

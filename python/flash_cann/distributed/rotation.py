@@ -54,19 +54,21 @@ class Ring:
         """Send ``tensors`` to the member ``send_offset`` ahead and receive the same shapes
         from the one ``send_offset`` behind; returns at once."""
         received = [torch.empty_like(t) for t in tensors]
+        sent = [t.contiguous() for t in tensors]
         to, frm = self.peer(send_offset), self.peer(-send_offset)
-        ops = [dist.P2POp(dist.isend, t.contiguous(), to, self.group, tag + i)
-               for i, t in enumerate(tensors)]
+        ops = [dist.P2POp(dist.isend, t, to, self.group, tag + i) for i, t in enumerate(sent)]
         ops += [dist.P2POp(dist.irecv, r, frm, self.group, tag + i)
                 for i, r in enumerate(received)]
-        return Pending(received, dist.batch_isend_irecv(ops))
+        return Pending(received, dist.batch_isend_irecv(ops), sent)
 
 
 @dataclass
 class Pending:
-    """Tensors being received; ``wait()`` returns them once they have arrived."""
+    """Tensors being received; ``wait()`` returns them once they have arrived. Holds the
+    tensors being sent too, so that none is freed while a transfer still reads it."""
     tensors: list
     works: list
+    sent: list = ()
 
     def wait(self) -> list:
         for work in self.works:
