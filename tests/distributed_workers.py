@@ -32,6 +32,11 @@ class Context:
     device: torch.device
     dtype: torch.dtype
 
+    @property
+    def tolerance(self) -> float:
+        """Relative to the tensor's scale: float32 1e-5 (the issue's target); 16-bit 2e-2."""
+        return 1e-5 if self.dtype == torch.float32 else 2e-2
+
     def rand(self, *shape, seed: int):
         """The same tensor on every rank (the whole sequence)."""
         g = torch.Generator().manual_seed(seed)
@@ -84,10 +89,9 @@ def case_dense(ctx, *, causal, window=(-1, -1), sharding="zigzag", rotate="auto"
     local = _sharded(ctx, (q, k, v, dout), dim, sharding)
     got = _context_parallel(*local, causal=causal, window_size=window, sharding=sharding,
                             rotate=rotate, layout=layout, softcap=softcap)
-    rel = 1e-5 if ctx.dtype == torch.float32 else 2e-2
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
         w = cp.shard(w, 2 if name == "lse" else dim, sharding=sharding)
-        close(g, w, name, rel)
+        close(g, w, name, ctx.tolerance)
 
 
 def case_bitwise(ctx, *, causal, window=(-1, -1), heads=(2, 1)):
@@ -127,11 +131,10 @@ def case_varlen(ctx, *, causal, window=(-1, -1), heads=(2, 2)):
     out, lse = cp.context_parallel_varlen_attn_func(ql, kl, vl, shard, causal=causal,
                                                     window_size=window, return_lse=True)
     out.backward(local[3])
-    rel = 1e-5 if ctx.dtype == torch.float32 else 2e-2
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv"),
                           (out, lse, ql.grad, kl.grad, vl.grad), want):
         close(g, cp.shard(w.detach(), 1 if name == "lse" else 0, sharding="contiguous"),
-              name, rel)
+              name, ctx.tolerance)
 
 
 # ------------------------------------------------------------------ ring-flash-attn, yunchang
@@ -273,7 +276,7 @@ def case_torch_context_parallel(ctx, *, rotate, causal, layout="BNSD", heads=(2,
         out.backward(buffers[3])
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv"),
                           (out, lse, ql.grad, kl.grad, vl.grad), want):
-        close(g, cp.shard(w, 2 if name == "lse" else dim), name, 1e-5)
+        close(g, cp.shard(w, 2 if name == "lse" else dim), name, ctx.tolerance)
 
 
 def case_torch_context_parallel_hf(ctx, *, rotate):
@@ -287,7 +290,7 @@ def case_torch_context_parallel_hf(ctx, *, rotate):
                                       num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=128)
     model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation="fa_cann").to(ctx.device)
+        config, attn_implementation="fa_cann").to(ctx.device, ctx.dtype)
     seqlen = 16 * ctx.world
     ids = torch.randint(0, 97, (1, seqlen), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(seqlen).unsqueeze(0)
@@ -300,10 +303,11 @@ def case_torch_context_parallel_hf(ctx, *, rotate):
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1]):
         local = model(buffers[0], position_ids=buffers[1]).logits
         (local * buffers[2]).sum().backward()
-    close(local.detach(), cp.shard(logits.detach(), 1), "logits", 1e-5)
+    close(local.detach(), cp.shard(logits.detach(), 1), "logits", ctx.tolerance)
     for name, p in model.named_parameters():
         dist.all_reduce(p.grad)
-        close(p.grad, want[name], name, 1e-5)
+        # 16-bit: gradients summed over layers and ranks in another order
+        close(p.grad, want[name], name, ctx.tolerance * (1 if ctx.dtype == torch.float32 else 2.5))
 
 
 # ------------------------------------------------------------------ the harness

@@ -98,12 +98,15 @@ def _forkserver():
             os.environ["TRITON_INTERPRET"] = saved
 
 
+def _cases(backend: str, world: int) -> list[str]:
+    return [name for name in CASES if ONLY_AT.get(name, world) == world
+            and (backend != "gloo-triton" or name in TRITON_CASES)]
+
+
 def _launch(backend: str, world: int, tmp_path_factory):
-    """Runs every case on a group of ``world`` processes, forked from _forkserver()."""
+    """Runs every case of the group on ``world`` processes, forked from _forkserver()."""
     out_dir = tmp_path_factory.mktemp(f"{backend}{world}")
-    cases = [(name, function, params) for name, (function, params) in CASES.items()
-             if ONLY_AT.get(name, world) == world
-             and (backend != "gloo-triton" or name in TRITON_CASES)]
+    cases = [(name, *CASES[name]) for name in _cases(backend, world)]
     _forkserver()
     mp.start_processes(distributed_workers.run_group, nprocs=world, join=True,
                        args=(world, _free_port(), backend, cases, str(out_dir)),
@@ -111,36 +114,44 @@ def _launch(backend: str, world: int, tmp_path_factory):
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-GROUPS = [("gloo", 2), ("gloo", 4),
-          pytest.param(("gloo-triton", 2), marks=pytest.mark.skipif(
-              importlib.util.find_spec("triton") is None or not INTERPRET,
-              reason="triton is not installed, or GPUs run the real kernels (nccl2)")),
-          pytest.param(("nccl", NCCL_GPUS), marks=pytest.mark.skipif(
-              INTERPRET, reason=f"NCCL needs {NCCL_GPUS} GPUs"))]
-
-
-@pytest.fixture(scope="module", params=GROUPS, ids=lambda p: f"{p[0]}{p[1]}")
-def group_results(request, tmp_path_factory):
-    backend, world = request.param
-    return _launch(backend, world, tmp_path_factory)
-
+_NO_TRITON = importlib.util.find_spec("triton") is None
+GROUPS = {  # (backend, world): why it is skipped here, or None
+    ("gloo", 2): None,
+    ("gloo", 4): None,
+    ("gloo-triton", 2): ("triton is not installed" if _NO_TRITON else
+                         None if INTERPRET else "GPUs run the real kernels (nccl2)"),
+    ("nccl", NCCL_GPUS): f"NCCL needs {NCCL_GPUS} GPUs" if INTERPRET else None,
+}
+PARAMS = [pytest.param(group, case, id=f"{group[0]}{group[1]}-{case}",
+                       marks=[pytest.mark.skip(reason=GROUPS[group])] if GROUPS[group] else [])
+          for group in GROUPS for case in _cases(*group)]
 
 # The third-party libraries come with the test extra; without them their cases skip
 # (under CI=true they fail: the extra is part of the suite).
 THIRD_PARTY = {"ring_flash_attn": "ring-flash-attn", "yunchang": "yunchang"}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_case(group_results, case):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Each group's results, launched on first use (one launch per group)."""
+    results = {}
+
+    def get(group):
+        if group not in results:
+            results[group] = _launch(*group, tmp_path_factory)
+        return results[group]
+    return get
+
+
+@pytest.mark.parametrize("group, case", PARAMS)
+def test_case(launched, group, case):
     needs = next((m for m in THIRD_PARTY if case.startswith(m)), None)
     if needs and importlib.util.find_spec(needs) is None:
         message = f"{THIRD_PARTY[needs]} (the test extra) is not installed"
         if os.environ.get("CI") == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    if case not in group_results[0]:
-        pytest.skip(f"{case} runs at {ONLY_AT[case]} ranks only" if case in ONLY_AT
-                    else f"{case} is not among the Triton interpreter's cases")
-    failures = {rank: result[case] for rank, result in enumerate(group_results)
+    results = launched(group)
+    failures = {rank: result[case] for rank, result in enumerate(results)
                 if result[case] is not None}
     assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in failures.items())
