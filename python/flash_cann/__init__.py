@@ -40,7 +40,9 @@ register_if_loaded()  # torchair imported before flash_cann: register the conver
 when_imported("transformers.modeling_utils", _transformers.register_attention)
 when_imported("transformers.masking_utils", _transformers.register_mask)
 # torch's context_parallel runs flash_cann's ops too, once torch's module is imported
-when_imported(_torch_context_parallel.MODULE, _torch_context_parallel.register)
+for _module in _torch_context_parallel.MODULES:
+    when_imported(_module, _torch_context_parallel.register)
+del _module
 install_if_requested()  # FLASH_CANN_AS_FLASH_ATTN=1: `import flash_attn` gives flash_cann
 
 __version__ = "0.1.0"

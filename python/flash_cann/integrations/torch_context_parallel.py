@@ -35,9 +35,14 @@ flash_cann.distributed directly for packed documents.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
-MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
+# Where torch defines context_parallel: torch 2.13's module, and the older single module
+# (which 2.13 keeps as a re-exporting shim); register() follows either to the definition.
+MODULES = ("torch.distributed.tensor.experimental._context_parallel._attention",
+           "torch.distributed.tensor.experimental._attention")
 # What register needs from torch's module.
 _NEEDS = ("custom_ops", "_cp_options", "_RotateMethod", "_enable_context_parallel_dispatcher_impl",
           "_disable_context_parallel_dispatcher_impl")
@@ -167,8 +172,10 @@ class _ShardFlashCannInputs(torch.overrides.TorchFunctionMode):
 
 def register(attention) -> None:
     """Add flash_cann's handlers to torch's context-parallel module ``attention`` (called
-    by ``import flash_cann`` when that module is imported)."""
+    by ``import flash_cann`` when one of :data:`MODULES` is imported)."""
     global UNSUPPORTED
+    defined_in = getattr(getattr(attention, "context_parallel", None), "__module__", None)
+    attention = sys.modules.get(defined_in, attention)  # a re-exporting shim: its source
     missing = [name for name in _NEEDS if not hasattr(attention, name)]
     if missing:
         UNSUPPORTED = (f"torch {torch.__version__}'s {attention.__name__} lacks "
