@@ -6,6 +6,7 @@ one-rank gloo group (in this process) runs the world-of-one case against one cal
 from __future__ import annotations
 
 import socket
+import sys
 import types
 
 import pytest
@@ -127,3 +128,23 @@ def test_torch_without_what_registration_needs_is_left_alone():
     assert module.custom_ops == {}
     assert "_cp_options" in torch_context_parallel.UNSUPPORTED
     torch_context_parallel.UNSUPPORTED = None
+
+
+def test_a_reexporting_shim_registers_the_defining_module(monkeypatch):
+    """torch 2.13 keeps the old module path as a shim re-exporting context_parallel (whose
+    __module__ it rewrites for the docs): registration follows the function's globals to
+    the module it calls into."""
+    real = types.ModuleType("fake_cp_real")
+    exec("def context_parallel():\n    return _enable_context_parallel_dispatcher_impl\n",
+         real.__dict__)
+    real.context_parallel.__module__ = "somewhere.public"
+    real.custom_ops, real._cp_options, real._RotateMethod = {}, object(), object()
+    real._enable_context_parallel_dispatcher_impl = lambda seq_dim, mesh: None
+    real._disable_context_parallel_dispatcher_impl = lambda: None
+    monkeypatch.setitem(sys.modules, "fake_cp_real", real)
+    shim = types.ModuleType("fake_cp_shim")
+    shim.context_parallel = real.context_parallel
+    torch_context_parallel.register(shim)
+    assert torch.ops.flash_cann.fwd.default in real.custom_ops
+    assert real.context_parallel().__name__ == "enable_with_flash_cann"
+    assert not hasattr(shim, "_flash_cann_registered")

@@ -35,6 +35,7 @@ flash_cann.distributed directly for packed documents.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -174,8 +175,12 @@ def register(attention) -> None:
     """Add flash_cann's handlers to torch's context-parallel module ``attention`` (called
     by ``import flash_cann`` when one of :data:`MODULES` is imported)."""
     global UNSUPPORTED
-    defined_in = getattr(getattr(attention, "context_parallel", None), "__module__", None)
-    attention = sys.modules.get(defined_in, attention)  # a re-exporting shim: its source
+    context_parallel = getattr(attention, "context_parallel", None)
+    if context_parallel is not None:  # a re-exporting shim: go to the module whose names
+        # context_parallel looks up (its __module__ is rewritten for the docs; its
+        # globals are not)
+        globals_ = inspect.unwrap(context_parallel).__globals__
+        attention = sys.modules.get(globals_.get("__name__"), attention)
     missing = [name for name in _NEEDS if not hasattr(attention, name)]
     if missing:
         UNSUPPORTED = (f"torch {torch.__version__}'s {attention.__name__} lacks "
