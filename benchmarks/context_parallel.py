@@ -90,10 +90,11 @@ def _timed(fn, inputs, reps, device, group=None):
         start = time.perf_counter()
         _step(fn, *inputs)
         _sync(device)
-        elapsed = torch.tensor([time.perf_counter() - start])
+        # on the device: NCCL reduces device tensors only
+        elapsed = torch.tensor([time.perf_counter() - start], device=device)
         if group is not None:
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        times.append(float(elapsed))
+        times.append(elapsed.item())
     return statistics.median(times)
 
 
@@ -163,21 +164,22 @@ def _rank_main(rank, world, port, backend, args, results_path):
 
     def one_device(length):
         """Rank 0 alone on the whole ``length``; the others wait."""
-        value = torch.zeros(2)
+        value = torch.zeros(2, device=device)
         if rank == 0:
             inputs = _inputs(length, cfg, device)
             value[0] = _timed(single, inputs, reps, device)
             value[1] = _peak_bytes(single, inputs, device)
         dist.broadcast(value, 0)
-        return float(value[0]), float(value[1])
+        return value[0].item(), value[1].item()
 
     def several(length):
         inputs = [cp.shard(t, 1) for t in _inputs(length, cfg, device)]
         t_all = _timed(parallel, inputs, reps, device, dist.group.WORLD)
-        peak = torch.tensor([float(_peak_bytes(parallel, inputs, device))])
+        peak = torch.tensor([float(_peak_bytes(parallel, inputs, device))], device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        peak = peak.item()
         if args.rotate != "p2p":  # the split below is the ring's
-            return t_all, float("nan"), float("nan"), float("nan"), float(peak)
+            return t_all, float("nan"), float("nan"), float("nan"), peak
         with _NoTransfers():
             t_compute = _timed(parallel, inputs, reps, device, dist.group.WORLD)
         setup = cp_attention.prepare(*inputs[:3], None, scale=1.0, causal=True,
@@ -186,7 +188,7 @@ def _rank_main(rank, world, port, backend, args, results_path):
         t_comm = _timed(lambda q, k, v: _FakeOut(q, k, v, setup), inputs, reps, device,
                         dist.group.WORLD)
         hidden = 1 - (t_all - t_compute) / t_comm if t_comm > 0 else float("nan")
-        return t_all, t_compute, t_comm, max(0.0, min(1.0, hidden)), float(peak)
+        return t_all, t_compute, t_comm, max(0.0, min(1.0, hidden)), peak
 
     for kind, lengths in (("strong", strong), ("weak", weak)):
         for length in lengths:
