@@ -279,16 +279,18 @@ def case_torch_context_parallel(ctx, *, rotate, causal, layout="BNSD", heads=(2,
         close(g, cp.shard(w, 2 if name == "lse" else dim), name, ctx.tolerance)
 
 
-def case_torch_context_parallel_hf(ctx, *, rotate):
-    """A tiny Llama (GQA) with attn_implementation="fa_cann" inside torch's
-    context_parallel: logits and every parameter's gradient (summed over ranks) as one
-    process running the whole sequence."""
+def case_torch_context_parallel_hf(ctx, *, rotate, family="llama"):
+    """A tiny Llama (GQA), or Mistral with a sliding window longer than a shard (16
+    tokens) and shorter than the sequence, with
+    attn_implementation="fa_cann" inside torch's context_parallel: logits and every
+    parameter's gradient (summed over ranks) as one process running the whole sequence."""
     import transformers
     mesh, context_parallel = _torch_cp(ctx, rotate)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=128)
+    tiny = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = (transformers.LlamaConfig(**tiny) if family == "llama"
+              else transformers.MistralConfig(**tiny, sliding_window=20))
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="fa_cann").to(ctx.device, ctx.dtype)
     seqlen = 16 * ctx.world

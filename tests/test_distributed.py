@@ -49,6 +49,8 @@ CASES = {
     "torch_context_parallel_full": ("torch_context_parallel",
                                     dict(rotate="allgather", causal=False)),
     "torch_context_parallel_hf_llama": ("torch_context_parallel_hf", dict(rotate="allgather")),
+    "torch_context_parallel_hf_mistral_window": ("torch_context_parallel_hf",
+                                                 dict(rotate="alltoall", family="mistral")),
     "bitwise_causal_gqa": ("bitwise", dict(causal=True)),
     "bitwise_window": ("bitwise", dict(causal=False, window=(7, 2))),
 }
@@ -85,7 +87,7 @@ def _forkserver():
     from multiprocessing import forkserver
     mp.get_context("forkserver").set_forkserver_preload(
         ["torch._dynamo", "distributed_workers", "transformers.models.llama.modeling_llama",
-         "torch.distributed.tensor.experimental"])
+         "transformers.models.mistral.modeling_mistral", "torch.distributed.tensor.experimental"])
     saved = os.environ.get("TRITON_INTERPRET")
     if INTERPRET:
         os.environ["TRITON_INTERPRET"] = "1"
