@@ -238,6 +238,10 @@ def context_parallel_attn_func(q, k, v, group=None, *, softmax_scale=None, causa
     Return:
         out: like q; softmax_lse [if return_lse]: (batch_size, nheads, seqlen / world),
             float32, differentiable.
+
+    Every rank of the group must call it with the same arguments and shard shapes, as
+    for any collective: the ranks plan the same steps without talking, and a rank that
+    disagrees leaves the others waiting for transfers it never makes.
     """
     setup = prepare(q, k, v, group, scale=_softmax_scale(softmax_scale, q, "softmax_scale"),
                     causal=_flag(causal, "causal"), window=_window(window_size),
