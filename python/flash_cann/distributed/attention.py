@@ -24,7 +24,6 @@ from functools import lru_cache
 import torch
 
 from ..api.interface import _flag, _real, _softmax_scale, _window
-from ..contract import ops as _ops  # noqa: F401  (registers torch.ops.flash_cann)
 from ..contract.checks import require_tensor
 from . import blocks, merge, rotation
 from .rotation import Ring

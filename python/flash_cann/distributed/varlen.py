@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from ..api.interface import _flag, _real, _softmax_scale, _window
-from ..contract import ops as _ops  # noqa: F401  (registers torch.ops.flash_cann)
 from ..contract.checks import require_tensor
 from . import rotation
 from .rotation import Ring
