@@ -317,9 +317,14 @@ def case_torch_context_parallel_hf(ctx, *, rotate, family="llama"):
 def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: str):
     """Entry point of each spawned rank: run every (name, function, params) case.
     backend "gloo-triton": gloo, with CPU tensors served by the triton backend in
-    Triton's interpreter (TRITON_INTERPRET=1 set by the launcher; float16)."""
+    Triton's interpreter (TRITON_INTERPRET=1 set by the launcher; float16); "gloo-twin":
+    served by the twin backend (the Ascend C kernels on the CPU twin; float16)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    # the backend module the cases must have run on (a case that fell back to the cpu
+    # backend would pass without testing it)
+    expected = {"gloo-triton": "flash_cann.backends.triton.cuda",
+                "gloo-twin": "flash_cann.backends.twin.launcher"}.get(backend)
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device, dtype = torch.device("cuda", rank), torch.float16
@@ -329,6 +334,10 @@ def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: st
         assert os.environ.get("TRITON_INTERPRET") == "1", "the forkserver runs Triton compiled"
         triton_interpreter_patch.patch_interpreter(setattr)
         ops._selected["cpu"] = "triton"
+        device, dtype, backend = torch.device("cpu"), torch.float16, "gloo"
+    elif backend == "gloo-twin":  # the Ascend C kernels on the CPU twin (built by then)
+        from flash_cann.contract import ops
+        ops._selected["cpu"] = "twin"
         device, dtype, backend = torch.device("cpu"), torch.float16, "gloo"
     else:
         device, dtype = torch.device("cpu"), torch.float32
@@ -340,6 +349,7 @@ def run_group(rank: int, world: int, port: int, backend: str, cases, out_dir: st
         try:
             globals()[f"case_{function}"](ctx, **params)
             results[name] = None
+            assert expected is None or expected in sys.modules, f"{expected} never ran"
         except Exception:  # reported per case by the test that owns it
             results[name] = traceback.format_exc(limit=6)
         dist.barrier()

@@ -3,7 +3,8 @@
 (within 1e-5 of the tensor's scale), forward and backward; causal, full, windowed, GQA,
 both shardings, both rotations; deterministic runs bitwise equal (and the ring equal to
 the all-gather). A few cases run the triton backend's kernels in Triton's interpreter
-(gloo, float16). With >= 2 GPUs the same cases run on NCCL (float16).
+(gloo, float16), and a few through the Ascend C kernels on the CPU twin. With >= 2 GPUs
+the same cases run on NCCL (float16).
 
 The cases live in distributed_workers.py; one spawned group per (backend, world) runs
 them all, and each test here reports its own case."""
@@ -20,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 import distributed_workers
+import native_build
 
 CASES = {
     "causal_zigzag": ("dense", dict(causal=True)),
@@ -69,6 +71,9 @@ def _free_port() -> int:
 # The triton backend's kernels in Triton's interpreter (float16; seconds per case, so two:
 # causal zigzag with GQA and the ring, a causal window over contiguous shards).
 TRITON_CASES = ("gqa_causal_p2p", "window_causal_contiguous")
+# The Ascend C kernels on the CPU twin (about a second per launch): zigzag causal GQA over
+# the ring, a causal window over contiguous shards, bitwise repeats (deterministic dQ).
+TWIN_CASES = ("gqa_causal_p2p", "window_causal_contiguous", "bitwise_causal_gqa")
 
 
 NCCL_GPUS = 2
@@ -101,14 +106,18 @@ def _forkserver():
 
 
 def _cases(backend: str, world: int) -> list[str]:
+    only = {"gloo-triton": TRITON_CASES, "gloo-twin": TWIN_CASES}.get(backend)
     return [name for name in CASES if ONLY_AT.get(name, world) == world
-            and (backend != "gloo-triton" or name in TRITON_CASES)]
+            and (only is None or name in only)]
 
 
 def _launch(backend: str, world: int, tmp_path_factory):
     """Runs every case of the group on ``world`` processes, forked from _forkserver()."""
     out_dir = tmp_path_factory.mktemp(f"{backend}{world}")
     cases = [(name, *CASES[name]) for name in _cases(backend, world)]
+    if backend == "gloo-twin":  # build once here (incremental), not in two ranks at once
+        from flash_cann.ascend import native
+        native.build()
     _forkserver()
     mp.start_processes(distributed_workers.run_group, nprocs=world, join=True,
                        args=(world, _free_port(), backend, cases, str(out_dir)),
@@ -122,6 +131,8 @@ GROUPS = {  # (backend, world): why it is skipped here, or None
     ("gloo", 4): None,
     ("gloo-triton", 2): ("triton is not installed" if _NO_TRITON else
                          None if INTERPRET else "GPUs run the real kernels (nccl2)"),
+    ("gloo-twin", 2): (f"the twin needs {', '.join(native_build.missing())}"
+                       if native_build.missing() else None),
     ("nccl", NCCL_GPUS): f"NCCL needs {NCCL_GPUS} GPUs" if INTERPRET else None,
 }
 PARAMS = [pytest.param(group, case, id=f"{group[0]}{group[1]}-{case}",
