@@ -1,13 +1,16 @@
 """Context parallelism on several processes (flash_cann.distributed): gloo on the CPU at
 2 and 4 ranks, float32, each case against one process running the whole sequence
 (within 1e-5 of the tensor's scale), forward and backward; causal, full, windowed, GQA,
-both shardings, both rotations; deterministic runs bitwise equal (and the ring equal to
-the all-gather). A few cases run the triton backend's kernels in Triton's interpreter
+both shardings, both rotations, packed documents; deterministic runs bitwise equal (and
+the ring equal to the all-gather); ring-flash-attn's and yunchang's own functions on
+flash_cann (bfloat16, against the single-process error); torch's context_parallel around
+flash_cann.attention and tiny HF models (fa_cann). A few cases run the triton backend's kernels in Triton's interpreter
 (gloo, float16), and a few through the Ascend C kernels on the CPU twin. With >= 2 GPUs
 the same cases run on NCCL (float16).
 
-The cases live in distributed_workers.py; one spawned group per (backend, world) runs
-them all, and each test here reports its own case."""
+The cases live in distributed_workers.py; one group of processes per (backend, world),
+forked from one preloaded forkserver, runs them all, and each test here reports its own
+case."""
 
 from __future__ import annotations
 
