@@ -148,3 +148,15 @@ def test_a_reexporting_shim_registers_the_defining_module(monkeypatch):
     assert torch.ops.flash_cann.fwd.default in real.custom_ops
     assert real.context_parallel().__name__ == "enable_with_flash_cann"
     assert not hasattr(shim, "_flash_cann_registered")
+
+
+@pytest.mark.parametrize("name, value", [("key_padding_mask", torch.ones(1, 4, dtype=torch.bool)),
+                                         ("alibi_slopes", torch.ones(2)), ("dropout_p", 0.1),
+                                         ("sinks", torch.zeros(2)), ("layout", "TND")])
+def test_torch_context_parallel_refuses_features_by_name(name, value):
+    """What torch's context_parallel cannot shard through flash_cann is refused, naming
+    the argument (the handlers run these checks before any transfer)."""
+    op = torch.ops.flash_cann.fwd.default
+    named = torch_context_parallel._named(op, (), {"scale": 1.0, name: value})
+    with pytest.raises(NotImplementedError, match=name if name != "layout" else "TND"):
+        torch_context_parallel._refuse_features(named)
