@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann.api import bert_padding, interface, rotary
+from flash_cann.api import bert_padding, flash_attn_private, interface, rotary
 from flash_cann.integrations import flash_attn_alias
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,10 @@ def test_flash_attn_modules_resolve_to_flash_cann(alias):
     import flash_attn
     from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
     from flash_attn.bert_padding import index_first_axis, pad_input, unpad_input
-    from flash_attn.flash_attn_interface import flash_attn_varlen_qkvpacked_func
+    from flash_attn.flash_attn_interface import (_flash_attn_backward, _flash_attn_forward,
+                                                 _flash_attn_varlen_backward,
+                                                 _flash_attn_varlen_forward,
+                                                 flash_attn_varlen_qkvpacked_func)
     from flash_attn.layers.rotary import apply_rotary_emb
 
     assert flash_attn_func is interface.flash_attn_func
@@ -52,6 +55,12 @@ def test_flash_attn_modules_resolve_to_flash_cann(alias):
     assert (unpad_input, pad_input, index_first_axis) == (
         bert_padding.unpad_input, bert_padding.pad_input, bert_padding.index_first_axis)
     assert apply_rotary_emb is rotary.apply_rotary_emb
+    # flash-attn's private block-level entry points (ring-flash-attn, yunchang)
+    assert (_flash_attn_forward, _flash_attn_backward, _flash_attn_varlen_forward,
+            _flash_attn_varlen_backward) == (
+        flash_attn_private._flash_attn_forward, flash_attn_private._flash_attn_backward,
+        flash_attn_private._flash_attn_varlen_forward,
+        flash_attn_private._flash_attn_varlen_backward)
     assert flash_attn.__version__ == flash_attn_alias.FLASH_ATTN_VERSION
     assert flash_attn.bert_padding.pad_input is pad_input  # submodules are attributes too
     q = torch.randn(1, 5, 2, 8)

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "flash_cann"
 # The package's face (__init__, __main__) sits above them all and may import anything.
 MAY_IMPORT = {
     "tools": {"api", "contract", "ascend"},
-    "integrations": {"api", "contract"},
+    "integrations": {"distributed", "api", "contract"},
+    "distributed": {"api", "contract"},
     "api": {"contract"},
     "backends": {"contract", "ascend"},
     "ascend": {"contract"},

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import oracle_checks
+import triton_interpreter_patch
 from oracle_checks import assert_all_ok, packed_views
 from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
 from test_serving import check_leftpad, check_seqused_packed, check_vllm_paged
@@ -79,18 +80,8 @@ check = functools.partial(oracle_checks.check, within=oracle_checks.triton_poiso
 def triton_on_cpu(monkeypatch):
     """CPU tensors go to the triton backend (the interpreter runs its kernels)."""
     from flash_cann.contract import ops
-    from triton.runtime import interpreter
 
-    # Triton 3.6's interpreter turns a tensor loop bound into a Python int with
-    # int(array), which NumPy >= 2.4 refuses for 1-element arrays; upstream fixed it the
-    # same way (triton-lang/triton#9171, #9172).
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_tensor_with_index(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_tensor_with_index)
+    triton_interpreter_patch.patch_interpreter(monkeypatch.setattr)
     monkeypatch.setitem(ops._selected, "cpu", "triton")
 
 

@@ -28,6 +28,7 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
 from .api.npu_fusion_attention import npu_fusion_attention
 from .contract.kvcache import check_kvcache_capacity
 from .contract.ops import backend_for, use_backend
+from .integrations import torch_context_parallel as _torch_context_parallel
 from .integrations import transformers as _transformers
 from .integrations.flash_attn_alias import install_as_flash_attn, install_if_requested
 from .integrations.post_import import when_imported
@@ -38,6 +39,10 @@ register_if_loaded()  # torchair imported before flash_cann: register the conver
 # modeling code is imported (or now, if it is).
 when_imported("transformers.modeling_utils", _transformers.register_attention)
 when_imported("transformers.masking_utils", _transformers.register_mask)
+# torch's context_parallel runs flash_cann's ops too, once torch's module is imported
+for _module in _torch_context_parallel.MODULES:
+    when_imported(_module, _torch_context_parallel.register)
+del _module
 install_if_requested()  # FLASH_CANN_AS_FLASH_ATTN=1: `import flash_attn` gives flash_cann
 
 __version__ = "0.1.0"

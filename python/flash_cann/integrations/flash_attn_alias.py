@@ -13,8 +13,10 @@ transformers' ``is_flash_attn_2_available`` does); it lives in this process only
 nothing is written to site-packages, and ``pip list`` does not show it.
 
 The alias wins over a real flash-attn installed beside it (the finder comes first) but
-cannot replace one already imported: that is refused. The private
-``flash_attn_interface._flash_attn_*`` entry points are not served yet.
+cannot replace one already imported: that is refused. ``flash_attn.flash_attn_interface``
+also serves flash-attn's private block-level entry points (``_flash_attn_forward``,
+``_flash_attn_backward`` and their varlen twins, flash_cann.api.flash_attn_private),
+which ring-flash-attn and yunchang import.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..api import bert_padding, interface, rotary
+from ..api import bert_padding, flash_attn_private, interface, rotary
 
 ENV_VAR = "FLASH_CANN_AS_FLASH_ATTN"
 # The flash-attn release whose API flash_cann follows; reported to version checks.
@@ -36,11 +38,15 @@ FLASH_ATTN_VERSION = "2.8.3"
 _FUNCTIONS = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
               "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
               "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache")
+# flash-attn's private block-level entry points (ring-flash-attn, yunchang call them)
+_PRIVATE = ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward",
+            "_flash_attn_varlen_backward")
 # module name -> (is a package, {attribute: object}); submodules are attached on import.
 MODULES = {
     "flash_attn": (True, {name: getattr(interface, name) for name in _FUNCTIONS}),
-    "flash_attn.flash_attn_interface": (False, {name: getattr(interface, name)
-                                               for name in _FUNCTIONS}),
+    "flash_attn.flash_attn_interface": (False, {
+        **{name: getattr(interface, name) for name in _FUNCTIONS},
+        **{name: getattr(flash_attn_private, name) for name in _PRIVATE}}),
     "flash_attn.bert_padding": (False, {name: getattr(bert_padding, name) for name in (
         "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")}),
     "flash_attn.layers": (True, {}),

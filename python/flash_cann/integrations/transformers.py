@@ -42,11 +42,13 @@ def _refuse(condition: bool, what: str) -> None:
                                   f"{what}")
 
 
-def _window(sliding_window: int | None, key_length: int, causal: bool) -> tuple[int, int]:
+def _window(sliding_window: int | None, causal: bool) -> tuple[int, int]:
     """transformers' sliding_window counts the query itself (W keys, so W - 1 to the
     left), as in its eager masks; without causality the window is symmetric, as its
-    flash path makes it. A window covering every key is no window."""
-    if sliding_window is None or key_length <= sliding_window:
+    flash path makes it. Passed even when it covers every key here: the op reads such a
+    bound as unbounded itself, and under context parallelism the keys here are one
+    shard of a longer sequence (flash_cann.distributed)."""
+    if sliding_window is None:
         return (-1, -1)
     return (sliding_window - 1, 0 if causal else sliding_window - 1)
 
@@ -91,7 +93,7 @@ def flash_cann_attention_forward(module: torch.nn.Module, query: torch.Tensor,
     # dtype (float32), and the cast passes their gradient back.
     sinks = None if s_aux is None else s_aux.to(torch.promote_types(query.dtype, torch.float32))
     options = dict(softmax_scale=scaling, causal=causal, dropout_p=float(dropout),
-                   window_size=_window(sliding_window, key.shape[2], causal),
+                   window_size=_window(sliding_window, causal),
                    softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
     # transformers' precedence: a padding mask, then explicit cu_seq_lens, then positions.
     if attention_mask is None:
