@@ -23,11 +23,14 @@ import sys
 import pytest
 import torch
 
+import flash_cann
 import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
 from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:
+    import triton
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 in_interpreter = pytest.mark.skipif(
@@ -216,6 +219,64 @@ def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
     with oracle_checks.triton_poisoning():
         check_kvcache("cpu", torch.float16, gen, paged=paged, batch_idx=batch_idx,
                       features=CACHE_FEATURES[1])
+
+
+# 16 x 16 tiles: the 72-key caches of the split tests span 5 key blocks.
+SPLIT_TILE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1) \
+    if HAS_TRITON else None
+SPLIT_CASES = [  # (id, check_kvcache's arguments): split-KV through the CUDA host
+    # GQA, paged, every feature: the window empties the leading splits, the sink joins in
+    # the combine; 5 splits over 72 keys leave the last splits empty at every key block size.
+    ("paged-all", dict(paged=True, batch_idx=False, features=dict(
+        CACHE_FEATURES[1], num_splits=5))),
+    # MHA (the split path runs the decode kernel for any group), cache rows, causal.
+    ("mha-batch-idx", dict(paged=False, batch_idx=True, heads=(2, 2), features=dict(
+        causal=True, num_splits=3))),
+    # num_splits=0: the heuristic (INTERPRETER_SMS) splits this small batch.
+    ("heuristic", dict(paged=True, batch_idx=False, features=dict(causal=False))),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("name, case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_kv_matches_oracle(name, case, triton_on_cpu, monkeypatch, gen):
+    """Split-KV decode (key ranges per split, the lse-weighted combine) vs the float64
+    oracle; outputs poisoned, so every row of out and lse has a writer."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    # Ranges of 16 keys, so that the heuristic splits the tests' 72-key caches, and key
+    # blocks of 16, so that every split of the longest sequence has keys.
+    monkeypatch.setattr(triton_backend, "SPLIT_MIN_KEYS", 16)
+    with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
+        check_kvcache("cpu", torch.float16, gen, **case)
+
+
+@in_interpreter
+def test_split_kv_is_deterministic_and_agrees_with_one_split(triton_on_cpu, monkeypatch, gen):
+    """The same call twice gives bitwise the same out and lse; num_splits 1 (the unsplit
+    kernel) and 4 agree up to rounding; the heuristic split this shape."""
+    from test_features import _cache_case
+
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    monkeypatch.setattr(triton_backend, "SPLIT_MIN_KEYS", 16)
+    q, k_cache, v_cache, _, _, seqlens, kwargs, _ = _cache_case(
+        gen, paged=True, dtype=torch.float16, heads=(4, 1), seqlen_q=1)
+    assert triton_backend.split_count(q.shape[0], 72, triton_backend.INTERPRETER_SMS) > 1
+    sinks = torch.randn(4, generator=gen)
+
+    def call(splits):
+        return flash_cann.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, softcap=3.0, sinks=sinks,
+            num_splits=splits, return_softmax_lse=True, **kwargs)
+
+    with triton_backend.pinned_configs(decode=SPLIT_TILE):
+        first, again = call(4), call(4)
+        unsplit, heuristic = call(1), call(0)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    for split in (first, heuristic):
+        torch.testing.assert_close(split[0], unsplit[0], rtol=0, atol=2e-3)
+        torch.testing.assert_close(split[1], unsplit[1], rtol=0, atol=1e-5)
 
 
 NPU_FEATURE_CASES = [  # (id, check_variant's arguments), through the NPU host

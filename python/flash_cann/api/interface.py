@@ -395,9 +395,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         softmax_scale, causal, window_size, softcap, alibi_slopes, sinks: as in
             flash_attn_func (sinks: keyword-only, not differentiated here: forward only).
         rotary_interleaved: only meaningful with rotary_cos/sin.
-        num_splits: a performance hint in flash-attn (split the keys among thread
-            blocks); the result does not depend on it, and flash_cann's backends choose
-            their own split. Any int >= 0 is accepted.
+        num_splits: split-KV, as flash-attn's: 0 (default) lets the backend choose from
+            the shapes (the Triton backend on CUDA splits when batch x nheads_k cannot
+            fill the GPU, e.g. one long sequence), 1 never splits, n > 1 splits each
+            sequence's keys into n ranges whose partial results are combined in a fixed
+            order. The result equals the unsplit one up to rounding and repeats bitwise;
+            the CPU backend and the Triton backend on NPUs ignore it.
         return_softmax_lse: also return the logsumexp (batch_size, nheads, seqlen), fp32.
     Return:
         out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
@@ -421,7 +424,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, None,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
         scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
-        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))
+        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
+        num_splits=num_splits)
     return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
 
 

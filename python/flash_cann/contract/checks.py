@@ -385,9 +385,12 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                   block_table, scale: float, causal: bool, *, cache_leftpad=None,
                   layout: str = "BSND", cu_seqlens_q=None, max_seqlen_q: int = 0,
                   alibi_slopes=None, window_left: int = -1, window_right: int = -1,
-                  softcap: float = 0.0, sinks=None,
+                  softcap: float = 0.0, sinks=None, num_splits: int = 0,
                   backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
+    if num_splits < 0:
+        raise ValueError(_prefix(f"num_splits must be >= 0 (0: the backend chooses, 1: no "
+                                 f"split, n: n key ranges per sequence) (got {num_splits})"))
     # TODO(issue 24, in progress this session): cache_leftpad and TND queries.
     if cache_leftpad is not None or layout != "BSND" or cu_seqlens_q is not None:
         raise NotImplementedError(_prefix("cache_leftpad and layout='TND' are not supported "

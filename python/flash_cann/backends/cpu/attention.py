@@ -487,9 +487,12 @@ def _cached_keys(cache, b: int, length: int, cache_batch_idx, block_table) -> to
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, variant: Variant = PLAIN,
-                    block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+                    num_splits: int = 0, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
     """Attention of query (batch, seqlen_q, heads_q, head_dim) to the first seqlens_k[b]
-    entries of each sequence's cache, one sequence at a time."""
+    entries of each sequence's cache, one sequence at a time. num_splits (a GPU
+    performance hint) changes nothing here: the reference walks each sequence's keys in
+    one pass."""
+    del num_splits
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     batch, seqlen_q, heads_q = query.shape[:3]
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=accumulator_dtype(query.dtype))
