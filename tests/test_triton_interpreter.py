@@ -212,6 +212,20 @@ def test_features_match_oracle(name, features, triton_on_cpu, gen):
 
 
 @in_interpreter
+def test_packed_tiles_with_descriptors_match_oracle(triton_on_cpu, monkeypatch, gen):
+    """The packed forward's grid over the real query blocks (kernels.tiles.packed_tile:
+    empty and one-row sequences own no block or one, a long one several, tiles past the
+    last do nothing) with tensor descriptors bounded per sequence; GQA, causal rows
+    above the diagonal, a window."""
+    monkeypatch.setenv("FLASH_CANN_TRITON_TMA", "1")
+    monkeypatch.setenv("FLASH_CANN_TRITON_VARLEN_GRID", "tiles")
+    assert_all_ok(oracle_checks.check_variant(
+        "cpu", torch.float16, gen=gen, heads=(4, 2), layout="TND", causal=True, window=(40, 0),
+        seqlens=[(1, 33), (0, 4), (150, 150), (17, 40), (1, 1)],
+        within=oracle_checks.triton_poisoning))
+
+
+@in_interpreter
 @pytest.mark.parametrize("paged, batch_idx", CACHE_LAYOUTS, ids=CACHE_IDS)
 def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
     """The forward kernel over a KV cache: pages through the block table, cache rows,
@@ -249,6 +263,19 @@ def test_split_kv_matches_oracle(name, case, triton_on_cpu, monkeypatch, gen):
     monkeypatch.setattr(triton_backend, "SPLIT_MIN_KEYS", 16)
     with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
         check_kvcache("cpu", torch.float16, gen, **case)
+
+
+@needs_triton
+def test_split_count_fills_the_gpu_from_shapes():
+    """The split-KV heuristic (an H100's 132 SMs): no split where the programs fill the
+    GPU, enough to fill it for one long sequence, never ranges shorter than
+    SPLIT_MIN_KEYS."""
+    from flash_cann.backends.triton.cuda import SPLIT_MIN_KEYS, split_count
+
+    assert split_count(64 * 8, 4096, 132) == 1          # batch 64, 8 kv heads
+    assert split_count(8, 131072, 132) == 28            # batch 1 at 128k: 224 of 264 slots
+    assert split_count(8, 2 * SPLIT_MIN_KEYS, 132) == 2
+    assert split_count(8, SPLIT_MIN_KEYS, 132) == 1
 
 
 @in_interpreter

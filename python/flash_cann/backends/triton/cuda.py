@@ -61,6 +61,9 @@ SPLIT_MIN_KEYS = 128
 INTERPRETER_SMS = 4
 # Rows of a combine program (BLOCK_R x BLOCK_D fp32 per split: 8 values a thread at 4 warps).
 COMBINE_ELEMENTS = 1024
+# The packed forward's programs walk cu_seqlens as one vector (kernels.tiles.packed_tile):
+# up to this many sequences (4 int32 a thread at 8 warps); more take the max_seqlen grid.
+PACKED_TILES_MAX_BATCH = 1024
 # The autotuner's seqlen key is the next power of two, capped: past 16k every tile is
 # deep in its steady state, and a search at 128k would run each candidate for seconds.
 SEQLEN_BUCKET_CAP = 16384
@@ -145,7 +148,7 @@ DECODE_TILES = ((16, 64), (16, 128), *FWD_TILES)
 # that changes the kernel (the decode kernel has fewer of them).
 _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
                  "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
-                 "PAGED", "BATCH_IDX"]
+                 "PAGED", "BATCH_IDX", "PACKED_TILES"]
 _DECODE_AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL",
                         "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX", "splits"]
 
@@ -293,6 +296,16 @@ def _tma_setting() -> str:
     return os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
 
 
+def _packed_grid() -> str:
+    """FLASH_CANN_TRITON_VARLEN_GRID: ``tiles`` (default: the packed forward's programs
+    cover the real query blocks, kernels.tiles.packed_tile) or ``max`` (max_seqlen_q
+    blocks for every sequence, the earlier grid; for A/B timings)."""
+    setting = os.environ.get("FLASH_CANN_TRITON_VARLEN_GRID", "tiles")
+    if setting not in ("tiles", "max"):
+        raise ValueError(f"FLASH_CANN_TRITON_VARLEN_GRID must be tiles or max (got {setting!r})")
+    return setting
+
+
 def _use_tma(*bnsd_views: torch.Tensor) -> bool:
     setting = _tma_setting()
     if setting not in ("auto", "0", "1"):
@@ -383,17 +396,29 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
-    use_tma = not packed and _use_tma(q, k, v, o)
+    # Packed sequences take descriptors too: a sequence's view starts q_start rows in,
+    # 16-byte aligned whenever the row stride is (_tma_compatible), and its bounds are
+    # the sequence's own rows.
+    use_tma = _use_tma(q, k, v, o)
     features = feature_arguments(variant, causal)
     features.update(sink_arguments(variant))
+    packed_tiles = packed and _packed_grid() == "tiles" and batch <= PACKED_TILES_MAX_BATCH
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
+    if packed_tiles:
+        features.update(PACKED_TILES=True, BATCH_BLOCK=triton.next_power_of_2(batch))
+
+    def grid(meta):
+        if packed_tiles:
+            # A bound on the real query blocks (each sequence wastes less than one), not
+            # max_seqlen_q's blocks for every sequence.
+            return triton.cdiv(seqlen_q, meta["BLOCK_M"]) + batch, heads_q, 1
+        return triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch
     with _launching_on(query.device, use_tma):
         # The first six arguments are the tensors a replay supplies (same data pointers
         # as these views).
-        launch = FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
-                            q, k, v, o, lse, key_padding_mask,
+        launch = FWD.launch(grid, q, k, v, o, lse, key_padding_mask,
                             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                             *_mask_strides(key_padding_mask),
                             batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
