@@ -382,6 +382,20 @@ def test_split_kv_matches_oracle(paged, num_splits, dtype, gen):
                       capacity=1024)
 
 
+@pytest.mark.parametrize("num_splits", [1, 5], ids=["unsplit", "splits5"])
+def test_every_decode_candidate_config(num_splits, gen):
+    """Each config the decode kernel's autotuner may pick (it tunes calls reading >= 256 MB
+    of cache) gives the right answer, unsplit and split (GQA 8/2, paged, every feature)."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    for config in triton_backend.DECODE.candidates(128):
+        with triton_backend.pinned_configs(decode=config), oracle_checks.triton_poisoning():
+            check_kvcache("cuda", torch.bfloat16, gen, paged=True, batch_idx=False,
+                          features=dict(CACHE_FEATURES[1], num_splits=num_splits), batch=3,
+                          seqlen_q=2, seqlen_new=2, heads=(8, 2), head_dim=128, page_size=64,
+                          capacity=640)
+
+
 def _captured(step, before_capture=lambda: None):
     """Warm ``step()`` up on a side stream (compile, tune, plan), call ``before_capture``,
     then capture one call of ``step`` in a CUDA graph: (graph, the captured call's

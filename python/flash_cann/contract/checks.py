@@ -372,6 +372,10 @@ def check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return p
 
 
+# flash-attn's limit on num_splits (its split-KV workspace is sized by it, as ours is).
+MAX_NUM_SPLITS = 128
+
+
 @dataclass(frozen=True)
 class CacheProblem:
     """The sizes of one fwd_kvcache call, as check_kvcache established them."""
@@ -388,9 +392,10 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                   softcap: float = 0.0, sinks=None, num_splits: int = 0,
                   backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
-    if num_splits < 0:
-        raise ValueError(_prefix(f"num_splits must be >= 0 (0: the backend chooses, 1: no "
-                                 f"split, n: n key ranges per sequence) (got {num_splits})"))
+    if not 0 <= num_splits <= MAX_NUM_SPLITS:
+        raise ValueError(_prefix(f"num_splits must be in [0, {MAX_NUM_SPLITS}] (0: the backend "
+                                 f"chooses, 1: no split, n: n key ranges per sequence) (got "
+                                 f"{num_splits})"))
     # TODO(issue 24, in progress this session): cache_leftpad and TND queries.
     if cache_leftpad is not None or layout != "BSND" or cu_seqlens_q is not None:
         raise NotImplementedError(_prefix("cache_leftpad and layout='TND' are not supported "

@@ -34,6 +34,7 @@ import torch
 import triton
 
 from ...contract import layout as layouts
+from ...contract.checks import MAX_NUM_SPLITS
 from ...contract import ops
 from ...contract.variant import PLAIN, Variant
 from . import kernels
@@ -49,12 +50,11 @@ TUNE_MIN_SCORES = 2**27
 # this many bytes of K and V (~0.1 ms at an H100's 3 TB/s), as TUNE_MIN_SCORES does.
 TUNE_MIN_CACHE_BYTES = 2**28
 # Split-KV (kernels/decode.py): split when the (sequence, kv head, row block) programs
-# fill fewer than this share of the GPU's program slots, into at most MAX_SPLITS key
-# ranges of at least SPLIT_MIN_KEYS keys each (flash-attn 2's num_splits_heuristic,
+# fill fewer than this share of the GPU's program slots, into at most MAX_NUM_SPLITS
+# key ranges of at least SPLIT_MIN_KEYS keys each (flash-attn 2's num_splits_heuristic,
 # which counts two program slots per SM, 0.8 and 128).
 SPLIT_FILL = 0.8
 SLOTS_PER_SM = 2
-MAX_SPLITS = 128
 SPLIT_MIN_KEYS = 128
 # The interpreter (CPU tensors) has no SMs: a few, so that the heuristic splits the
 # tests' small problems as a GPU splits long contexts.
@@ -591,7 +591,7 @@ def split_count(programs: int, capacity: int, multiprocessors: int) -> int:
     if programs >= SPLIT_FILL * slots:
         return 1
     key_blocks = max(1, -(-capacity // SPLIT_MIN_KEYS))
-    most = min(MAX_SPLITS, slots, key_blocks)
+    most = min(MAX_NUM_SPLITS, slots, key_blocks)
 
     def useful(n):
         return n == 1 or -(-key_blocks // n) != -(-key_blocks // (n - 1))
