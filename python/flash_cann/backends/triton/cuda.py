@@ -34,8 +34,8 @@ import torch
 import triton
 
 from ...contract import layout as layouts
-from ...contract.checks import MAX_NUM_SPLITS
 from ...contract import ops
+from ...contract.checks import MAX_NUM_SPLITS
 from ...contract.variant import PLAIN, Variant
 from . import kernels
 from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
