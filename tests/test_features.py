@@ -434,6 +434,8 @@ def _cu(*values):
 
 _CU = torch.tensor([0, 4, 9], dtype=torch.int32)
 _Q3 = torch.randn(9, 2, 16)
+_BT = torch.tensor([[0], [1]], dtype=torch.int32)   # q (2, 8, 2, 16) as 2 pages of 8
+_ROT = torch.ones(8, 4)                              # rotary cos / sin, rotary_dim 8
 
 BAD_CALLS = [
     ("window type", lambda q: flash_cann.flash_attn_func(q, q, q, window_size=4),
@@ -467,9 +469,68 @@ BAD_CALLS = [
     ("cu_seqlens lengths", lambda q: _varlen(_Q3, _Q3, _Q3, _CU,
                                              torch.tensor([0, 9], dtype=torch.int32)),
      ValueError, r"cu_seqlens_k must be an int32 tensor of shape \(3,\)"),
-    ("varlen block_table", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU,
-                                             block_table=torch.zeros(2, 1, dtype=torch.int32)),
-     NotImplementedError, "block_table .* is not supported by flash_attn_varlen_func"),
+    ("varlen block_table over packed keys", lambda q: _varlen(
+        _Q3, _Q3, _Q3, _CU, _CU, block_table=torch.zeros(2, 1, dtype=torch.int32)),
+     ValueError, r"k_cache must be 4-D .* or \(num_blocks, page_block_size, heads, head_dim\) "
+                 r"with block_table"),
+    # vLLM's call (flash_attn_varlen_func over a KV cache) and packed queries of the op.
+    ("block_table without lengths", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, q, q, cu_seqlens_q=_CU, max_seqlen_q=5, max_seqlen_k=8, block_table=_BT),
+     ValueError, "block_table needs seqused_k or cu_seqlens_k"),
+    ("seqused_k without cu_seqlens_k", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, _Q3, _Q3, _CU, None, 5, 5, seqused_k=_cu(1, 2)),
+     ValueError, "seqused_k without block_table needs cu_seqlens_k"),
+    ("seqused_k shape", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, q, q, _CU, None, 5, 8, block_table=_BT, seqused_k=_cu(1, 2, 3)),
+     ValueError, r"seqused_k must be int32 \(2,\) on cpu, batch being len\(cu_seqlens_q\) - 1"),
+    ("dropout over a cache", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, q, q, _CU, None, 5, 8, 0.1, block_table=_BT, seqused_k=_cu(1, 2)),
+     ValueError, "dropout_p=0.1 is not taken with block_table"),
+    ("attn probs over a cache", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, _Q3, _Q3, _CU, _CU, 5, 5, return_attn_probs=True, seqused_k=_cu(1, 2)),
+     ValueError, "return_attn_probs=True is not taken with seqused_k"),
+    ("out shape", lambda q: _varlen(_Q3, _Q3, _Q3, _CU, _CU, out=_Q3[:4]),
+     ValueError, r"out must be float32 \(9, 2, 16\) on cpu, like q \(got float32 \(4, 2, 16\)"),
+    ("TND appending", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        _Q3, q, q, q[:, :1], q[:, :1], _cu(1, 2), None, None, None, 1.0, layout="TND",
+        cu_seqlens_q=_CU, max_seqlen_q=5),
+     ValueError, r"k and v \(new entries to append\) are not taken with layout TND"),
+    ("TND cu_seqlens_q length", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        _Q3, q, q, None, None, _cu(1, 2, 3), None, None, None, 1.0, layout="TND",
+        cu_seqlens_q=_CU, max_seqlen_q=5),
+     ValueError, r"cu_seqlens_q must hold batch \+ 1 = 4 offsets, batch being cache_seqlens's "
+                 r"length 3 \(got shape \(3,\)\)"),
+    ("TND without cu_seqlens_q", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        _Q3, q, q, None, None, _cu(1, 2), None, None, None, 1.0, layout="TND", max_seqlen_q=5),
+     ValueError, "cu_seqlens_q is required with layout TND"),
+    ("cu_seqlens_q with BSND", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        q, q, q, None, None, _cu(1, 2), None, None, None, 1.0, cu_seqlens_q=_CU),
+     ValueError, "cu_seqlens_q is only taken with layout TND"),
+    ("TND query rank", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        q, q, q, None, None, _cu(1, 2), None, None, None, 1.0, layout="TND", cu_seqlens_q=_CU,
+        max_seqlen_q=5),
+     ValueError, r"query must be 3-D \(total_q, heads, head_dim\) for layout TND"),
+    ("TND max_seqlen_q zero", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        _Q3, q, q, None, None, _cu(1, 2), None, None, None, 1.0, layout="TND", cu_seqlens_q=_CU),
+     ValueError, "max_seqlen_q must be a positive int with layout TND"),
+    ("cache_leftpad dtype", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(1, 2), cache_leftpad=torch.tensor([0, 1])),
+     ValueError, r"cache_leftpad must be an int32 tensor of shape \(2,\)"),
+    ("cache_leftpad device", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(1, 2), cache_leftpad=_cu(0, 1).to("meta")),
+     ValueError, "cache_leftpad must be on the same device as query"),
+    # Rotary embeddings (flash_attn_with_kvcache rotates q and the new k).
+    ("rotary without sin", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, rotary_cos=q),
+     ValueError, "rotary_cos and rotary_sin must be given together"),
+    ("rotary without k", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, rotary_cos=_ROT, rotary_sin=_ROT, cache_seqlens=1),
+     ValueError, "rotary_cos / rotary_sin rotate the new keys: they need k and v"),
+    ("rotary_dim past headdim", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, q[:, :1], q[:, :1], torch.ones(8, 9), torch.ones(8, 9), cache_seqlens=1),
+     ValueError, r"rotary_dim = 2 \* cos.shape\[1\] = 18 must be <= headdim 16"),
+    ("rotary tables differ", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, q[:, :1], q[:, :1], _ROT, _ROT[:4], cache_seqlens=1),
+     ValueError, r"cos and sin must both be \(seqlen_rotary, rotary_dim / 2\)"),
     ("TND with a mask", lambda q: flash_cann.attention(
         _Q3, _Q3, _Q3, layout="TND", cu_seqlens_q=_CU, cu_seqlens_k=_CU, max_seqlen_q=5,
         max_seqlen_k=5, key_padding_mask=torch.ones(2, 9, dtype=torch.bool)),
@@ -477,8 +538,6 @@ BAD_CALLS = [
     ("cu_seqlens without TND", lambda q: flash_cann.attention(q, q, q, layout="BSND",
                                                               cu_seqlens_q=_CU),
      ValueError, "cu_seqlens_q is only taken with layout TND"),
-    ("rotary", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, rotary_cos=q),
-     NotImplementedError, "rotary_cos is not supported by flash_attn_with_kvcache"),
     ("k without v", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q, cache_seqlens=1),
      ValueError, "k and v must be given together"),
     ("cache overflow", lambda q: flash_cann.flash_attn_with_kvcache(q, q, q, k=q[:, :2],
@@ -580,6 +639,27 @@ RANGE_CALLS = [
     ("k past the cache", lambda q: flash_cann.flash_attn_with_kvcache(
         q, q, q, k=q[:, :3], v=q[:, :3], cache_seqlens=_cu(0, 6)),
      RuntimeError, r"cache_seqlens \+ seqlen_new reaches 9, beyond the capacity of 8"),
+    ("cache_leftpad past the keys", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=_cu(3, 5), cache_leftpad=_cu(0, 7)),
+     ValueError, r"cache_leftpad must be in \[0, cache_seqlens \+ seqlen_new\] .* \(got "
+                 r"cache_leftpad\[1\] = 7, keys: 6\)"),
+    ("cache_leftpad negative", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_seqlens=_cu(3, 5), cache_leftpad=_cu(-1, 0)),
+     ValueError, r"cache_leftpad must be in \[0, .* \(got cache_leftpad\[0\] = -1"),
+    ("cache_leftpad past the whole cache", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, cache_leftpad=_cu(0, 9)),
+     ValueError, r"cache_leftpad\[1\] = 9, keys: 8"),
+    ("rotary table short", lambda q: flash_cann.flash_attn_with_kvcache(
+        q, q, q, q[:, :2], q[:, :2], _ROT[:4], _ROT[:4], cache_seqlens=3),
+     ValueError, r"cos / sin have 4 rows, too few for position 4"),
+    ("seqused_k past its sequence", lambda q: flash_cann.flash_attn_varlen_func(
+        _Q3, _Q3, _Q3, _CU, _CU, 5, 5, seqused_k=_cu(4, 6)),
+     ValueError, r"seqused_k must be in \[0, cu_seqlens_k\[b \+ 1\] - cu_seqlens_k\[b\]\] "
+                 r"\(got \[4, 6\] for \[4, 5\]\)"),
+    ("TND max_seqlen_q short", lambda q: torch.ops.flash_cann.fwd_kvcache(
+        _Q3, q, q, None, None, _cu(1, 2), None, None, None, 1.0, layout="TND",
+        cu_seqlens_q=_CU, max_seqlen_q=4),
+     ValueError, r"max_seqlen_q=4 is smaller than the longest sequence of cu_seqlens_q \(5\)"),
 ]
 
 

@@ -23,6 +23,8 @@ import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
 from test_features import (CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_capacity_guard,
                            check_kvcache)
+from test_serving import (check_leftpad, check_rotary, check_seqused_packed, check_vllm_paged,
+                          paged_cache)
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and importlib.util.find_spec("triton") is not None),
@@ -330,6 +332,77 @@ def test_kvcache_overflow_is_flagged_not_a_device_assert(group):
     flash_cann.check_kvcache_capacity("cuda")
 
 
+# vLLM's mixed batches at GPU sizes: chunked prefill past several pages, decode rows
+# (one query, 1 .. 4097 keys), an empty query, a row with no key.
+GPU_MIXED = [(37, 300), (1, 1), (0, 17), (1, 0), (130, 1029), (1, 4097), (1, 63)]
+SERVING_FEATURES = [dict(causal=True),
+                    dict(causal=True, window_size=(256, 0), softcap=30.0, alibi=True,
+                         sinks=True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("features", SERVING_FEATURES, ids=["causal", "all"])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("page", [16, 128, 512])
+def test_vllm_paged_call_matches_oracle(page, heads, features, dtype, gen):
+    with oracle_checks.triton_poisoning():
+        check_vllm_paged("cuda", dtype, gen, page=page, heads=heads, head_dim=128,
+                         features=features, lengths=GPU_MIXED)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("paged, heads", [(True, (8, 2)), (True, (4, 4)), (False, (8, 2)),
+                                          (False, (4, 4))], ids=str)
+def test_cache_leftpad_matches_oracle(paged, heads, dtype, gen):
+    with oracle_checks.triton_poisoning():
+        check_leftpad("cuda", dtype, gen, paged=paged, heads=heads, head_dim=128,
+                      features=dict(causal=True, window_size=(5, 0), alibi=True, sinks=True))
+        check_seqused_packed("cuda", dtype, gen, heads=heads, head_dim=128)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "one-position"])
+def test_rotary_matches_flash_attn_formula(interleaved, causal, gen):
+    check_rotary("cuda", torch.float16, gen, interleaved=interleaved, causal=causal,
+                 head_dim=128, rotary_dim=64)
+
+
+def test_vllm_call_captures_in_a_cuda_graph(gen):
+    """vLLM's decode step captured in a CUDA graph and replayed after new queries, lengths
+    and block tables were copied into the static tensors (the kernels read them on the
+    device; nothing was read on the host while capturing): bitwise the eager result."""
+    lengths_k = [300, 1, 1029, 17]
+    k_cache, v_cache, table, _, _ = paged_cache(gen, lengths_k, 128, 2, 128, torch.bfloat16,
+                                                "cuda")
+    k_cache, v_cache = torch.nan_to_num(k_cache), torch.nan_to_num(v_cache)
+    q = torch.randn(4, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    cu_q = torch.arange(5, dtype=torch.int32, device="cuda")
+    used = torch.tensor(lengths_k, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        return flash_cann.flash_attn_varlen_func(
+            q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_q, max_seqlen_q=1,
+            seqused_k=used, max_seqlen_k=1152, block_table=table, causal=True, softcap=30.0)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(2):
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
+        used.copy_(torch.randint(0, 1153, (4,), generator=gen).to("cuda", torch.int32))
+        table.copy_(table.flip(0))
+        graph.replay()
+        replayed = out.clone()
+        assert torch.equal(replayed, step())
+
+
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_sinks_gradient_matches_the_oracle(layout, gen):
     """dq, dk, dv and the sinks' gradient (GQA, causal, window, ALiBi; TND with an empty
@@ -539,10 +612,10 @@ def test_cuda_graph_split_kv_long_context(gen):
 
 
 def test_cuda_graph_vllm_paged_varlen(gen):
-    """vLLM's FlashAttention-backend call (mixed prefill + decode rows as packed queries,
-    a paged cache, seqused_k, no cu_seqlens_k) captured and replayed with new queries and
-    new key lengths set on the device: bitwise equal to eager. Written against the API
-    signature of issue 24 item 4 (engineer "serve"); skipped until the API takes it."""
+    """vLLM's FlashAttention-backend call with mixed prefill chunks and decode rows as
+    packed queries (a paged cache, seqused_k, no cu_seqlens_k; the decode-only step:
+    test_vllm_call_captures_in_a_cuda_graph) captured and replayed with new queries and
+    new key lengths set on the device: bitwise equal to eager."""
     heads_q, heads_kv, head_dim, page, blocks = 8, 2, 128, 16, 16
     query_lengths = [37, 1, 1, 64, 1]            # two prefill chunks among decode rows
     batch, total = len(query_lengths), sum(query_lengths)
@@ -557,14 +630,6 @@ def test_cuda_graph_vllm_paged_varlen(gen):
             max_seqlen_q=max(query_lengths), max_seqlen_k=blocks * page, seqused_k=used,
             block_table=table, causal=True, softmax_scale=head_dim ** -0.5)
 
-    try:
-        step(q, seqused)
-    except NotImplementedError as e:
-        pytest.skip(f"flash_attn_varlen_func does not take vLLM's paged call yet: {e}")
-    except TypeError as e:
-        if "unexpected keyword argument" not in str(e):
-            raise
-        pytest.skip(f"flash_attn_varlen_func does not take vLLM's paged call yet: {e}")
     graph, out = _captured(lambda: step(q, seqused))
     for _ in range(2):
         q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))

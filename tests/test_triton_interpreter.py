@@ -27,6 +27,7 @@ import flash_cann
 import oracle_checks
 from oracle_checks import assert_all_ok, packed_views
 from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcache
+from test_serving import check_leftpad, check_seqused_packed, check_vllm_paged
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 if HAS_TRITON:
@@ -306,6 +307,40 @@ def test_split_kv_is_deterministic_and_agrees_with_one_split(triton_on_cpu, monk
         torch.testing.assert_close(split[1], unsplit[1], rtol=0, atol=1e-5)
 
 
+# vLLM's paged call (mixed prefill + decode rows, lengths 0 and 1, keys not a multiple of
+# the page): GQA runs the decode kernel, MHA the forward kernel.
+SERVING_CASES = [(16, (4, 2), dict(causal=True, window_size=(6, 0), softcap=2.0, alibi=True,
+                                   sinks=True)),
+                 (128, (2, 2), dict(causal=False, window_size=(3, 3), sinks=True))]
+
+
+@in_interpreter
+@pytest.mark.parametrize("page, heads, features", SERVING_CASES, ids=["decode", "forward"])
+def test_vllm_paged_call_matches_oracle(page, heads, features, triton_on_cpu, gen):
+    """TND queries over a paged cache (VARLEN + SEQUSED_K + PAGED), out= and the lse; every
+    unused cache entry is NaN, so a read past a sequence's keys shows."""
+    with oracle_checks.triton_poisoning():
+        check_vllm_paged("cpu", torch.float16, gen, page=page, heads=heads, features=features)
+
+
+@in_interpreter
+@pytest.mark.parametrize("paged, heads", [(True, (4, 2)), (True, (2, 2)), (False, (2, 2))],
+                         ids=["paged-decode", "paged-forward", "dense-forward"])
+def test_cache_leftpad_matches_oracle(paged, heads, triton_on_cpu, gen):
+    """cache_leftpad (LEFTPAD): the first key per sequence, through pages (looked up from
+    the first key) and cache rows (the view starts there)."""
+    with oracle_checks.triton_poisoning():
+        check_leftpad("cpu", torch.float16, gen, paged=paged, heads=heads,
+                      features=dict(causal=True, window_size=(5, 0), alibi=True, sinks=True))
+
+
+@in_interpreter
+def test_seqused_k_over_packed_keys(triton_on_cpu, gen):
+    """seqused_k without block_table: one shared cache row, leftpad = cu_seqlens_k."""
+    with oracle_checks.triton_poisoning():
+        check_seqused_packed("cpu", torch.float16, gen)
+
+
 NPU_FEATURE_CASES = [  # (id, check_variant's arguments), through the NPU host
     # Every score feature batched, and sinks: the "dropout" tile table.
     ("all", dict(seqlens=(37, 70), window=(20, -1), causal=True, softcap=2.0, alibi="batch",
@@ -333,6 +368,14 @@ def test_npu_host_kvcache_matches_oracle(triton_npu_on_cpu, gen):
     with oracle_checks.triton_poisoning():
         check_kvcache("cpu", torch.float16, gen, paged=True, batch_idx=False,
                       features=CACHE_FEATURES[1])
+
+
+@in_interpreter
+def test_npu_host_vllm_paged_call_matches_oracle(triton_npu_on_cpu, gen):
+    """vLLM's call through the NPU host: the decode kernel's persistent loop over packed
+    queries of different lengths."""
+    with oracle_checks.triton_poisoning():
+        check_vllm_paged("cpu", torch.float16, gen, page=16, features=dict(causal=True))
 
 
 @in_interpreter

@@ -84,7 +84,7 @@ FEATURE_GRID = [
                                            "cache", "paged")),
     ("scores", "float16", 64), ("scores", "bfloat16", 128), ("scores", "float16", 256),
     ("cache-all", "float16", 64), ("cache-all", "bfloat16", 128), ("cache-all", "float16", 256),
-    ("all", "float16", 128),
+    ("all", "float16", 128), ("serving", "bfloat16", 128),
 ]
 
 

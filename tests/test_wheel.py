@@ -12,6 +12,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import native_build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +36,10 @@ def test_an_installed_wheel_builds_the_planner_and_the_twin(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("flash_cann-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages
-    env = dict(os.environ, PYTHONPATH=str(site), FLASH_CANN_BUILD_DIR=str(tmp_path / "build"))
+    # Debug: the test asks whether the shipped sources build, not how fast they run (an
+    # unoptimised build compiles about 5x faster).
+    env = dict(os.environ, PYTHONPATH=str(site), FLASH_CANN_BUILD_DIR=str(tmp_path / "build"),
+               FLASH_CANN_BUILD_TYPE="Debug")
     run = [sys.executable, "-m", "flash_cann", "plan", "--shape", "1,8,1024,128", "--causal"]
     done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -46,3 +51,14 @@ def test_an_installed_wheel_builds_the_planner_and_the_twin(tmp_path):
     assert done.returncode == 0, done.stderr
     from_checkout, project = done.stdout.split("\n")[0].split(" ", 1)
     assert from_checkout == "False" and project.startswith(str(site)), done.stdout
+
+
+def test_an_unknown_build_type_is_refused_by_name(monkeypatch):
+    from flash_cann.ascend import native
+
+    monkeypatch.setenv("FLASH_CANN_BUILD_TYPE", "Fast")
+    with pytest.raises(native.NativeBuildError, match="FLASH_CANN_BUILD_TYPE must be Release "
+                                                      "or Debug"):
+        native._build_type()
+    monkeypatch.setenv("FLASH_CANN_BUILD_TYPE", "Debug")
+    assert native._build_type() == "Debug"

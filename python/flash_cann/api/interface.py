@@ -39,8 +39,9 @@ import torch
 
 from ..contract import eager
 from ..contract import layout as layouts
-from ..contract.checks import key_padding_mask_as_bool, require_tensor
+from ..contract.checks import key_padding_mask_as_bool, reads_values, require_tensor
 from ..contract.variant import Variant, keep_mask, window_bounds
+from . import rotary
 
 
 def _is_numpy_bool(value) -> bool:
@@ -293,50 +294,188 @@ def _max_seqlen(value, name: str) -> int:
     return value
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False,
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None, return_softmax_lse=False, out=None, num_splits=0,
                            sinks=None, generator=None):
     """As :func:`flash_attn_func`, for a batch of sequences of different lengths packed
-    one after another (layout TND; nothing is padded).
+    one after another (layout TND; nothing is padded). Also vLLM's call over a paged KV
+    cache (block_table, seqused_k): mixed prefill and decode rows in one call, forward
+    only.
 
     Arguments:
         q: (total_q, nheads, headdim), total_q = the number of query tokens in the batch.
-        k: (total_k, nheads_k, headdim); v: (total_k, nheads_k, headdim).
+        k, v: (total_k, nheads_k, headdim); with block_table, paged caches
+            (num_blocks, page_block_size, nheads_k, headdim).
         cu_seqlens_q: (batch_size + 1,), int32, on q's device: the cumulative sequence
             lengths, used to index into q (sequence b is rows cu_seqlens_q[b] ..
             cu_seqlens_q[b + 1] - 1).
-        cu_seqlens_k: (batch_size + 1,), int32: the same for k and v.
+        cu_seqlens_k: (batch_size + 1,), int32: the same for k and v. Optional with
+            block_table and seqused_k (vLLM passes None).
         max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host). The
-            longest query / key sequence. On an
-            accelerator they are taken on trust (reading cu_seqlens would stall the
-            device), as in flash-attn; CPU calls check them.
-        block_table: paged keys and values are not supported here yet (use
-            flash_attn_with_kvcache); must be None.
+            longest query / key sequence. On an accelerator they are taken on trust
+            (reading cu_seqlens would stall the device), as in flash-attn; CPU calls check
+            them.
+        block_table: (batch_size, max_num_blocks_per_seq), int32: k and v are paged caches
+            and key j of sequence b lies in block block_table[b, j // page_block_size]. The
+            sequence's keys are its first seqused_k[b] entries (else cu_seqlens_k[b + 1] -
+            cu_seqlens_k[b], computed on the device).
+        seqused_k (keyword): (batch_size,), int32: the keys each sequence attends to. Without
+            block_table, sequence b's keys are rows cu_seqlens_k[b] .. cu_seqlens_k[b] +
+            seqused_k[b] - 1 of k and v.
+        With block_table or seqused_k the call reads a KV cache: forward only (inputs that
+        require grad are refused), no dropout nor return_attn_probs, and nothing is
+        appended; causal masks, windows and ALiBi are bottom-right aligned to each
+        sequence's key count (vLLM's chunked prefill and decode rows).
         Causal masks, windows and ALiBi positions are per sequence (bottom-right aligned
         to each sequence's own lengths). sinks (nheads,) are shared by every sequence
         (vLLM's s_aux). The rest as in flash_attn_func.
+        return_softmax_lse (keyword): also return softmax_lse (vllm_flash_attn's flag).
+        out (keyword): (total_q, nheads, headdim) like q: the output is written into it
+            (and returned), as vLLM passes its output buffer.
+        num_splits (keyword): with block_table or seqused_k, split-KV as in
+            flash_attn_with_kvcache (0: the backend chooses); ignored otherwise. Results
+            equal the unsplit ones up to rounding.
     Return:
         out: (total_q, nheads, headdim).
-        softmax_lse [optional, if return_attn_probs=True]: (nheads, total_q), float32.
+        softmax_lse [optional, if return_attn_probs or return_softmax_lse]: (nheads,
+            total_q), float32.
         S_dmask [optional, if return_attn_probs=True]: with dropout_p > 0, (batch_size,
             nheads, max_seqlen_q, max_seqlen_k), zero outside each sequence; else None.
     """
-    if block_table is not None:
-        raise NotImplementedError("flash_cann: block_table (paged keys and values) is not "
-                                  "supported by flash_attn_varlen_func yet; use "
-                                  "flash_attn_with_kvcache for a paged cache")
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    _num_splits(num_splits)
     max_seqlen_q, max_seqlen_k = (_max_seqlen(max_seqlen_q, "max_seqlen_q"),
                                   _max_seqlen(max_seqlen_k, "max_seqlen_k"))
-    return _returned(*_attention(
+    if block_table is not None or seqused_k is not None:
+        result = _cache_varlen(
+            q, k, v, require_tensor(cu_seqlens_q, "cu_seqlens_q"), cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, seqused_k, block_table, dropout_p=dropout_p,
+            return_attn_probs=return_attn_probs, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            num_splits=num_splits)
+        return _varlen_returned(*result, None, out, return_attn_probs, return_softmax_lse)
+    result = _attention(
         q, k, v, None, layout=layouts.PACKED, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
         return_probs=return_attn_probs, cu_seqlens_q=require_tensor(cu_seqlens_q, "cu_seqlens_q"),
-        cu_seqlens_k=require_tensor(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, sinks=sinks), return_attn_probs)
+        cu_seqlens_k=None if cu_seqlens_k is None else require_tensor(cu_seqlens_k,
+                                                                       "cu_seqlens_k"),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks)
+    return _varlen_returned(*result, out, return_attn_probs, return_softmax_lse)
+
+
+def _varlen_returned(out, lse, probs, into, return_attn_probs, return_softmax_lse):
+    """out (written into ``into`` when given), then flash-attn's (out, softmax_lse,
+    S_dmask) with return_attn_probs, or vllm_flash_attn's (out, softmax_lse) with
+    return_softmax_lse."""
+    if into is not None:
+        into = require_tensor(into, "out")
+        if into.shape != out.shape or into.dtype != out.dtype or into.device != out.device:
+            raise ValueError(f"flash_cann: out must be {_dtype_name(out.dtype)} "
+                             f"{tuple(out.shape)} on {out.device}, like q (got "
+                             f"{_dtype_name(into.dtype)} {tuple(into.shape)} on "
+                             f"{into.device})")
+        out = into.copy_(out)
+    if _flag(return_attn_probs, "return_attn_probs"):
+        return out, lse, probs
+    return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _num_splits(num_splits) -> None:
+    """A performance hint in flash-attn; any int >= 0."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"flash_cann: num_splits must be an int >= 0 (got {num_splits!r})")
+
+
+def _cache_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                  block_table, *, dropout_p, return_attn_probs, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, sinks, num_splits):
+    """flash_attn_varlen_func over a KV cache (block_table or seqused_k): (out, lse) of
+    torch.ops.flash_cann.fwd_kvcache with TND queries, nothing appended and no host read.
+
+    Packed keys with seqused_k (no block_table) are a one-row contiguous cache that every
+    sequence shares (cache_batch_idx 0) with sequence b's keys from cache_leftpad =
+    cu_seqlens_k[b] to cache_seqlens = cu_seqlens_k[b] + seqused_k[b]: the keys are read
+    in place, contiguously, and bottom-right alignment makes the absolute positions see
+    the same causal diagonal, window and ALiBi distances as the sequence's own."""
+    paged = block_table is not None
+    what = "block_table" if paged else "seqused_k"
+    if _real(dropout_p, "dropout_p") != 0.0:
+        raise ValueError(f"flash_cann: dropout_p={dropout_p} is not taken with {what}: a call "
+                         f"over a KV cache is inference only (pass dropout_p=0.0)")
+    if _flag(return_attn_probs, "return_attn_probs"):
+        raise ValueError(f"flash_cann: return_attn_probs=True is not taken with {what} (a KV "
+                         f"cache call has no dropout mask to return; use "
+                         f"return_softmax_lse=True for the lse)")
+    if torch.is_grad_enabled():
+        for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise ValueError(f"flash_cann: flash_attn_varlen_func with {what} (a KV cache "
+                                 f"read) is forward only, but {name} requires grad; run it "
+                                 f"under torch.no_grad(), or pass cu_seqlens_k without "
+                                 f"block_table / seqused_k to train")
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
+    if cu_seqlens_k is not None:
+        cu_seqlens_k = _int32_vector(cu_seqlens_k, "cu_seqlens_k", batch + 1, q.device)
+    if seqused_k is not None:
+        seqused_k = _int32_vector(seqused_k, "seqused_k", batch, q.device)
+    if paged:
+        if seqused_k is None and cu_seqlens_k is None:
+            raise ValueError("flash_cann: block_table needs seqused_k or cu_seqlens_k: each "
+                             "sequence's number of keys")
+        lengths = seqused_k if seqused_k is not None else cu_seqlens_k.diff()
+        cache = dict(cache_seqlens=lengths, cache_batch_idx=None, block_table=block_table,
+                     cache_leftpad=None, k_cache=k, v_cache=v)
+    else:
+        if cu_seqlens_k is None:
+            raise ValueError("flash_cann: seqused_k without block_table needs cu_seqlens_k "
+                             "(where each sequence's keys start in k and v)")
+        if k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"flash_cann: k and v must be (total_k, nheads_k, headdim) with "
+                             f"seqused_k and no block_table (got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)})")
+        starts = cu_seqlens_k[:-1]
+        if reads_values(seqused_k) and reads_values(cu_seqlens_k):
+            room = cu_seqlens_k.diff()
+            if bool(((seqused_k < 0) | (seqused_k > room)).any()):
+                raise ValueError(f"flash_cann: seqused_k must be in [0, cu_seqlens_k[b + 1] - "
+                                 f"cu_seqlens_k[b]] (got {seqused_k.tolist()[:8]} for "
+                                 f"{room.tolist()[:8]})")
+        cache = dict(cache_seqlens=starts + seqused_k, cache_leftpad=starts, block_table=None,
+                     cache_batch_idx=torch.zeros_like(starts), k_cache=k.unsqueeze(0),
+                     v_cache=v.unsqueeze(0))
+    # flash-attn normalises the window with max_seqlen_k (the op would use the capacity).
+    causal = _flag(causal, "causal")
+    window_left, window_right = window_bounds(*_window(window_size), causal, max_seqlen_k)
+    if alibi_slopes is not None:
+        require_tensor(alibi_slopes, "alibi_slopes")
+    return torch.ops.flash_cann.fwd_kvcache(
+        q, cache["k_cache"], cache["v_cache"], None, None, cache["cache_seqlens"],
+        cache["cache_batch_idx"], cache["block_table"], cache["cache_leftpad"],
+        scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal, layout="TND",
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, alibi_slopes=alibi_slopes,
+        sinks=None if sinks is None else require_tensor(sinks, "sinks"),
+        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
+        num_splits=num_splits)
+
+
+def _int32_vector(t, name: str, length: int, device) -> torch.Tensor:
+    """An int32 (length,) tensor on ``device`` (checked here: the API computes with it
+    before the op's checks run)."""
+    t = require_tensor(t, name)
+    if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length or t.device != device:
+        raise ValueError(f"flash_cann: {name} must be int32 ({length},) on {device}, batch "
+                         f"being len(cu_seqlens_q) - 1 (got {_dtype_name(t.dtype)} "
+                         f"{tuple(t.shape)} on {t.device})")
+    return t
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -374,9 +513,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """Attention over a KV cache, for decoding (forward only), as flash-attn's.
 
     If k and v are given, they are written into k_cache and v_cache IN PLACE, after each
-    sequence's cache_seqlens entries; then q attends to the first cache_seqlens +
-    seqlen_new entries of its sequence's cache (causal and windows bottom-right aligned
-    to that length).
+    sequence's cache_seqlens entries; then q attends to entries cache_leftpad ..
+    cache_seqlens + seqlen_new - 1 of its sequence's cache (causal and windows
+    bottom-right aligned to cache_seqlens + seqlen_new).
+
+    With rotary_cos / rotary_sin, the new k is rotated (rotary embeddings) at positions
+    cache_seqlens, cache_seqlens + 1, ... before it is stored, and so is q if causal or
+    local (window_size != (-1, -1)); otherwise every token of q is rotated at position
+    cache_seqlens (flash-attn's rule). Positions are absolute cache positions: as in
+    flash-attn, cache_leftpad does not shift them.
 
     Arguments:
         q: (batch_size, seqlen, nheads, headdim)
@@ -384,17 +529,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             or (num_blocks, page_block_size, nheads_k, headdim) with one (paged cache).
         v_cache: the same shape as k_cache.
         k, v [optional]: (batch_size, seqlen_new, nheads_k, headdim): the new entries.
-        rotary_cos, rotary_sin, cache_leftpad: not supported yet (apply rotary embeddings
-            to q and k before the call); must be None.
+        rotary_cos, rotary_sin [optional]: (seqlen_ro, rotary_dim / 2), rotary_dim <=
+            headdim (even; channels past it pass through). Only with k and v (and
+            cache_seqlens); seqlen_ro must cover cache_seqlens + seqlen_new (checked on
+            CPU; on an accelerator taken on trust, as in flash-attn).
         cache_seqlens: int, or (batch_size,) int32 on q's device: the cache's filled
             length per sequence (None: the whole cache).
         cache_batch_idx: (batch_size,) int32: the cache row of each sequence (default:
             its batch index). Not with block_table.
+        cache_leftpad [optional]: (batch_size,) int32: the first cache entry each sequence
+            attends to (the entries before it are left padding); 0 <= cache_leftpad <=
+            cache_seqlens + seqlen_new (checked on CPU; clamped into it on an
+            accelerator).
         block_table: (batch_size, max_num_blocks_per_seq) int32: key j of sequence b lies
             in block block_table[b, j // page_block_size].
         softmax_scale, causal, window_size, softcap, alibi_slopes, sinks: as in
             flash_attn_func (sinks: keyword-only, not differentiated here: forward only).
-        rotary_interleaved: only meaningful with rotary_cos/sin.
+        rotary_interleaved: rotate channel pairs (0, 1), (2, 3), ... (GPT-J style); False:
+            (i, i + rotary_dim / 2) (GPT-NeoX style). Only meaningful with rotary_cos/sin.
         num_splits: split-KV, as flash-attn's: 0 (default) lets the backend choose from
             the shapes (the Triton backend on CUDA splits when batch x nheads_k cannot
             fill the GPU, e.g. one long sequence), 1 never splits, n > 1 splits each
@@ -405,28 +557,65 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Return:
         out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
     """
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                        ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"flash_cann: {name} is not supported by "
-                                      f"flash_attn_with_kvcache yet (apply rotary embeddings "
-                                      f"to q and k before the call); pass None")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"flash_cann: num_splits must be an int >= 0 (got {num_splits!r})")
-    _flag(rotary_interleaved, "rotary_interleaved")
+    _num_splits(num_splits)
+    interleaved = _flag(rotary_interleaved, "rotary_interleaved")
     q, k_cache, v_cache = (require_tensor(t, n) for t, n in
                            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
     window_left, window_right = _window(window_size)
+    causal = _flag(causal, "causal")
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = _rotated(q, k, v, k_cache, rotary_cos, rotary_sin, cache_seqlens, block_table,
+                        interleaved, causal, window_left, window_right)
     out, lse = torch.ops.flash_cann.fwd_kvcache(
-        q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, None,
+        q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
-        scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=_flag(causal, "causal"),
+        scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal,
         window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
         num_splits=num_splits)
     return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
+
+
+def _rotated(q, k, v, k_cache, cos, sin, cache_seqlens, block_table, interleaved: bool,
+             causal: bool, window_left: int, window_right: int):
+    """(q, k) with flash-attn's rotary embeddings for a KV cache step (see
+    flash_attn_with_kvcache): positions from cache_seqlens on the device, no host read."""
+    if cos is None or sin is None:
+        raise ValueError("flash_cann: rotary_cos and rotary_sin must be given together")
+    if k is None or v is None:
+        raise ValueError("flash_cann: rotary_cos / rotary_sin rotate the new keys: they need k "
+                         "and v (the entries to append), as in flash-attn")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise ValueError("flash_cann: rotary_cos / rotary_sin need cache_seqlens (the position "
+                         "of each sequence's first new token)")
+    k = require_tensor(k, "k")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(f"flash_cann: {name} must be (batch_size, seqlen, nheads, headdim) "
+                             f"(got shape {tuple(t.shape)})")
+    rotary.check_tables(require_tensor(cos, "rotary_cos"), require_tensor(sin, "rotary_sin"),
+                        q.shape[-1])
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if t.device != q.device:
+            raise ValueError(f"flash_cann: {name} must be on the same device as q (got "
+                             f"{t.device} and {q.device})")
+    # flash-attn: causal or local calls rotate each query token at its own position; the
+    # others rotate all of them at cache_seqlens (its window normalised as the op does).
+    capacity = (block_table.shape[1] * k_cache.shape[1]
+                if isinstance(block_table, torch.Tensor) and block_table.dim() == 2
+                else k_cache.shape[1])
+    left, right = window_bounds(window_left, window_right, causal, capacity)
+    per_token = causal or left >= 0 or right >= 0
+    first = cache_seqlens.long().unsqueeze(1)
+    positions_k = first + torch.arange(k.shape[1], device=q.device)
+    positions_q = (first + torch.arange(q.shape[1], device=q.device) if per_token
+                   else first.expand(q.shape[0], q.shape[1]))
+    for positions in (positions_k, positions_q):
+        rotary.check_positions(positions, cos)
+    return (rotary.rotate(q, cos, sin, positions_q, interleaved),
+            rotary.rotate(k, cos, sin, positions_k, interleaved))
 
 
 def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract.checks import require_tensor
+from ..contract.checks import reads_values, require_tensor
 
 
 def _positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen) -> torch.Tensor:
@@ -36,11 +36,56 @@ def _positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen) -> torch.Tensor:
             raise ValueError(f"flash_cann: max_seqlen={max_seqlen} is shorter than the longest "
                              f"sequence in cu_seqlens ({int(lengths.max())})")
     positions = positions + offsets
-    if positions.numel() and int(positions.max()) >= cos.shape[0]:
+    check_positions(positions, cos)
+    return positions
+
+
+def check_positions(positions: torch.Tensor, cos: torch.Tensor) -> None:
+    """Every position has a row of cos / sin. Read only where that costs no device
+    synchronisation (CPU tensors, not while tracing); on an accelerator the table's
+    length is the caller's promise, as in flash-attn (rotate clamps, so nothing is read
+    out of range)."""
+    if positions.numel() and reads_values(positions) and int(positions.max()) >= cos.shape[0]:
         raise ValueError(f"flash_cann: cos / sin have {cos.shape[0]} rows, too few for position "
                          f"{int(positions.max())} (seqlen + seqlen_offsets must be <= "
                          f"seqlen_rotary)")
-    return positions
+
+
+def check_tables(cos, sin, head_dim: int) -> None:
+    """cos and sin are (seqlen_rotary, rotary_dim / 2) with rotary_dim <= head_dim."""
+    cos, sin = require_tensor(cos, "cos"), require_tensor(sin, "sin")
+    if cos.dim() != 2 or cos.shape != sin.shape:
+        raise ValueError(f"flash_cann: cos and sin must both be (seqlen_rotary, rotary_dim / 2) "
+                         f"(got {tuple(cos.shape)} and {tuple(sin.shape)})")
+    if 2 * cos.shape[1] > head_dim:
+        raise ValueError(f"flash_cann: rotary_dim = 2 * cos.shape[1] = {2 * cos.shape[1]} must be "
+                         f"<= headdim {head_dim}")
+
+
+def rotate(x, cos, sin, positions: torch.Tensor, interleaved: bool, inplace: bool = False):
+    """x (..., seqlen, nheads, headdim) with each token turned by the angle of its row of
+    cos / sin (``positions``: x's shape without the last two dims), as apply_rotary_emb
+    describes; no host read (positions past the table are clamped to its last row:
+    check_positions refuses them where it can read them)."""
+    half = cos.shape[1]
+    rotary_dim = 2 * half
+    positions = positions.clamp(0, cos.shape[0] - 1)
+    # (..., 1, half): one angle per token, shared by the heads; math in x's dtype as
+    # flash-attn's kernel loads cos / sin in it.
+    cos_t = cos[positions].unsqueeze(-2).to(x.dtype)
+    sin_t = sin[positions].unsqueeze(-2).to(x.dtype)
+    rotated = x[..., :rotary_dim]
+    if interleaved:
+        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+    else:
+        x1, x2 = rotated[..., :half], rotated[..., half:]
+    out1, out2 = x1 * cos_t - x2 * sin_t, x1 * sin_t + x2 * cos_t
+    turned = (torch.stack((out1, out2), dim=-1).flatten(-2) if interleaved
+              else torch.cat((out1, out2), dim=-1))
+    if inplace:
+        x[..., :rotary_dim] = turned
+        return x
+    return torch.cat((turned, x[..., rotary_dim:]), dim=-1)
 
 
 def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0,
@@ -66,31 +111,9 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
         raise ValueError(f"flash_cann: x must be (batch_size, seqlen, nheads, headdim), or "
                          f"(total_seqlen, nheads, headdim) with cu_seqlens (got "
                          f"{tuple(x.shape)})")
-    if cos.dim() != 2 or cos.shape != sin.shape:
-        raise ValueError(f"flash_cann: cos and sin must both be (seqlen_rotary, rotary_dim / 2) "
-                         f"(got {tuple(cos.shape)} and {tuple(sin.shape)})")
-    half = cos.shape[1]
-    rotary_dim = 2 * half
-    if rotary_dim > x.shape[-1]:
-        raise ValueError(f"flash_cann: rotary_dim = 2 * cos.shape[1] = {rotary_dim} must be <= "
-                         f"headdim {x.shape[-1]}")
+    check_tables(cos, sin, x.shape[-1])
     if isinstance(seqlen_offsets, bool) or not isinstance(seqlen_offsets, (int, torch.Tensor)):
         raise TypeError(f"flash_cann: seqlen_offsets must be an int or a (batch_size,) tensor "
                         f"(got {type(seqlen_offsets).__name__})")
     positions = _positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen)
-    # (..., 1, half): one angle per token, shared by the heads; math in x's dtype as
-    # flash-attn's kernel loads cos / sin in it.
-    cos_t = cos[positions].unsqueeze(-2).to(x.dtype)
-    sin_t = sin[positions].unsqueeze(-2).to(x.dtype)
-    rotated = x[..., :rotary_dim]
-    if interleaved:
-        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
-    else:
-        x1, x2 = rotated[..., :half], rotated[..., half:]
-    out1, out2 = x1 * cos_t - x2 * sin_t, x1 * sin_t + x2 * cos_t
-    turned = (torch.stack((out1, out2), dim=-1).flatten(-2) if interleaved
-              else torch.cat((out1, out2), dim=-1))
-    if inplace:
-        x[..., :rotary_dim] = turned
-        return x
-    return torch.cat((turned, x[..., rotary_dim:]), dim=-1)
+    return rotate(x, cos, sin, positions, interleaved, inplace)

@@ -144,7 +144,7 @@ def _check_cu_seqlens(cu, name: str, tokens: int, max_seqlen: int, max_name: str
                                  f"sequence of {name} ({max(lengths)})"))
 
 
-def _reads_values(t: torch.Tensor) -> bool:
+def reads_values(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return t.device.type == "cpu" and not is_fake(t)
@@ -299,9 +299,9 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                                          f"(got {value!r})"))
         tokens_q, tokens_k = query.shape[0], key.shape[0]
         _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", tokens_q, max_seqlen_q, "max_seqlen_q",
-                          _reads_values(cu_seqlens_q))
+                          reads_values(cu_seqlens_q))
         _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", tokens_k, max_seqlen_k, "max_seqlen_k",
-                          _reads_values(cu_seqlens_k))
+                          reads_values(cu_seqlens_k))
         b, sq, sk = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
     else:
         for name, value, default in (("cu_seqlens_q", cu_seqlens_q, None),
@@ -380,9 +380,82 @@ MAX_NUM_SPLITS = 128
 class CacheProblem:
     """The sizes of one fwd_kvcache call, as check_kvcache established them."""
 
-    problem: Problem          # query x the cache, seqlen_k = the cache's capacity
+    problem: Problem          # query x the cache, seqlen_k = the cache's capacity; layout
+                              # BSND, or TND (variant.cu_seqlens_q / max_seqlen_q)
     seqlen_new: int           # keys appended per sequence (0: none)
     page_size: int            # 0: not paged
+    cache_leftpad: torch.Tensor | None = None  # int32 (batch,): each sequence's first key
+
+    @property
+    def packed(self) -> bool:
+        return self.problem.layout == layouts.PACKED
+
+
+def _check_cache_query(query, layout: str, cu_seqlens_q, max_seqlen_q, batch_from) -> tuple:
+    """The query's rank for ``layout`` and, with TND, its cu_seqlens_q / max_seqlen_q;
+    returns (batch, seqlen_q, tokens_q) (tokens_q 0 for BSND). ``batch_from``: (name,
+    batch) of the argument that fixes the batch of a TND call (cache_seqlens, else
+    block_table's rows), or None."""
+    if layout not in ("BSND", layouts.PACKED):
+        raise ValueError(_prefix(f"fwd_kvcache's layout must be BSND or TND (got {layout!r})"))
+    if layout == "BSND":
+        for name, value, default in (("cu_seqlens_q", cu_seqlens_q, None),
+                                     ("max_seqlen_q", max_seqlen_q, 0)):
+            if value is not default and value != default:
+                raise ValueError(_prefix(f"{name} is only taken with layout TND (packed "
+                                         f"query rows); the layout is BSND"))
+        if query.dim() != 4:
+            raise ValueError(_prefix(f"query must be 4-D (batch, seqlen, heads, head_dim) for "
+                                     f"layout BSND (got {query.dim()}-D shape "
+                                     f"{tuple(query.shape)})"))
+        return query.shape[0], query.shape[1], 0
+    if query.dim() != 3:
+        raise ValueError(_prefix(f"query must be 3-D (total_q, heads, head_dim) for layout TND "
+                                 f"(got {query.dim()}-D shape {tuple(query.shape)})"))
+    if cu_seqlens_q is None:
+        raise ValueError(_prefix("cu_seqlens_q is required with layout TND: it delimits each "
+                                 "sequence's query rows"))
+    require_tensor(cu_seqlens_q, "cu_seqlens_q")
+    if batch_from is not None:
+        name, batch = batch_from
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(_prefix(
+                f"cu_seqlens_q must hold batch + 1 = {batch + 1} offsets, batch being "
+                f"{name}'s length {batch} (got shape {tuple(cu_seqlens_q.shape)})"))
+    _check_int32_vector(cu_seqlens_q, "cu_seqlens_q", None, query.device)
+    if cu_seqlens_q.shape[0] < 2:
+        raise ValueError(_prefix(f"cu_seqlens_q must hold batch + 1 >= 2 offsets (got "
+                                 f"{cu_seqlens_q.shape[0]})"))
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 1:
+        raise ValueError(_prefix(f"max_seqlen_q must be a positive int with layout TND (got "
+                                 f"{max_seqlen_q!r})"))
+    tokens_q = query.shape[0]
+    _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", tokens_q, max_seqlen_q, "max_seqlen_q",
+                      reads_values(cu_seqlens_q))
+    return cu_seqlens_q.shape[0] - 1, max_seqlen_q, tokens_q
+
+
+def _check_leftpad(cache_leftpad, cache_seqlens, seqlen_new: int, capacity: int, batch: int,
+                   device) -> None:
+    """cache_leftpad: int32 (batch,) on the query's device; on CPU tensors 0 <= leftpad <=
+    the sequence's keys (cache_seqlens + seqlen_new, or the capacity without
+    cache_seqlens): they start there. On a device the kernels clamp it into that range
+    instead (no host read)."""
+    _check_int32_vector(cache_leftpad, "cache_leftpad", batch, device)
+    if not reads_values(cache_leftpad):
+        return
+    if cache_seqlens is None:
+        lengths = torch.full((batch,), capacity)
+    elif reads_values(cache_seqlens):
+        lengths = cache_seqlens.long() + seqlen_new
+    else:
+        return
+    bad = (cache_leftpad < 0) | (cache_leftpad.long() > lengths)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(_prefix(f"cache_leftpad must be in [0, cache_seqlens + seqlen_new] "
+                                 f"(the first key sequence b attends to) (got cache_leftpad[{b}]"
+                                 f" = {int(cache_leftpad[b])}, keys: {int(lengths[b])})"))
 
 
 def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
@@ -391,37 +464,52 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                   alibi_slopes=None, window_left: int = -1, window_right: int = -1,
                   softcap: float = 0.0, sinks=None, num_splits: int = 0,
                   backend: BackendSpec | None = None) -> CacheProblem:
-    """Validate fwd_kvcache's arguments (see the spec's comment on the op)."""
+    """Validate fwd_kvcache's arguments (see the spec's comment on the op).
+
+    The batch: query's (BSND); with TND, cache_seqlens' length, else block_table's rows,
+    else len(cu_seqlens_q) - 1 -- the other per-sequence arguments must agree with it."""
     if not 0 <= num_splits <= MAX_NUM_SPLITS:
         raise ValueError(_prefix(f"num_splits must be in [0, {MAX_NUM_SPLITS}] (0: the backend "
                                  f"chooses, 1: no split, n: n key ranges per sequence) (got "
                                  f"{num_splits})"))
-    # TODO(issue 24, in progress this session): cache_leftpad and TND queries.
-    if cache_leftpad is not None or layout != "BSND" or cu_seqlens_q is not None:
-        raise NotImplementedError(_prefix("cache_leftpad and layout='TND' are not supported "
-                                          "by fwd_kvcache yet"))
-    _check_features("fwd_kvcache", dict(alibi_slopes=alibi_slopes, window_left=window_left,
+    _check_features("fwd_kvcache", dict(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                        alibi_slopes=alibi_slopes, window_left=window_left,
                                         window_right=-1 if causal else window_right,
                                         softcap=softcap, sinks=sinks),
-                    None, backend, query.device.type)
+                    layout if layout in layouts.LAYOUTS else None, backend, query.device.type)
     _check_scores(scale, window_left, window_right, softcap)
     tensors = {n: require_tensor(t, n) for n, t in
                (("query", query), ("k_cache", k_cache), ("v_cache", v_cache))}
-    for name, t in tensors.items():
+    for name in ("k_cache", "v_cache"):
+        t = tensors[name]
         if t.dim() != 4:
-            raise ValueError(_prefix(f"{name} must be 4-D (batch, seqlen, heads, head_dim) (got "
-                                     f"{t.dim()}-D shape {tuple(t.shape)})"))
+            raise ValueError(_prefix(f"{name} must be 4-D (batch, seqlen, heads, head_dim), or "
+                                     f"(num_blocks, page_block_size, heads, head_dim) with "
+                                     f"block_table (got {t.dim()}-D shape {tuple(t.shape)})"))
     if k_cache.shape != v_cache.shape:
         raise ValueError(_prefix(f"k_cache and v_cache must have the same shape (got "
                                  f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)})"))
-    hq, hk, d = _check_qkv({"query": query, "key": k_cache, "value": v_cache}, "BSND", backend,
-                           same_batch=False)
-    batch, seqlen_q = query.shape[:2]
+    packed = layout == layouts.PACKED
+    batch_from = None
+    if packed and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1:
+        batch_from = ("cache_seqlens", cache_seqlens.shape[0])
+    elif packed and isinstance(block_table, torch.Tensor) and block_table.dim() == 2:
+        batch_from = ("block_table", block_table.shape[0])
+    batch, seqlen_q, tokens_q = _check_cache_query(query, layout, cu_seqlens_q, max_seqlen_q,
+                                                   batch_from)
+    # The query as a BSND batch of one for the shared q/k/v checks (a view).
+    as_bsnd = query.unsqueeze(0) if packed else query
+    hq, hk, d = _check_qkv({"query": as_bsnd, "key": k_cache, "value": v_cache}, "BSND",
+                           backend, same_batch=False)
     device = query.device
     if (key is None) != (value is None):
         raise ValueError(_prefix("k and v must be given together (the new keys and values "
                                  "to append) or both be None"))
     seqlen_new = 0
+    if key is not None and packed:
+        raise ValueError(_prefix("k and v (new entries to append) are not taken with layout "
+                             "TND: a packed (vLLM-style) call attends to what the cache "
+                             "holds; append with a BSND query, or write the cache first"))
     if key is not None:
         for name, t in (("k", key), ("v", value)):
             require_tensor(t, name)
@@ -460,10 +548,10 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
             _check_int32_vector(cache_batch_idx, "cache_batch_idx", batch, device)
         elif k_cache.shape[0] < batch:
             raise ValueError(_prefix(f"k_cache holds {k_cache.shape[0]} sequences, fewer than "
-                                     f"q's batch ({batch}): sequence b uses cache row b unless "
+                                     f"the batch ({batch}): sequence b uses cache row b unless "
                                      f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
-    if cache_seqlens is not None and _reads_values(cache_seqlens):
+    if cache_seqlens is not None and reads_values(cache_seqlens):
         # On a device kvcache.append guards this instead (no host read); see kvcache.py.
         if int(cache_seqlens.min()) < 0:
             raise ValueError(_prefix(f"cache_seqlens must be >= 0 (got "
@@ -476,21 +564,26 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                 f"block_table (or k_cache without one) is too small: cache_seqlens + "
                 f"seqlen_new reaches {longest}, beyond the capacity of {capacity} keys per "
                 f"sequence ({holder})"))
-    if cache_batch_idx is not None and _reads_values(cache_batch_idx):
+    if cache_leftpad is not None:
+        _check_leftpad(require_tensor(cache_leftpad, "cache_leftpad"), cache_seqlens,
+                       seqlen_new, capacity, batch, device)
+    if cache_batch_idx is not None and reads_values(cache_batch_idx):
         rows = cache_batch_idx.tolist()
         if min(rows) < 0 or max(rows) >= k_cache.shape[0]:
             raise ValueError(_prefix(f"cache_batch_idx must index k_cache's {k_cache.shape[0]} "
                                      f"sequences: each in [0, {k_cache.shape[0]}) (got {rows[:8]}"
                                      f"{' ...' if len(rows) > 8 else ''})"))
-    if block_table is not None and _reads_values(block_table):
+    if block_table is not None and reads_values(block_table):
         _check_block_table(block_table, cache_seqlens, seqlen_new, page_size, k_cache.shape[0])
     window_left, window_right = window_bounds(window_left, window_right, causal, capacity)
     variant = Variant(window_left=window_left, window_right=window_right, softcap=float(softcap),
                       alibi_slopes=_alibi(alibi_slopes, batch, hq, device),
+                      cu_seqlens_q=cu_seqlens_q if packed else None,
+                      max_seqlen_q=max_seqlen_q if packed else 0,
                       sinks=_sinks(sinks, hq, query.dtype, device))
-    problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, "BSND", bool(causal),
-                      False, variant)
-    return CacheProblem(problem, seqlen_new, page_size)
+    problem = Problem(batch, hq, hk, seqlen_q, capacity, d, query.dtype, layout, bool(causal),
+                      False, variant, tokens_q)
+    return CacheProblem(problem, seqlen_new, page_size, cache_leftpad)
 
 
 def _check_block_table(block_table, cache_seqlens, seqlen_new: int, page_size: int,

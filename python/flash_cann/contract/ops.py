@@ -312,9 +312,11 @@ def _fwd_kvcache_kernel(*args, **kwargs):
                       **{n: a[n] for n in _KVCACHE_MORE}, **_features(_KVCACHE_OP, a))
     seqlens_k = kvcache.append(a["k_cache"], a["v_cache"], a["key"], a["value"],
                                a["cache_seqlens"], a["cache_batch_idx"], a["block_table"], c)
+    # TND queries: variant.cu_seqlens_q / max_seqlen_q delimit each sequence's rows.
     return _backend_call(backend, device_type, "kvcache_forward", a["query"], a["k_cache"],
                          a["v_cache"], seqlens_k, a["cache_batch_idx"], a["block_table"],
-                         scale=a["scale"], causal=a["causal"], variant=c.problem.variant,
+                         scale=a["scale"], causal=a["causal"], layout=a["layout"],
+                         cache_leftpad=a["cache_leftpad"], variant=c.problem.variant,
                          num_splits=a["num_splits"])
 
 
@@ -415,9 +417,8 @@ def _fwd_kvcache_fake(*args, **kwargs):
     c = check_kvcache(*(a[name] for name in _KVCACHE_CORE),
                       backend=backend_for(query.device.type),
                       **{n: a[n] for n in _KVCACHE_MORE}, **_features(_KVCACHE_OP, a))
-    p = c.problem
     return query.new_empty(query.shape), query.new_empty(
-        (p.batch, p.heads_q, p.seqlen_q), dtype=accumulator_dtype(query.dtype))
+        lse_shape(c.problem), dtype=accumulator_dtype(query.dtype))
 
 
 # Autograd, by argument name from the spec: the backward op takes the forward's tensors

@@ -474,31 +474,50 @@ def _backward_batch(grad_out, query, key, value, out, softmax_lse, key_padding_m
     return -(p_sink * delta).sum(-1).sum(0)
 
 
-def _cached_keys(cache, b: int, length: int, cache_batch_idx, block_table) -> torch.Tensor:
-    """The first ``length`` entries of sequence b's cache, (1, length, heads_kv, head_dim)
-    (a view without paging, a gather of its blocks with)."""
+def _cached_keys(cache, b: int, first: int, length: int, cache_batch_idx,
+                 block_table) -> torch.Tensor:
+    """Entries [first, length) of sequence b's cache, (1, length - first, heads_kv,
+    head_dim) (a view without paging, a gather of its blocks with)."""
     if block_table is None:
         row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
-        return cache[row, :length].unsqueeze(0)
+        return cache[row, first:length].unsqueeze(0)
     page = cache.shape[1]
     blocks = block_table[b, :(length + page - 1) // page].long()
-    return cache[blocks].flatten(0, 1)[:length].unsqueeze(0)
+    return cache[blocks].flatten(0, 1)[first:length].unsqueeze(0)
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-                    scale: float, causal: bool, variant: Variant = PLAIN,
-                    num_splits: int = 0, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    """Attention of query (batch, seqlen_q, heads_q, head_dim) to the first seqlens_k[b]
-    entries of each sequence's cache, one sequence at a time. num_splits (a GPU
-    performance hint) changes nothing here: the reference walks each sequence's keys in
-    one pass."""
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN, num_splits: int = 0, block_q: int = BLOCK_Q,
+                    block_k: int = BLOCK_K):
+    """Attention of query (batch, seqlen_q, heads_q, head_dim) -- or TND: (total_q,
+    heads_q, head_dim), sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 --
+    to entries cache_leftpad[b] (default 0) .. seqlens_k[b] - 1 of each sequence's
+    cache, one sequence at a time.
+
+    The keys before cache_leftpad are cut off rather than masked: causal, window and
+    ALiBi positions are bottom-right aligned, so a sequence of keys [first, length) seen
+    from its own start has the same diagonal, (length - first) - seqlen_q, relative to
+    its keys as the absolute positions have to length. num_splits (a GPU performance
+    hint) changes nothing here: the reference walks each sequence's keys in one pass."""
     del num_splits
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    batch, seqlen_q, heads_q = query.shape[:3]
-    lse = torch.empty(batch, heads_q, seqlen_q, dtype=accumulator_dtype(query.dtype))
-    for b, length in enumerate(seqlens_k.tolist()):
-        keys, values = (_cached_keys(cache, b, length, cache_batch_idx, block_table)
+    acc_dtype = accumulator_dtype(query.dtype)
+    lengths = seqlens_k.tolist()
+    firsts = ([0] * len(lengths) if cache_leftpad is None
+              else [min(max(x, 0), n) for x, n in zip(cache_leftpad.tolist(), lengths)])
+    if layout == layouts.PACKED:
+        starts = variant.cu_seqlens_q.tolist()
+        rows = [slice(starts[b], starts[b + 1]) for b in range(len(lengths))]
+        lse = torch.empty(query.shape[1], query.shape[0], dtype=acc_dtype)
+        # (1, rows, heads, head_dim) views of each sequence's query, out and lse rows.
+        views = [(_as_batch(query[r]), _as_batch(out[r]), lse[:, r].unsqueeze(0)) for r in rows]
+    else:
+        lse = torch.empty(query.shape[0], query.shape[2], query.shape[1], dtype=acc_dtype)
+        views = [(query[b:b + 1], out[b:b + 1], lse[b:b + 1]) for b in range(len(lengths))]
+    for b, ((q, o, l), first, length) in enumerate(zip(views, firsts, lengths)):
+        keys, values = (_cached_keys(cache, b, first, length, cache_batch_idx, block_table)
                         for cache in (k_cache, v_cache))
-        _forward_batch(query[b:b + 1], keys, values, out[b:b + 1], lse[b:b + 1], None, scale,
-                       causal, "BSND", variant, torch.tensor([b]), block_q, block_k)
+        _forward_batch(q, keys, values, o, l, None, scale, causal, "BSND", variant,
+                       torch.tensor([b]), block_q, block_k)
     return out, lse

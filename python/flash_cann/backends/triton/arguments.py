@@ -50,11 +50,12 @@ def packed_views(*tensors):
 
 
 def cache_arguments(variant: Variant, causal: bool, seqlens_k, cache_batch_idx, block_table,
-                    page_size: int) -> dict:
+                    page_size: int, cache_leftpad=None) -> dict:
     """The feature arguments of a KV cache call (flash_attn_with_kvcache has no dropout,
-    the op's contract): sequence b attends to its first seqlens_k[b] entries
-    (SEQUSED_K), read in place through its pages (PAGED: the block table; ``page_size``
-    rows a page) or its cache row (BATCH_IDX); sinks as sink_arguments."""
+    the op's contract): sequence b attends to entries cache_leftpad[b] (LEFTPAD; else 0)
+    .. seqlens_k[b] - 1 (SEQUSED_K), read in place through its pages (PAGED: the block
+    table; ``page_size`` rows a page) or its cache row (BATCH_IDX); packed queries
+    (VARLEN: cu_seqlens_q, max_seqlen_q); sinks as sink_arguments."""
     args = feature_arguments(variant, causal)
     del args["DROPOUT"]
     args.update(SeqUsedK=seqlens_k, **sink_arguments(variant))
@@ -63,6 +64,10 @@ def cache_arguments(variant: Variant, causal: bool, seqlens_k, cache_batch_idx, 
                     page_size=page_size)
     if cache_batch_idx is not None:
         args.update(BATCH_IDX=True, CacheBatchIdx=cache_batch_idx)
+    if cache_leftpad is not None:
+        args.update(LEFTPAD=True, LeftPad=cache_leftpad)
+    if variant.varlen:
+        args.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, max_seqlen_q=variant.max_seqlen_q)
     return args
 
 
@@ -78,21 +83,32 @@ class CacheCall:
     strides: tuple
     sizes: tuple   # batch, heads_q, group, seqlen_q, capacity, scale * log2(e)
     features: dict
+    rows_q: int    # query rows a sequence may have: seqlen_q, or max_seqlen_q (TND)
 
 
 def cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-               scale: float, causal: bool, variant: Variant) -> CacheCall:
-    """The outputs and the kernels' leading arguments of a KV cache call (query BSND;
-    the cache's capacity is its pages' rows with a block table, else its rows)."""
+               scale: float, causal: bool, variant: Variant, layout: str = "BSND",
+               cache_leftpad=None) -> CacheCall:
+    """The outputs and the kernels' leading arguments of a KV cache call (query BSND, or
+    TND: a batch of one whose rows cu_seqlens_q splits; the cache's capacity is its
+    pages' rows with a block table, else its rows). seqlen_q is then the number of
+    query rows (the lse's row stride) and the batch the number of sequences."""
     out = empty(query.shape, query.dtype, query.device)
-    q, k, v, o = (layouts.to_bnsd(t, "BSND") for t in (query, k_cache, v_cache, out))
-    batch, heads_q, seqlen_q, _ = q.shape
+    if layout == layouts.PACKED:
+        q, o = packed_views(query, out)
+        batch, rows_q = variant.cu_seqlens_q.shape[0] - 1, variant.max_seqlen_q
+    else:
+        q, o = (layouts.to_bnsd(t, "BSND") for t in (query, out))
+        batch, rows_q = q.shape[0], q.shape[2]
+    k, v = (layouts.to_bnsd(t, "BSND") for t in (k_cache, v_cache))
+    heads_q, seqlen_q = q.shape[1:3]
     heads_kv = k.shape[1]
     group = heads_q // heads_kv
     capacity = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
-    lse = empty((batch, heads_q, seqlen_q), torch.float32, query.device)
+    lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
     return CacheCall(
-        out, lse, group, heads_kv, (q, k, v, o, lse),
+        out, lse[0] if layout == layouts.PACKED else lse, group, heads_kv, (q, k, v, o, lse),
         (*q.stride(), *k.stride(), *v.stride(), *o.stride()),
         (batch, heads_q, group, seqlen_q, capacity, scale * math.log2(math.e)),
-        cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table, k.shape[2]))
+        cache_arguments(variant, causal, seqlens_k, cache_batch_idx, block_table, k.shape[2],
+                        cache_leftpad), rows_q)

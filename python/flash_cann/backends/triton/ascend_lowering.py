@@ -72,10 +72,12 @@ FEATURE_SETS = {
     "cache": dict(cache="rows"),
     "paged": dict(cache="paged"),
     "cache-all": dict(cache="paged", window=(24, -1), softcap=30.0, alibi=True, sinks=True),
+    # vLLM's call: packed queries over a paged cache, and cache_leftpad.
+    "serving": dict(cache="paged", varlen=True, leftpad=True),
 }
 # The KV cache sets run a forward only: the forward kernel for one query head per kv
 # head, the decode kernel for a GQA group.
-CACHE_SETS = ("cache", "paged", "cache-all")
+CACHE_SETS = ("cache", "paged", "cache-all", "serving")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,10 +179,14 @@ def launches(variant: Variant, tiles: dict | None = None):
 
 def _cache_forward(triton_npu, features: dict, rand, heads_kv: int, head_dim: int,
                    scale: float, causal: bool) -> None:
-    """A KV cache forward (BSND, 2 query heads, 2 sequences of 4 new rows) over a
-    cache of 2 rows of 48 keys, addressed by cache_batch_idx ("rows") or as pages of 16
-    keys through a block table ("paged")."""
-    q = rand(2, 4, 2, head_dim)
+    """A KV cache forward (BSND, 2 query heads, 2 sequences of 4 new rows; "varlen": the
+    same rows packed, TND) over a cache of 2 rows of 48 keys, addressed by
+    cache_batch_idx ("rows") or as pages of 16 keys through a block table ("paged"),
+    from key 0 or ("leftpad") from each sequence's cache_leftpad."""
+    packed = features.get("varlen", False)
+    q = rand(8, 2, head_dim) if packed else rand(2, 4, 2, head_dim)
+    cu_seqlens = torch.tensor([0, 4, 8], dtype=torch.int32) if packed else None
+    leftpad = torch.tensor([3, 0], dtype=torch.int32) if features.get("leftpad") else None
     seqlens_k = torch.tensor([40, 48], dtype=torch.int32)
     if features["cache"] == "paged":
         k, v = (rand(6, 16, heads_kv, head_dim) for _ in range(2))
@@ -190,9 +196,11 @@ def _cache_forward(triton_npu, features: dict, rand, heads_kv: int, head_dim: in
         k, v = (rand(2, 48, heads_kv, head_dim) for _ in range(2))
         block_table = None
         batch_idx = torch.tensor([1, 0], dtype=torch.int32)
+    variant = _contract_variant(features, 2, 2, (4, 48), cu_seqlens)
     triton_npu.kvcache_forward(q, k, v, seqlens_k, batch_idx, block_table, scale=scale,
-                               causal=causal,
-                               variant=_contract_variant(features, 2, 2, (4, 48), None))
+                               causal=causal, layout="TND" if packed else "BSND",
+                               cache_leftpad=leftpad, variant=dataclasses.replace(
+                                   variant, cu_seqlens_k=None, max_seqlen_k=0))
 
 
 def _source(step, backend):

@@ -606,53 +606,59 @@ def split_count(programs: int, capacity: int, multiprocessors: int) -> int:
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-                    scale: float, causal: bool, variant: Variant = PLAIN, num_splits: int = 0):
-    """Attention over each sequence's first seqlens_k[b] cache entries (SEQUSED_K), read
-    in place: through its cache row (BATCH_IDX) or its pages (PAGED, pointer loads
-    through the block table); never a gathered copy of the cache. With GQA the decode
-    kernel packs the group's query heads into one tile, so K/V are read once per group;
-    without, the forward kernel runs. num_splits: flash-attn's hint (0: split_count's
-    choice, 1: no split, n: n key ranges); split calls run the decode kernel (any group)
-    into workspaces and attn_decode_combine."""
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN, num_splits: int = 0):
+    """Attention over entries cache_leftpad[b] (LEFTPAD) .. seqlens_k[b] - 1 (SEQUSED_K) of
+    each sequence's cache, read in place: through its cache row (BATCH_IDX) or its pages
+    (PAGED, pointer loads through the block table); never a gathered copy of the cache.
+    Queries BSND or packed (TND: VARLEN, vLLM's mixed prefill + decode rows). With GQA
+    the decode kernel packs the group's query heads into one tile, so K/V are read once
+    per group; without, the forward kernel runs. num_splits: flash-attn's hint (0:
+    split_count's choice, 1: no split, n: n key ranges); split calls run the decode kernel
+    (any group) into workspaces and attn_decode_combine."""
     call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
-                      scale=scale, causal=causal, variant=variant)
-    batch, heads_q, group, seqlen_q, capacity, _ = call.sizes
+                      scale=scale, causal=causal, variant=variant, layout=layout,
+                      cache_leftpad=cache_leftpad)
+    batch, heads_q, group, _, capacity, _ = call.sizes
+    rows_q = call.rows_q  # a sequence's query rows at most (max_seqlen_q with TND)
     head_dim, heads_kv = query.shape[-1], call.heads_kv
     tensors, strides = call.tensors, call.strides
-    sizes = (*call.sizes, _bucket(seqlen_q), _bucket(capacity))
+    sizes = (*call.sizes, _bucket(rows_q), _bucket(capacity))
     common = dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), **call.features)
     cache_bytes = 2 * batch * heads_kv * capacity * head_dim * query.element_size()
     splits = num_splits or split_count(
-        batch * heads_kv * triton.cdiv(group * seqlen_q, DECODE_TILES[0][0]), capacity,
+        batch * heads_kv * triton.cdiv(group * rows_q, DECODE_TILES[0][0]), capacity,
         _multiprocessors(query.device))
     with _launching_on(query.device, False):
         if splits > 1:
             _split_decode(call, sizes, splits, cache_bytes, common)
         elif group > 1:
-            DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]),
+            DECODE.launch(lambda meta: (triton.cdiv(group * rows_q, meta["BLOCK_M"]),
                                         heads_kv, batch), *tensors, *strides, *sizes,
                           work=cache_bytes, PERSISTENT=False, **common)
         else:
-            FWD.launch(lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch),
+            FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
                        NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
-                       SEQUSED_K=True, work=batch * heads_q * seqlen_q * capacity, **common)
+                       SEQUSED_K=True, work=batch * heads_q * rows_q * capacity, **common)
     return call.out, call.lse
 
 
 def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict) -> None:
     """Split-KV: the decode kernel's programs, ``splits`` per (row block, kv head,
-    sequence), write each key range's out and lse (no sink) into fp32 workspaces sized by
+    sequence), write each key range's out and lse (no sink) into fp32 workspaces shaped
+    as the out and lse views (BNSD; TND queries are rows of a batch of one) and sized by
     the shapes; attn_decode_combine merges them into call.out and call.lse."""
     q, k, v, o, lse = call.tensors
-    batch, heads_q, group, seqlen_q = call.sizes[:4]
+    batch, heads_q, group = call.sizes[:3]
+    rows_shape = o.shape[:3]  # (batch, or 1 with TND; heads_q; query rows)
     head_dim = q.shape[-1]
     device = q.device
-    rows = batch * heads_q * seqlen_q
-    out_parts = empty((splits, batch, heads_q, seqlen_q, head_dim), torch.float32, device)
-    lse_parts = empty((splits, batch, heads_q, seqlen_q), torch.float32, device)
+    rows = math.prod(rows_shape)
+    out_parts = empty((splits, *rows_shape, head_dim), torch.float32, device)
+    lse_parts = empty((splits, *rows_shape), torch.float32, device)
     partial = {name: value for name, value in common.items() if name not in ("SINKS", "Sinks")}
-    DECODE.launch(lambda meta: (triton.cdiv(group * seqlen_q, meta["BLOCK_M"]) * splits,
+    DECODE.launch(lambda meta: (triton.cdiv(group * call.rows_q, meta["BLOCK_M"]) * splits,
                                 call.heads_kv, batch),
                   q, k, v, out_parts, lse_parts, *call.strides[:12], *out_parts[0].stride(),
                   *sizes, splits=splits, split_stride_o=out_parts.stride(0),
@@ -661,6 +667,6 @@ def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict) -> N
     block_d = common["BLOCK_D"]
     block_r = max(1, COMBINE_ELEMENTS // block_d)
     kernels.attn_decode_combine[(triton.cdiv(rows, block_r),)](
-        out_parts, lse_parts, o, lse, common.get("Sinks"), rows, heads_q, seqlen_q, splits,
-        *o.stride(), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r,
+        out_parts, lse_parts, o, lse, common.get("Sinks"), rows, heads_q, rows_shape[2],
+        splits, *o.stride(), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r,
         SINKS="Sinks" in common)

@@ -285,18 +285,20 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-                    scale: float, causal: bool, variant: Variant = PLAIN, num_splits: int = 0):
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN, num_splits: int = 0):
     """As the CUDA host's (cuda.kvcache_forward: the cache read in place, GQA groups packed
-    into the decode kernel's tiles), with persistent grids and the NPU tile table.
-    num_splits is a hint this host does not take yet: it never splits the keys (the
-    combine kernel is not among the variants test_triton_npu.py lowers)."""
+    into the decode kernel's tiles, TND queries, cache_leftpad), with persistent grids and
+    the NPU tile table. num_splits is a hint this host does not take yet: it never splits
+    the keys (the combine kernel is not among the variants test_triton_npu.py lowers)."""
     from . import kernels
 
     del num_splits
 
     query = _unit_last_stride(query)
     call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
-                      scale=scale, causal=causal, variant=variant)
+                      scale=scale, causal=causal, variant=variant, layout=layout,
+                      cache_leftpad=cache_leftpad)
     head_dim, features = query.shape[-1], call.features
     tensors, strides = call.tensors, call.strides
     sizes = (*call.sizes, 0, 0)

@@ -154,8 +154,8 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, Keep, DK, DV, block, h_kv, b,
     """dK and dV of key block ``block`` of kv head h_kv, sequence b, summed over the query
     heads of its group (GQA) here, so no two tiles write the same element."""
     q_start, len_q, k_start, len_k, n0, live, tensor_b, diagonal = sequence_tile(
-        block, b, 0, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, None, BLOCK_N, True, False, VARLEN,
-        False)
+        block, b, 0, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, None, None, BLOCK_N, True, False,
+        VARLEN, False, False)
     if live:
         h0 = h_kv * group  # the group's first query head
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -309,8 +309,8 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, Keep, DQ, block, h, b, blocks,
              VARLEN: tl.constexpr):
     """dQ of query block ``block`` of head h, sequence b (causal: last-first, as forward)."""
     q_start, len_q, k_start, len_k, m0, live, tensor_b, diagonal = sequence_tile(
-        block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, None, BLOCK_M, False, CAUSAL,
-        VARLEN, False)
+        block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, None, None, BLOCK_M, False,
+        CAUSAL, VARLEN, False, False)
     if live:
         h_kv = h // group
         offs_m = m0 + tl.arange(0, BLOCK_M)

@@ -18,14 +18,15 @@ def fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, strid
                    stride_vb, stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, start, end,
                    seqlen_k, diagonal, qk_scale, window_left, window_right, softcap, slope,
                    seed, rng_offset, batch_id, head, dropout_threshold, dropout_scale,
-                   table_row, page_size, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   table_row, page_size, first_key, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
                    LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    DROPOUT: tl.constexpr, PAGED: tl.constexpr):
     """Online softmax over the key blocks [start, end). MASKED: blocks crossing a window
     bound (the causal diagonal among them) or the key tail; without it only padding
-    (HAS_MASK) is masked."""
+    (HAS_MASK) is masked. PAGED: key j is the cache entry first_key + j (load_keys)."""
     CHECK: tl.constexpr = MASKED or HAS_MASK
     # triton-ascend 3.2 takes no chained boolean operators (A or B or C).
     SCORE_MOD: tl.constexpr = SOFTCAP or ALIBI
@@ -34,7 +35,7 @@ def fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, strid
         offs_n = n0 + tl.arange(0, BLOCK_N)
         # Stage: raw scores Q Kᵀ.
         k = load_keys(k_view, stride_kb, stride_ks, stride_kd, n0, seqlen_k, table_row,
-                      page_size, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, PAGED)
+                      page_size, first_key, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, PAGED)
         s = tl.dot(q, tl.trans(k))
         # Stage: the new running max of the scores (log2 units), and P.
         if CHECK or SCORE_MOD:
@@ -69,7 +70,7 @@ def fwd_key_blocks(acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, strid
                                 offs_n[None, :], dropout_threshold)
             p = tl.where(keep, p * dropout_scale, 0.0)
         v = load_keys(v_view, stride_vb, stride_vs, stride_vd, n0, seqlen_k, table_row,
-                      page_size, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, PAGED)
+                      page_size, first_key, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA, PAGED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -98,27 +99,31 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
               heads_q, group, seqlen_q, seqlen_k, qk_scale,
               window_left, window_right, softcap, Alibi, alibi_stride_b, Rng, dropout_threshold,
               dropout_scale, CuSeqQ, CuSeqK, SeqUsedK, BlockTable, block_table_stride,
-              page_size, CacheBatchIdx, Sinks,
+              page_size, CacheBatchIdx, Sinks, LeftPad,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               HAS_MASK: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr,
               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
-              BATCH_IDX: tl.constexpr, SINKS: tl.constexpr):
+              BATCH_IDX: tl.constexpr, SINKS: tl.constexpr, LEFTPAD: tl.constexpr):
     """out and lse of query block ``block`` of head h, sequence b (causal: last-first,
     see sequence_tile)."""
     q_start, len_q, k_start, len_k, m0, live, tensor_b, diagonal = sequence_tile(
-        block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, BLOCK_M, False, CAUSAL,
-        VARLEN, SEQUSED_K)
+        block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, LeftPad, BLOCK_M,
+        False, CAUSAL, VARLEN, SEQUSED_K, LEFTPAD)
     if live:
         h_kv = h // group  # GQA/MQA: query heads share a key/value head by index
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        # A KV cache maps a sequence to a cache row or to pages.
-        cache_b = tl.load(CacheBatchIdx + b) if BATCH_IDX else tensor_b
+        # A KV cache maps a sequence to a cache row or to pages (whatever q's layout).
+        if BATCH_IDX:
+            cache_b = tl.load(CacheBatchIdx + b)
+        else:
+            cache_b = b if SEQUSED_K else tensor_b
         q_view = heads_view(Q + q_start.to(tl.int64) * stride_qs, stride_qb, stride_qh,
                             stride_qs, tensor_b, h, 1, len_q, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
-        k_view, v_view = key_value_views(K, V, k_start, stride_kb, stride_kh, stride_ks,
-                                         stride_vb, stride_vh, stride_vs,
+        # Pages are looked up per key (first_key on); other views start at the first key.
+        k_view, v_view = key_value_views(K, V, k_start * 0 if PAGED else k_start, stride_kb,
+                                         stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                                          cache_b * 0 if PAGED else cache_b, h_kv, len_k,
                                          HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
         table_row = BlockTable + b.to(tl.int64) * block_table_stride if PAGED else BlockTable
@@ -142,23 +147,23 @@ def _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
                 acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stride_kd, stride_vb,
                 stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, lo, mid, len_k, diagonal,
                 qk_scale, window_left, window_right, softcap, slope, seed, rng_offset, b, h,
-                dropout_threshold, dropout_scale, table_row, page_size, HEAD_DIM, BLOCK_N,
+                dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N,
                 BLOCK_D, True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP,
                 ALIBI, DROPOUT, PAGED)
         acc, l_i, m_i = fwd_key_blocks(
             acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stride_kd, stride_vb,
             stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, mid, hi, len_k, diagonal,
             qk_scale, window_left, window_right, softcap, slope, seed, rng_offset, b, h,
-            dropout_threshold, dropout_scale, table_row, page_size, HEAD_DIM, BLOCK_N, BLOCK_D,
-            False, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP, ALIBI,
-            DROPOUT, PAGED)
+            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N,
+            BLOCK_D, False, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP,
+            ALIBI, DROPOUT, PAGED)
         acc, l_i, m_i = fwd_key_blocks(
             acc, l_i, m_i, q, k_view, v_view, stride_kb, stride_ks, stride_kd, stride_vb,
             stride_vs, stride_vd, keep_row, keep_stride_s, offs_m, hi, end, len_k, diagonal,
             qk_scale, window_left, window_right, softcap, slope, seed, rng_offset, b, h,
-            dropout_threshold, dropout_scale, table_row, page_size, HEAD_DIM, BLOCK_N, BLOCK_D,
-            True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP, ALIBI,
-            DROPOUT, PAGED)
+            dropout_threshold, dropout_scale, table_row, page_size, k_start, HEAD_DIM, BLOCK_N,
+            BLOCK_D, True, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, LEFT_BOUNDED, SOFTCAP,
+            ALIBI, DROPOUT, PAGED)
 
         # Epilogue: normalise once; rows that saw no key (l = 0) give out 0, lse -inf
         # (with sinks l >= 1: out 0, lse = the sink).
@@ -190,12 +195,13 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
              window_left=0, window_right=0, softcap=1.0, Alibi=None, alibi_stride_b=0, Rng=None,
              dropout_threshold=0, dropout_scale=1.0, CuSeqQ=None, CuSeqK=None, SeqUsedK=None,
              BlockTable=None, block_table_stride=0, page_size=1, CacheBatchIdx=None,
-             max_seqlen_q=1, Sinks=None, LEFT_BOUNDED: tl.constexpr = False,
+             max_seqlen_q=1, Sinks=None, LeftPad=None, LEFT_BOUNDED: tl.constexpr = False,
              SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
              DROPOUT: tl.constexpr = False, VARLEN: tl.constexpr = False,
              SEQUSED_K: tl.constexpr = False, PAGED: tl.constexpr = False,
              BATCH_IDX: tl.constexpr = False, SINKS: tl.constexpr = False,
-             PACKED_TILES: tl.constexpr = False, BATCH_BLOCK: tl.constexpr = 1):
+             LEFTPAD: tl.constexpr = False, PACKED_TILES: tl.constexpr = False,
+             BATCH_BLOCK: tl.constexpr = 1):
     """Tiles (query blocks, heads_q, batch): out and lse of one query block of one head.
     NEGATIVE_SCALE: qk_scale < 0 (the sign decides which end of a score row is its max).
     CAUSAL: the window has a right bound, window_right keys right of the diagonal (0 for
@@ -203,8 +209,10 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     off by default: a left window bound, softcap, ALiBi slopes (batch, heads_q), dropout
     (Rng = (seed, offset); keep iff draw >= dropout_threshold; kept P x dropout_scale),
     packed sequences (VARLEN: cu_seqlens; the grid covers max_seqlen_q), a KV cache's
-    filled lengths (SEQUSED_K), pages (PAGED: block table, page_size), cache rows
-    (BATCH_IDX) and attention sinks (SINKS: fp32 logits (heads_q,)).
+    filled lengths (SEQUSED_K; with VARLEN the queries are packed and the keys are still
+    the cache's), each sequence's first key (LEFTPAD: cache_leftpad), pages (PAGED: block
+    table, page_size), cache rows (BATCH_IDX) and attention sinks (SINKS: fp32 logits
+    (heads_q,)).
     PACKED_TILES (with VARLEN, not PERSISTENT): the grid is (a bound on the real query
     blocks, heads_q, 1) instead, each program finding its sequence and block by walking
     cu_seqlens (tiles.packed_tile; BATCH_BLOCK >= batch), so no program is spent on the
@@ -222,6 +230,7 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
                   stride_os, stride_od, keep_stride_b, keep_stride_s, heads_q, group, seqlen_q,
                   seqlen_k, qk_scale, window_left, window_right, softcap, Alibi, alibi_stride_b,
                   Rng, dropout_threshold, dropout_scale, CuSeqQ, CuSeqK, SeqUsedK, BlockTable,
-                  block_table_stride, page_size, CacheBatchIdx, Sinks, HEAD_DIM, BLOCK_D,
-                  CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, BLOCK_M, BLOCK_N, LEFT_BOUNDED,
-                  SOFTCAP, ALIBI, DROPOUT, VARLEN, SEQUSED_K, PAGED, BATCH_IDX, SINKS)
+                  block_table_stride, page_size, CacheBatchIdx, Sinks, LeftPad, HEAD_DIM,
+                  BLOCK_D, CAUSAL, HAS_MASK, NEGATIVE_SCALE, USE_TMA, BLOCK_M, BLOCK_N,
+                  LEFT_BOUNDED, SOFTCAP, ALIBI, DROPOUT, VARLEN, SEQUSED_K, PAGED, BATCH_IDX,
+                  SINKS, LEFTPAD)

@@ -94,21 +94,25 @@ def store_rows(view, stride_h, stride_s, stride_d, head, row0, tile, seqlen,
 
 @triton.jit
 def load_keys(view, stride_page, stride_s, stride_d, row0, seqlen, table_row, page_size,
-              HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-              USE_TMA: tl.constexpr, PAGED: tl.constexpr):
-    """Key (or value) rows [row0, row0 + BLOCK_ROWS) of a view; PAGED: row j lives in
-    block table_row[j // page_size] (a block being stride_page apart), row j % page_size.
+              first_key, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+              BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, PAGED: tl.constexpr):
+    """Key (or value) rows [row0, row0 + BLOCK_ROWS) of a view; PAGED: row j is the
+    sequence's cache entry first_key + j (its first key: cache_leftpad), in block
+    table_row[(first_key + j) // page_size] (a block being stride_page apart), row
+    (first_key + j) % page_size (without pages the view starts at the first key).
     Rows past seqlen read 0 (never a stale cache entry, which may hold NaN)."""
     if PAGED:
         rows = row0 + tl.arange(0, BLOCK_ROWS)
         cols = tl.arange(0, BLOCK_D)
         in_range = rows < seqlen
-        pages = tl.load(table_row + rows // page_size, mask=in_range, other=0).to(tl.int64)
+        entries = first_key + rows
+        pages = tl.load(table_row + entries // page_size, mask=in_range, other=0).to(tl.int64)
         mask = in_range[:, None]
         if HEAD_DIM < BLOCK_D:
             mask = mask & (cols[None, :] < HEAD_DIM)
         ptrs = (view + pages[:, None] * stride_page
-                + (rows % page_size).to(tl.int64)[:, None] * stride_s + cols[None, :] * stride_d)
+                + (entries % page_size).to(tl.int64)[:, None] * stride_s
+                + cols[None, :] * stride_d)
         return tl.load(ptrs, mask=mask, other=0.0)
     else:
         return load_rows(view, 0, stride_s, stride_d, 0, row0, seqlen, HEAD_DIM, BLOCK_ROWS,
@@ -169,38 +173,51 @@ def packed_tile(tile, CuSeq, batch, BLOCK_ROWS: tl.constexpr, BATCH_BLOCK: tl.co
 
 
 @triton.jit
-def sequence(b, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, VARLEN: tl.constexpr,
-             SEQUSED_K: tl.constexpr):
-    """(first query row, query rows, first key row, keys) of sequence b: from cu_seqlens
-    (VARLEN: packed sequences, rows of one (tokens, heads, head_dim) tensor), else the
-    whole seqlen_q and seqlen_k, or seqused_k[b] keys (SEQUSED_K: a KV cache's filled
-    length)."""
+def sequence(b, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, LeftPad, VARLEN: tl.constexpr,
+             SEQUSED_K: tl.constexpr, LEFTPAD: tl.constexpr):
+    """(first query row, query rows, first key row, keys) of sequence b. Queries: from
+    cu_seqlens_q (VARLEN: packed sequences, rows of one (tokens, heads, head_dim)
+    tensor), else the whole seqlen_q. Keys: a KV cache's entries LeftPad[b] ..
+    SeqUsedK[b] - 1 (SEQUSED_K: its filled length; LEFTPAD: its first key, clamped into
+    [0, SeqUsedK[b]]), else from cu_seqlens_k (VARLEN), else the whole seqlen_k.
+    Positions count from the first key: with bottom-right alignment, dropping the keys
+    before it leaves every diagonal, window and ALiBi distance as it was."""
     if VARLEN:
         q_start = tl.load(CuSeqQ + b)
-        k_start = tl.load(CuSeqK + b)
-        return (q_start, tl.load(CuSeqQ + b + 1) - q_start, k_start,
-                tl.load(CuSeqK + b + 1) - k_start)
-    elif SEQUSED_K:
-        return b * 0, seqlen_q, b * 0, tl.load(SeqUsedK + b)
+        len_q = tl.load(CuSeqQ + b + 1) - q_start
     else:
-        return b * 0, seqlen_q, b * 0, seqlen_k
+        q_start = b * 0
+        len_q = seqlen_q + b * 0
+    if SEQUSED_K:
+        k_end = tl.load(SeqUsedK + b)
+        k_start = b * 0
+        if LEFTPAD:
+            k_start = tl.minimum(tl.maximum(tl.load(LeftPad + b), 0), k_end)
+        len_k = k_end - k_start
+    elif VARLEN:
+        k_start = tl.load(CuSeqK + b)
+        len_k = tl.load(CuSeqK + b + 1) - k_start
+    else:
+        k_start = b * 0
+        len_k = seqlen_k + b * 0
+    return q_start, len_q, k_start, len_k
 
 
 @triton.jit
-def sequence_tile(block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK,
+def sequence_tile(block, b, blocks, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, LeftPad,
                   BLOCK_ROWS: tl.constexpr, KEY_ROWS: tl.constexpr, LAST_FIRST: tl.constexpr,
-                  VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr):
+                  VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, LEFTPAD: tl.constexpr):
     """Where tile ``block`` of sequence b lies, for every kernel's tile the same way:
     (q_start, len_q, k_start, len_k) of the sequence (see sequence), the tile's first
     row row0 -- a query row, or a key row (KEY_ROWS) -- whether the tile has rows in
     this sequence (``live``: packed sequences have their own number of blocks while the
     grid covers the longest, so a program past its sequence's rows does nothing), the
-    batch index of its rows in q/k/v (packed sequences are row ranges of batch 0), and
+    batch index of its rows in q (packed sequences are row ranges of batch 0), and
     the causal diagonal len_k - len_q. LAST_FIRST: the blocks run last-first (causal
     query blocks get cheaper towards the top: longest first, fewer idle cores at the
     end)."""
     q_start, len_q, k_start, len_k = sequence(b, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK,
-                                              VARLEN, SEQUSED_K)
+                                              LeftPad, VARLEN, SEQUSED_K, LEFTPAD)
     rows = len_k if KEY_ROWS else len_q
     if LAST_FIRST:
         if VARLEN:
