@@ -266,6 +266,27 @@ def test_split_kv_matches_oracle(name, case, triton_on_cpu, monkeypatch, gen):
         check_kvcache("cpu", torch.float16, gen, **case)
 
 
+@in_interpreter
+@pytest.mark.parametrize("call", ["vllm-paged", "leftpad"])
+def test_split_kv_over_packed_queries_and_leftpad(call, triton_on_cpu, gen):
+    """Split-KV over vLLM's packed query rows (mixed prefill and decode rows, lengths 0
+    and 1, a sequence with no key) and over keys from cache_leftpad: the splits divide
+    each sequence's own keys, the combine writes the packed rows."""
+    from test_serving import check_leftpad, check_vllm_paged
+
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    features = dict(causal=True, window_size=(20, 0), softcap=2.0, alibi=True, sinks=True,
+                    num_splits=3)
+    with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
+        if call == "vllm-paged":
+            check_vllm_paged("cpu", torch.float16, gen, page=16, heads=(4, 2),
+                             features=features)
+        else:
+            check_leftpad("cpu", torch.float16, gen, paged=True, heads=(4, 2),
+                          features=features)
+
+
 @needs_triton
 def test_split_count_fills_the_gpu_from_shapes():
     """The split-KV heuristic (an H100's 132 SMs): no split where the programs fill the
