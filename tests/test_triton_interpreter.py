@@ -267,21 +267,24 @@ def test_split_kv_matches_oracle(name, case, triton_on_cpu, monkeypatch, gen):
 
 
 @in_interpreter
-@pytest.mark.parametrize("call", ["vllm-paged", "leftpad"])
-def test_split_kv_over_packed_queries_and_leftpad(call, triton_on_cpu, gen):
-    """Split-KV over vLLM's packed query rows (mixed prefill and decode rows, lengths 0
-    and 1, a sequence with no key) and over keys from cache_leftpad: the splits divide
-    each sequence's own keys, the combine writes the packed rows."""
-    from test_serving import check_leftpad, check_vllm_paged
+@pytest.mark.parametrize("call, num_splits", [("vllm-paged", 1), ("vllm-paged", 3),
+                                              ("leftpad", 3)], ids=str)
+def test_split_kv_over_packed_queries_and_leftpad(call, num_splits, triton_on_cpu, gen):
+    """vLLM's packed query rows (mixed prefill and decode rows, lengths 0 and 1, a
+    sequence with no key; the longest first, so the decode kernel's walk over the real
+    row blocks -- a GQA group's rows per token -- must give it all its blocks), unsplit
+    and split, and split-KV over keys from cache_leftpad: the splits divide each
+    sequence's own keys, the combine writes the packed rows."""
+    from test_serving import MIXED, check_leftpad, check_vllm_paged
 
     from flash_cann.backends.triton import cuda as triton_backend
 
     features = dict(causal=True, window_size=(20, 0), softcap=2.0, alibi=True, sinks=True,
-                    num_splits=3)
+                    num_splits=num_splits)
     with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
         if call == "vllm-paged":
             check_vllm_paged("cpu", torch.float16, gen, page=16, heads=(4, 2),
-                             features=features)
+                             features=features, lengths=sorted(MIXED, reverse=True))
         else:
             check_leftpad("cpu", torch.float16, gen, paged=True, heads=(4, 2),
                           features=features)

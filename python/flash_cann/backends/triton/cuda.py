@@ -150,7 +150,8 @@ _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HA
                  "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
                  "PAGED", "BATCH_IDX", "PACKED_TILES"]
 _DECODE_AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL",
-                        "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX", "splits"]
+                        "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX", "splits",
+                        "PACKED_TILES"]
 
 
 class _Kernel:
@@ -306,6 +307,12 @@ def _packed_grid() -> str:
     return setting
 
 
+def _packed_tiles(batch: int) -> bool:
+    """Whether a packed call's grid covers the real query blocks (kernels.tiles.packed_tile)
+    rather than max_seqlen_q's blocks for every sequence."""
+    return _packed_grid() == "tiles" and batch <= PACKED_TILES_MAX_BATCH
+
+
 def _use_tma(*bnsd_views: torch.Tensor) -> bool:
     setting = _tma_setting()
     if setting not in ("auto", "0", "1"):
@@ -402,7 +409,7 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     use_tma = _use_tma(q, k, v, o)
     features = feature_arguments(variant, causal)
     features.update(sink_arguments(variant))
-    packed_tiles = packed and _packed_grid() == "tiles" and batch <= PACKED_TILES_MAX_BATCH
+    packed_tiles = packed and _packed_tiles(batch)
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
@@ -625,32 +632,49 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     tensors, strides = call.tensors, call.strides
     sizes = (*call.sizes, _bucket(rows_q), _bucket(capacity))
     common = dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), **call.features)
+    packed_tiles = layout == layouts.PACKED and _packed_tiles(batch)
+    if packed_tiles:
+        common.update(PACKED_TILES=True, BATCH_BLOCK=triton.next_power_of_2(batch))
     cache_bytes = 2 * batch * heads_kv * capacity * head_dim * query.element_size()
     splits = num_splits or split_count(
         batch * heads_kv * triton.cdiv(group * rows_q, DECODE_TILES[0][0]), capacity,
         _multiprocessors(query.device))
+
+    def row_blocks(block_m, rows_per_token):
+        """(row blocks, sequences) of the grid: max_seqlen_q's blocks for each sequence,
+        or a bound on the real blocks of all of them (PACKED_TILES)."""
+        if packed_tiles:
+            return triton.cdiv(rows_per_token * call.sizes[3], block_m) + batch, 1
+        return triton.cdiv(rows_per_token * rows_q, block_m), batch
+
     with _launching_on(query.device, False):
         if splits > 1:
-            _split_decode(call, sizes, splits, cache_bytes, common)
+            _split_decode(call, sizes, splits, cache_bytes, common, row_blocks)
         elif group > 1:
-            DECODE.launch(lambda meta: (triton.cdiv(group * rows_q, meta["BLOCK_M"]),
-                                        heads_kv, batch), *tensors, *strides, *sizes,
-                          work=cache_bytes, PERSISTENT=False, **common)
+            DECODE.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], group), heads_kv),
+                          *tensors, *strides, *sizes, work=cache_bytes, PERSISTENT=False,
+                          **common)
         else:
-            FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
+            FWD.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], 1), heads_q),
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
                        NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
                        SEQUSED_K=True, work=batch * heads_q * rows_q * capacity, **common)
     return call.out, call.lse
 
 
-def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict) -> None:
+def _cache_grid(row_blocks: tuple[int, int], heads: int, splits: int = 1) -> tuple:
+    blocks, sequences = row_blocks
+    return blocks * splits, heads, sequences
+
+
+def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict, row_blocks) -> None:
     """Split-KV: the decode kernel's programs, ``splits`` per (row block, kv head,
     sequence), write each key range's out and lse (no sink) into fp32 workspaces shaped
     as the out and lse views (BNSD; TND queries are rows of a batch of one) and sized by
-    the shapes; attn_decode_combine merges them into call.out and call.lse."""
+    the shapes; attn_decode_combine merges them into call.out and call.lse. row_blocks:
+    kvcache_forward's (row blocks, sequences) of the grid."""
     q, k, v, o, lse = call.tensors
-    batch, heads_q, group = call.sizes[:3]
+    _, heads_q, group = call.sizes[:3]
     rows_shape = o.shape[:3]  # (batch, or 1 with TND; heads_q; query rows)
     head_dim = q.shape[-1]
     device = q.device
@@ -658,8 +682,8 @@ def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict) -> N
     out_parts = empty((splits, *rows_shape, head_dim), torch.float32, device)
     lse_parts = empty((splits, *rows_shape), torch.float32, device)
     partial = {name: value for name, value in common.items() if name not in ("SINKS", "Sinks")}
-    DECODE.launch(lambda meta: (triton.cdiv(group * call.rows_q, meta["BLOCK_M"]) * splits,
-                                call.heads_kv, batch),
+    DECODE.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], group), call.heads_kv,
+                                           splits),
                   q, k, v, out_parts, lse_parts, *call.strides[:12], *out_parts[0].stride(),
                   *sizes, splits=splits, split_stride_o=out_parts.stride(0),
                   split_stride_lse=lse_parts.stride(0), work=cache_bytes, PERSISTENT=False,

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from .forward import fwd_key_blocks, softmax_start
-from .tiles import LN2, assert_tiles, heads_view, sequence, tile_index, tiles_of_program
+from .tiles import (LN2, assert_tiles, heads_view, packed_tile, sequence, tile_index,
+                    tiles_of_program)
 
 
 @triton.jit
@@ -137,7 +138,8 @@ def attn_decode(Q, K, V, Out, Lse,
                 LEFT_BOUNDED: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
                 ALIBI: tl.constexpr = False, PAGED: tl.constexpr = False,
                 BATCH_IDX: tl.constexpr = False, SINKS: tl.constexpr = False,
-                VARLEN: tl.constexpr = False, LEFTPAD: tl.constexpr = False):
+                VARLEN: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
+                PACKED_TILES: tl.constexpr = False, BATCH_BLOCK: tl.constexpr = 1):
     """Tiles (blocks of group x seqlen_q rows, heads_kv, batch; PERSISTENT as in
     forward.attn_fwd): out and lse of one block of a kv head's (query head, position)
     rows, reading sequence b's first SeqUsedK[b] cache entries. The arguments after
@@ -145,7 +147,11 @@ def attn_decode(Q, K, V, Out, Lse,
     has none; VARLEN: packed queries, the grid covering max_seqlen_q rows a head);
     splits > 1: split-KV, each split's out and lse going to Out + split * split_stride_o
     and Lse + split * split_stride_lse (fp32 workspaces shaped as out and lse, for
-    attn_decode_combine; the host passes no sinks then)."""
+    attn_decode_combine; the host passes no sinks then). PACKED_TILES (with VARLEN, not
+    PERSISTENT): the grid's first axis is a bound on the real row blocks x splits and its
+    last 1, each program finding its sequence and block by walking cu_seqlens_q
+    (tiles.packed_tile; BATCH_BLOCK >= batch), not max_seqlen_q's blocks for every
+    sequence (a vLLM batch is mostly one-token rows beside a long prefill chunk)."""
     assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
     blocks = tl.cdiv(group * (max_seqlen_q if VARLEN else seqlen_q), BLOCK_M) * splits
     heads_kv = heads_q // group
@@ -155,6 +161,8 @@ def attn_decode(Q, K, V, Out, Lse,
         # A block's splits are neighbours in the grid: they start together.
         block = block_split // splits
         split = block_split % splits
+        if PACKED_TILES:
+            b, block = packed_tile(block, CuSeqQ, batch, group, BLOCK_M, BATCH_BLOCK)
         _decode_tile(Q, K, V, Out + split.to(tl.int64) * split_stride_o,
                      Lse + split.to(tl.int64) * split_stride_lse, block, h_kv, b, split, splits,
                      stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,

@@ -223,7 +223,7 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     for tile in range(first, end, step):
         block, h, b = tile_index(tile, blocks, heads_q, PERSISTENT)
         if PACKED_TILES:
-            b, block = packed_tile(block, CuSeqQ, batch, BLOCK_M, BATCH_BLOCK)
+            b, block = packed_tile(block, CuSeqQ, batch, 1, BLOCK_M, BATCH_BLOCK)
         _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
                   stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,
