@@ -22,6 +22,11 @@ decode: one new token per sequence, batch 64, 32 query heads over 8 kv heads (GQ
     (contiguous and paged) if installed.
 long: the decode shape at batch 1 (--long caches): one sequence cannot fill the GPU, so
     flash_cann splits the keys (split-KV, num_splits=0); "-nosplit" is num_splits=1.
+vllm: vLLM's mixed step, flash_attn_varlen_func over a paged cache (128-entry pages) with
+    block_table and seqused_k: one 2048-token prefill chunk and 63 one-token decode rows,
+    every sequence at 4096 keys, GQA 32/8, D128. flash_cann and its "-maxgrid" row (the
+    grid over max_seqlen_q's blocks for every sequence); flash-attn 2's
+    flash_attn_varlen_func with block_table if installed (no other peer takes this call).
 
 Times: median of triton.testing.do_bench (warm-up 25 ms, repetitions 100 ms, L2
 flushed), rounds interleaved (median of the rounds). Decode reports the HBM bandwidth
@@ -161,6 +166,32 @@ def decode_impls(batch, cache, long=False):
     return impls
 
 
+VLLM_PREFILL, VLLM_DECODES, VLLM_KEYS = 2048, 63, 4096
+
+
+def vllm_impls():
+    """vLLM's mixed prefill + decode step over a paged cache."""
+    lengths_q = [VLLM_PREFILL] + [1] * VLLM_DECODES
+    batch, blocks = len(lengths_q), VLLM_KEYS // PAGE
+    q = torch.randn(sum(lengths_q), HEADS_Q, HEAD_DIM, device="cuda", dtype=DTYPE)
+    k_cache, v_cache = (torch.randn(batch * blocks, PAGE, HEADS_KV, HEAD_DIM, device="cuda",
+                                    dtype=DTYPE) for _ in range(2))
+    table = torch.randperm(batch * blocks, device="cuda").view(batch, blocks).to(torch.int32)
+    cu_q = torch.tensor([0, *lengths_q], device="cuda").cumsum(0).to(torch.int32)
+    used = torch.full((batch,), VLLM_KEYS, dtype=torch.int32, device="cuda")
+    call = dict(cu_seqlens_q=cu_q, max_seqlen_q=VLLM_PREFILL, seqused_k=used,
+                max_seqlen_k=VLLM_KEYS, block_table=table, causal=True)
+    impls = {OURS: lambda: flash_cann.flash_attn_varlen_func(q, k_cache, v_cache, **call)}
+    impls[OURS + "-maxgrid"] = impls[OURS]
+    fa2 = _flash_attn()
+    if fa2 is not None:  # flash-attn 2 takes no seqused_k: the key counts as cu_seqlens_k
+        cu_k = torch.tensor([0, *[VLLM_KEYS] * batch], device="cuda").cumsum(0).to(torch.int32)
+        fa2_call = dict(call, cu_seqlens_k=cu_k)
+        del fa2_call["seqused_k"]
+        impls["fa2"] = lambda: fa2.flash_attn_varlen_func(q, k_cache, v_cache, **fa2_call)
+    return impls
+
+
 def is_ours(name: str) -> bool:
     return name.startswith(OURS)
 
@@ -208,6 +239,7 @@ def add_rates(rows, lengths):
             row["tflops"] = 4 * HEADS * HEAD_DIM * pairs / row["ms"] / 1e9
         else:
             kv_bytes = 2 * row["batch"] * row["cache"] * HEADS_KV * HEAD_DIM * DTYPE.itemsize
+            # (vllm: every sequence reads its whole cache once, the prefill's included)
             row["gbps"] = kv_bytes / row["ms"] / 1e6
 
 
@@ -268,7 +300,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="varlen (A/B row: maxgrid), decode at 4k and 32k, batch 1 at 128k")
-    p.add_argument("--cases", type=common._list(str), default=["varlen", "decode", "long"])
+    p.add_argument("--cases", type=common._list(str),
+                   default=["varlen", "decode", "long", "vllm"])
     p.add_argument("--caches", type=common._list(int), default=[4096, 8192, 16384, 32768])
     p.add_argument("--long", type=common._list(int), default=[32768, 131072])
     p.add_argument("--variants", type=common._list(str), default=["maxgrid", "pointers"],
@@ -280,7 +313,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.caches, args.long, args.variants = [4096, 32768], [131072], ["maxgrid"]
-    unknown = set(args.cases) - {"varlen", "decode", "long"}
+    unknown = set(args.cases) - {"varlen", "decode", "long", "vllm"}
     unknown |= {OURS + "-" + v for v in args.variants} - VARIANTS.keys()
     if unknown:
         p.error(f"unknown case(s) or variant(s): {sorted(unknown)}")
@@ -318,6 +351,8 @@ def main(argv=None):
     if "long" in args.cases:
         for cache in args.long:
             run("long", decode_impls(1, cache, long=True), batch=1, cache=cache)
+    if "vllm" in args.cases:
+        run("vllm", vllm_impls(), batch=VLLM_DECODES + 1, cache=VLLM_KEYS)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / (f"serving-{args.tag}.json" if args.tag else "serving.json")
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
