@@ -337,12 +337,16 @@ def main(argv=None):
     lengths = gpu_features.document_lengths()
     meta["varlen_lengths"] = lengths
     rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / (f"serving-{args.tag}.json" if args.tag else "serving.json")
 
     def run(case, impls, **shape):
         measured = measure(case, impls, args.rounds, **shape)
         add_rates(measured, lengths)
         rows.extend(measured)
         print("\n".join("  " + line for line in table(measured)[1:]), flush=True)
+        # After every case, so that a run stopped by a time limit keeps what it measured.
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
     if "varlen" in args.cases:
         run("varlen", varlen_impls(lengths, args.variants), tokens=sum(lengths),
@@ -355,8 +359,6 @@ def main(argv=None):
             run("long", decode_impls(1, cache, long=True), batch=1, cache=cache)
     if "vllm" in args.cases:
         run("vllm", vllm_impls(), batch=VLLM_DECODES + 1, cache=VLLM_KEYS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / (f"serving-{args.tag}.json" if args.tag else "serving.json")
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwrote {path}\n{meta['device']}; {meta['software']}; {meta['date']}; flash-attn "
           f"{meta['flash_attn']}\n")
