@@ -17,27 +17,18 @@ an Ascend server.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-import torch.utils.cpp_extension
 
-from flash_cann.backends.npu import aclnn
 from flash_cann.backends.npu.opp_paths import LIBRARY
 
 from native_build import needs
-from torch_npu_wheel import torch_npu_wheel
+from npu_extension_build import CSRC, FAKE, build_extension, run_or_fail, scenario_env
 
-ROOT = Path(__file__).resolve().parents[1]
-CSRC = ROOT / "framework" / "csrc"
-STANDINS = Path(__file__).resolve().parent / "npu_standins"
-FAKE = STANDINS / "fake_npu"
 ACL_DTYPES = {"torch.float16": 1, "torch.bfloat16": 27, "torch.float32": 0, "torch.bool": 12,
               "torch.int64": 9}
 ACL_FORMAT_ND = 2
@@ -47,69 +38,16 @@ FAKE_WORKSPACE = 4096  # what the fake stage 1 asks for
 pytestmark = needs("g++", "gcc")
 
 
-def _run(cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"{' '.join(map(str, cmd))}\n{done.stdout}{done.stderr}")
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    wheel = torch_npu_wheel()
-    out = tmp_path_factory.mktemp("npu_extension")
-    generated = out / "generated"
-    aclnn.write_headers(generated)
-    torch_lib = Path(torch.__file__).parent / "lib"
-    cxx = ["g++", "-std=c++17", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-           *[f"-isystem{p}" for p in torch.utils.cpp_extension.include_paths()],
-           f"-isystem{wheel / 'include'}", f"-I{CSRC}", f"-I{generated}"]
-    # One translation unit for the two torch-heavy sources keeps CI (2 cores) fast.
-    unity = out / "launcher_unity.cpp"
-    unity.write_text("".join(f'#include "{CSRC / name}"\n'
-                             for name in ("aclnn_call.cpp", "flash_cann_npu.cpp")))
-    package = out / "vendors" / "flash_cann" / "op_api" / "lib"
-    other = out / "vendors" / "other" / "op_api" / "lib"
-    for d in (package, other, out / "ext" / "flash_cann_npu", out / "fake"):
-        d.mkdir(parents=True)
-    (out / "other_vendor.c").write_text("int another_vendors_op(void) { return 0; }\n")
-    jobs = [cxx + ["-c", str(unity), "-o", str(out / "launcher.o")],
-            cxx + ["-c", str(CSRC / "opapi_library.cpp"), "-o", str(out / "opapi.o")],
-            cxx + ["-c", str(FAKE / "fake_torch_npu.cpp"), "-o", str(out / "fake.o")],
-            ["gcc", "-std=c11", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror", "-shared",
-             str(FAKE / "fake_cust_opapi.c"), "-o", str(package / "libcust_opapi.so")],
-            # Another vendor's op library: loads, lacks our symbols.
-            ["gcc", "-shared", "-fPIC", str(out / "other_vendor.c"), "-o",
-             str(other / "libcust_opapi.so")]]
-    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        list(pool.map(_run, jobs))
-    torch_libs = [f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
-    # The fake takes the real library's soname, so the extension loads it in its place.
-    _run(["g++", "-shared", "-Wl,-soname,libtorch_npu.so", str(out / "fake.o"), "-o",
-          str(out / "fake" / "libtorch_npu.so"), *torch_libs])
-    # --no-undefined against the real libtorch_npu.so: every torch_npu symbol the
-    # extension needs is one the real library exports.
-    _run(["g++", "-shared", "-Wl,--no-undefined", str(out / "launcher.o"), str(out / "opapi.o"),
-          "-o", str(out / "ext" / "flash_cann_npu" / "_launcher.so"),
-          f"-L{wheel / 'lib'}", "-ltorch_npu", f"-Wl,-rpath,{out / 'fake'}", *torch_libs, "-ldl"])
-    (out / "not_a_library.so").write_text("not ELF")
-    return out
+    return build_extension(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def results(build):
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join([str(FAKE), str(build / "ext"), str(ROOT / "python")]),
-               FAKE_TORCH_NPU_LIB=str(build / "fake" / "libtorch_npu.so"),
-               FAKE_ACLNN_LOG=str(build / "aclnn.jsonl"),
-               ASCEND_CUSTOM_OPP_PATH=":".join(str(build / "vendors" / v)
-                                               for v in ("other", "flash_cann")),
-               BAD_LIBRARIES=":".join([str(build / "not_a_library.so"),
-                                       str(build / "vendors" / "other" / LIBRARY)]))
-    for name in ("ASCEND_OPP_PATH", "FAKE_NPU_CORE_CONTROL", "FAKE_ACLNN_FAIL"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, str(FAKE / "scenarios.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(FAKE / "scenarios.py")],
+                          env=scenario_env(build, "aclnn.jsonl"), capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -391,8 +329,8 @@ def test_compile_time_detection_of_op_plugins_calls(tmp_path, declarations, pres
         "                                                flash_cann_npu::compat::Stage::kEnqueue);\n"
         "  flash_cann_npu::compat::RunOpApi<Command>(\"op\", std::function<int()>());\n"
         "}\n")
-    _run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{CSRC}",
-          str(probe)])
+    run_or_fail(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                 f"-I{CSRC}", str(probe)])
 
 
 @pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),

@@ -403,6 +403,20 @@ def test_vllm_call_captures_in_a_cuda_graph(gen):
         assert torch.equal(replayed, step())
 
 
+def test_host_read_of_max_seqlen_is_refused_by_name_in_a_cuda_graph(gen):
+    """A 0-d tensor for max_seqlen_q is read on the host outside a capture; inside a CUDA
+    graph capture the API refuses it, naming the argument, before any launch (the capture
+    itself ends cleanly)."""
+    q, k, v = (torch.randn(8, 2, 64, generator=gen).to("cuda", torch.float16) for _ in range(3))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
+    bound = torch.tensor(5, device="cuda")
+    flash_cann.flash_attn_varlen_func(q, k, v, cu, cu, bound, 5)  # outside: read, works
+    with pytest.raises(RuntimeError, match=r"max_seqlen_q \(a 0-d tensor on cuda\) would be "
+                                           r"read on the host.*pass max_seqlen_q as a Python"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            flash_cann.flash_attn_varlen_func(q, k, v, cu, cu, bound, 5)
+
+
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_sinks_gradient_matches_the_oracle(layout, gen):
     """dq, dk, dv and the sinks' gradient (GQA, causal, window, ALiBi; TND with an empty

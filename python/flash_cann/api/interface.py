@@ -37,7 +37,7 @@ import sys
 
 import torch
 
-from ..contract import eager
+from ..contract import capture, eager
 from ..contract import layout as layouts
 from ..contract.checks import key_padding_mask_as_bool, reads_values, require_tensor
 from ..contract.variant import Variant, keep_mask, window_bounds
@@ -79,6 +79,9 @@ def _window(window_size) -> tuple[int, int]:
     if isinstance(window_size, torch.Tensor) and not (
             window_size.is_floating_point() or window_size.is_complex()
             or window_size.dtype == torch.bool):
+        capture.refuse_host_read(window_size.device,
+                                 f"window_size (a tensor on {window_size.device.type})",
+                                 "pass the window as a pair of Python ints")
         window_size = window_size.tolist()
     try:
         left, right = window_size
@@ -148,6 +151,9 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
         deterministic=_flag(deterministic, "deterministic"), **options)
     probs = None
     if _flag(return_probs, "return_attn_probs") and rng_state is not None:
+        capture.refuse_host_read(q.device, "the dropout seed (return_attn_probs=True with "
+                                           "dropout builds S_dmask, a debug output, on the host)",
+                                 "capture without return_attn_probs")
         probs = _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q,
                                cu_seqlens_k, alibi_slopes, sinks, **options)
     return out, lse, probs
@@ -214,7 +220,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             (e.g., for auto-regressive modeling).
         window_size: (left, right). If not (-1, -1), implements sliding window local
             attention. A pair of ints: tuple, list or a tensor of 2 ints (a device
-            tensor is read on the host). As in flash-attn 2.8, causal=True sets the
+            tensor is read on the host: not during a graph capture). As in flash-attn
+            2.8, causal=True sets the
             right bound to 0 and a bound >= seqlen_k means unbounded.
         softcap: float. Anything > 0 activates softcapping attention:
             softcap * tanh(scores / softcap), before the ALiBi bias.
@@ -284,9 +291,14 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def _max_seqlen(value, name: str) -> int:
     """An int; a 0-d integer tensor is read (one host sync): transformers passes
-    ``cu_seqlens.diff().max()`` as it is, which flash-attn's int argument accepts."""
+    ``cu_seqlens.diff().max()`` as it is, which flash-attn's int argument accepts. Not
+    during a graph capture (contract.capture): the bound sizes the launch, so a captured
+    graph needs it as a Python int."""
     if (isinstance(value, torch.Tensor) and value.dim() == 0
             and not value.is_floating_point() and value.dtype != torch.bool):
+        capture.refuse_host_read(value.device, f"{name} (a 0-d tensor on {value.device.type})",
+                                 f"pass {name} as a Python int, the bound the graph's launches "
+                                 f"are sized for")
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"flash_cann: {name} must be an int (got {type(value).__name__} "
@@ -314,10 +326,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
             cu_seqlens_q[b + 1] - 1).
         cu_seqlens_k: (batch_size + 1,), int32: the same for k and v. Optional with
             block_table and seqused_k (vLLM passes None).
-        max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host). The
-            longest query / key sequence. On an accelerator they are taken on trust
-            (reading cu_seqlens would stall the device), as in flash-attn; CPU calls check
-            them.
+        max_seqlen_q, max_seqlen_k: int (or a 0-d integer tensor, read on the host; not
+            during a graph capture, which needs ints). The longest query / key sequence. On
+            an accelerator they are taken on trust (reading cu_seqlens would stall the
+            device), as in flash-attn; CPU calls check them.
         block_table: (batch_size, max_num_blocks_per_seq), int32: k and v are paged caches
             and key j of sequence b lies in block block_table[b, j // page_block_size]. The
             sequence's keys are its first seqused_k[b] entries (else cu_seqlens_k[b + 1] -

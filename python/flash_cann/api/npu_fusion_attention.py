@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from ..contract import capture
 from ..contract import layout as layouts
 from ..contract.checks import require_tensor
 from . import fusion_masks
@@ -63,6 +64,22 @@ def _refuse_unsupported(pse, padding_mask, prefix, sink, sparse_mode: int) -> No
             f"flash_cann: prefix attention (prefix, sparse_mode 5 and 6) is not supported "
             f"(got prefix={prefix!r}, sparse_mode={sparse_mode}); supported sparse_mode: "
             f"0, 1, 2, 3, 4, 7, 8")
+
+
+def _refuse_host_reads_in_capture(device, atten_mask, layout: str, keep_prob: float) -> None:
+    """torch_npu's conventions that this translation reads on the host, refused by name
+    during a graph capture (contract.capture) instead of failing inside the runtime."""
+    reads = [what for what, used in (
+        ("atten_mask's values (translated into flash_cann's causal band and key padding)",
+         atten_mask is not None),
+        ("actual_seq_qlen / actual_seq_kvlen (host lists in torch_npu's signature, copied to "
+         "the device)", layout == "TND"),
+        ("the dropout seed (returned as a Python int in torch_npu's signature)",
+         keep_prob < 1)) if used]
+    if reads:
+        capture.refuse_host_read(device, "; ".join(reads),
+                                 "capture flash_cann.flash_attn_func or "
+                                 "flash_attn_varlen_func (device cu_seqlens) instead")
 
 
 def _cumulative(lengths, name: str, total: int, tensor_name: str) -> list[int]:
@@ -221,6 +238,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                       f"atten_mask computes FULL attention (no causal mask, no band), as "
                       f"torch_npu documents; pass the compressed 2048x2048 mask for the mode "
                       f"to apply", stacklevel=2)
+    _refuse_host_reads_in_capture(query.device, atten_mask, layout, keep_prob)
     dropout_p = 1.0 - keep_prob
     rng_state = _rng_state(dropout_p, query.device, None) if dropout_p > 0 else None
 

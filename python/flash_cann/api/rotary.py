@@ -32,7 +32,8 @@ def _positions(x, cos, seqlen_offsets, cu_seqlens, max_seqlen) -> torch.Tensor:
         offsets = seqlen_offsets
         if isinstance(offsets, torch.Tensor):
             offsets = offsets.long()[sequence]
-        if max_seqlen is not None and x.shape[0] and int(lengths.max()) > max_seqlen:
+        if max_seqlen is not None and x.shape[0] and reads_values(lengths) and \
+                int(lengths.max()) > max_seqlen:
             raise ValueError(f"flash_cann: max_seqlen={max_seqlen} is shorter than the longest "
                              f"sequence in cu_seqlens ({int(lengths.max())})")
     positions = positions + offsets

@@ -6,7 +6,13 @@
  * The aclnn prototypes below are written by hand from CANN's generation rules (inputs,
  * attributes, outputs; double / bool / char * attributes; Optional and Out names), not
  * generated: if the extension passed its arguments in another order or type, the
- * recorded values would not be the ones the test sent. */
+ * recorded values would not be the ones the test sent.
+ *
+ * Under a graph capture of the fake NPU (fake_npu_capture.h) stage 2 is recorded instead
+ * of run: its log line says "captured", and each replay logs the launch again ("replay")
+ * with the values its small integer inputs (cu_seqlens, cache_seqlens, block_table,
+ * rng_state, ...) hold at that moment, as the kernel would read them from GM. With
+ * $FAKE_ACLNN_INT_VALUES set, eager stage-2 lines carry those values too. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,8 +26,22 @@ typedef struct aclTensor {
   int dtype, format;
   void *data;
 } aclTensor;
-typedef struct aclOpExecutor { int stage1_done; } aclOpExecutor;
+enum { kMaxTensors = 32, kMaxValues = 64, kAclInt32 = 3, kAclInt64 = 9 };
+typedef struct NamedTensor {
+  char name[40];
+  aclTensor tensor; /* a copy: the extension destroys its aclTensors after stage 2 */
+} NamedTensor;
+typedef struct aclOpExecutor {
+  int stage1_done;
+  int ntensors;
+  NamedTensor tensors[kMaxTensors];
+} aclOpExecutor;
 typedef void *aclrtStream;
+
+/* The fake NPU's capture hooks (fake_torch_npu.cpp), found in the process if loaded. */
+extern int fake_npu_capture_status(void) __attribute__((weak));
+extern void fake_npu_record_task(void (*run)(void *), void (*release)(void *), void *argument)
+    __attribute__((weak));
 
 static FILE *Log(void) {
   static FILE *log = NULL;
@@ -86,7 +106,15 @@ int aclDestroyTensor(const aclTensor *t) {
   return 0;
 }
 
+/* The tensors of the first stage being logged, for its executor. */
+static NamedTensor pending[kMaxTensors];
+static int npending = 0;
+
 static void Tensor(FILE *f, const char *name, const aclTensor *t) {
+  if (t != NULL && npending < kMaxTensors) {
+    snprintf(pending[npending].name, sizeof pending[npending].name, "%s", name);
+    pending[npending++].tensor = *t;
+  }
   fprintf(f, ", \"%s\": ", name);
   if (t == NULL) {
     fputs("null", f);
@@ -104,24 +132,97 @@ static void Tensor(FILE *f, const char *name, const aclTensor *t) {
 
 static int Stage1(const char *symbol, uint64_t *workspaceSize, aclOpExecutor **executor) {
   int status = Status(symbol);
+  int ntensors = npending;
+  npending = 0;
   fprintf(Log(), ", \"status\": %d}\n", status);
   last_status = status;
   if (status != 0) return status;
   *workspaceSize = 4096;
   *executor = calloc(1, sizeof(aclOpExecutor));
   (*executor)->stage1_done = 1;
+  (*executor)->ntensors = ntensors;
+  memcpy((*executor)->tensors, pending, (size_t)ntensors * sizeof(NamedTensor));
   return 0;
+}
+
+/* ", \"int_values\": {name: [...]}": what the launch's small int32 / int64 inputs hold
+ * now (host memory on the fake NPU), element by element through their strides. */
+static void IntValues(FILE *f, const aclOpExecutor *executor) {
+  fputs(", \"int_values\": {", f);
+  int shown = 0;
+  for (int i = 0; executor != NULL && i < executor->ntensors; ++i) {
+    const aclTensor *t = &executor->tensors[i].tensor;
+    int64_t count = 1;
+    for (uint64_t d = 0; d < t->ndim; ++d) count *= t->dims[d];
+    if ((t->dtype != kAclInt32 && t->dtype != kAclInt64) || count > kMaxValues) continue;
+    fprintf(f, "%s\"%s\": [", shown++ ? ", " : "", executor->tensors[i].name);
+    for (int64_t n = 0; n < count; ++n) {
+      int64_t offset = t->offset, rest = n;
+      for (int64_t d = (int64_t)t->ndim - 1; d >= 0; --d) {
+        offset += (rest % t->dims[d]) * t->strides[d];
+        rest /= t->dims[d];
+      }
+      long long value = t->dtype == kAclInt32 ? (long long)((const int32_t *)t->data)[offset]
+                                              : (long long)((const int64_t *)t->data)[offset];
+      fprintf(f, "%s%lld", n ? ", " : "", value);
+    }
+    fputc(']', f);
+  }
+  fputc('}', f);
+}
+
+/* A stage-2 launch recorded by a capture, run again by each replay. */
+typedef struct Launch {
+  const char *symbol;
+  void *workspace;
+  uint64_t workspaceSize;
+  aclrtStream stream;
+  aclOpExecutor executor;
+} Launch;
+
+static void Replay(void *argument) {
+  const Launch *launch = argument;
+  FILE *f = Log();
+  fprintf(f, "{\"call\": \"%s\", \"replay\": true, \"workspace\": %s, "
+          "\"workspace_size\": %llu, \"stream\": %llu", launch->symbol,
+          launch->workspace != NULL ? "true" : "false",
+          (unsigned long long)launch->workspaceSize,
+          (unsigned long long)(uintptr_t)launch->stream);
+  IntValues(f, &launch->executor);
+  fputs("}\n", f);
+}
+
+static int Capturing(void) {
+  return fake_npu_capture_status != NULL && fake_npu_record_task != NULL &&
+         fake_npu_capture_status() != 0;
 }
 
 static int Stage2(const char *symbol, void *workspace, uint64_t workspaceSize,
                   aclOpExecutor *executor, aclrtStream stream) {
   int status = Status(symbol);
-  fprintf(Log(),
+  int captured = status == 0 && executor != NULL && Capturing();
+  FILE *f = Log();
+  fprintf(f,
           "{\"call\": \"%s\", \"workspace\": %s, \"workspace_size\": %llu, "
-          "\"executor_ok\": %s, \"stream\": %llu, \"status\": %d}\n",
+          "\"executor_ok\": %s, \"stream\": %llu, \"status\": %d",
           symbol, workspace != NULL ? "true" : "false", (unsigned long long)workspaceSize,
           executor != NULL && executor->stage1_done ? "true" : "false",
           (unsigned long long)(uintptr_t)stream, status);
+  if (captured) {
+    fputs(", \"captured\": true", f);
+  } else if (getenv("FAKE_ACLNN_INT_VALUES") != NULL) {
+    IntValues(f, executor);
+  }
+  fputs("}\n", f);
+  if (captured) {
+    Launch *launch = calloc(1, sizeof(Launch));
+    launch->symbol = symbol; /* a string literal of this library */
+    launch->workspace = workspace;
+    launch->workspaceSize = workspaceSize;
+    launch->stream = stream;
+    launch->executor = *executor;
+    fake_npu_record_task(Replay, free, launch);
+  }
   free(executor); /* the executor is released after stage 2, as in CANN */
   last_status = status;
   return status;

@@ -6,7 +6,8 @@
 // plain ND format, OpCommand::RunOpApiV2 runs the handler at once (as torch_npu does with
 // ASCEND_LAUNCH_BLOCKING=1), and the stream-resource checks answer $FAKE_NPU_CORE_CONTROL
 // ("1": the thread must take the stream's resources). Other aten ops run on the CPU
-// (torch's cpu_fallback), so a loss can be computed. Not torch_npu.
+// (torch's cpu_fallback), so a loss can be computed. Graph capture (torch.npu.NPUGraph):
+// fake_npu_capture.h. Not torch_npu.
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/resize_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/native/CPUFallback.h>
@@ -24,6 +26,8 @@
 #include <torch_npu/csrc/core/npu/NPUStream.h>
 #include <torch_npu/csrc/framework/OpCommand.h>
 
+#include "fake_npu_capture.h"
+
 namespace {
 
 constexpr c10::DeviceType kNpu = c10::DeviceType::PrivateUse1;
@@ -33,6 +37,9 @@ void Free(void *data) { std::free(data); }
 
 struct HostAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t bytes) override {
+    if (fake_npu::PoolBlock *block = fake_npu::AllocateInPool(bytes)) {
+      return {block->data, block, &fake_npu::PoolRelease, kDevice};
+    }
     void *data = bytes ? std::calloc(bytes, 1) : nullptr;
     return {data, data, &Free, kDevice};
   }
@@ -54,6 +61,22 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream stream) const noexcept override { return stream; }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // torch.accelerator.synchronize(), Stream.synchronize(), Event.synchronize(): the host
+  // waits for the device, which a capture forbids.
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    fake_npu::RefuseInCapture("synchronize (device)", "the host would wait for the device");
+  }
+  void synchronizeStream(const c10::Stream &) const override {
+    fake_npu::RefuseInCapture("synchronize (stream)", "the host would wait for the stream");
+  }
+  void synchronizeEvent(void *) const override {
+    fake_npu::RefuseInCapture("synchronize (event)", "the host would wait for the event");
+  }
+  bool queryStream(const c10::Stream &) const override {
+    fake_npu::RefuseInCapture("query (stream)", "the host would poll the stream");
+    return true;
+  }
+  bool isStreamCapturing(const c10::Stream &) const override { return fake_npu::Capturing(); }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 
@@ -93,20 +116,49 @@ at::Tensor OnHost(const at::Tensor &t) {
   return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
 }
 
+void Copy(const at::Tensor &from, const at::Tensor &to) { OnHost(to).copy_(OnHost(from)); }
+
 at::Tensor CopyFrom(const at::Tensor &self, const at::Tensor &dst, bool) {
-  OnHost(dst).copy_(OnHost(self));
+  if (fake_npu::CallerWorkInCapture()) {
+    if (dst.device().is_cpu()) {
+      fake_npu::RefuseInCapture(
+          "a copy of an npu tensor to the host (Tensor.cpu(), .tolist(), .numpy(), "
+          ".to(\"cpu\"))", "the host would wait for the device's values");
+    }
+    if (self.device().is_cpu()) {
+      fake_npu::RefuseInCapture(
+          "a copy from host memory into an npu tensor (torch.tensor(..., device=\"npu\"), "
+          ".to(\"npu\"))",
+          "a replay would copy the bytes the host held at capture, not new ones; fill a "
+          "static npu input outside the capture instead");
+    }
+    fake_npu::Record([self, dst]() { Copy(self, dst); });
+  }
+  Copy(self, dst);
   return dst;
 }
 
-// What cpu_fallback writes results back with (same sizes here: in-place and out= ops).
+// What cpu_fallback writes results back with (in-place and out= ops). An out= result of
+// another size (arange into an empty tensor) first grows the npu tensor, through its
+// storage's allocator (this device's), as torch's CPU resize_ does.
 at::Tensor CopyFromAndResize(const at::Tensor &self, const at::Tensor &dst) {
-  TORCH_CHECK(self.sizes() == dst.sizes(), "fake torch_npu: cannot resize ", dst.sizes(),
-              " to ", self.sizes());
+  if (self.sizes() != dst.sizes()) {
+    at::native::resize_(dst, self.sizes());
+  }
   return CopyFrom(self, dst, false);
 }
 
-void CpuFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+void RunOnCpu(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  fake_npu::FallbackScope scope;
   at::native::cpu_fallback(op, stack);
+}
+
+void CpuFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  if (fake_npu::CallerWorkInCapture()) {
+    fake_npu::FallbackInCapture(op, stack, &RunOnCpu, &Copy);
+    return;
+  }
+  RunOnCpu(op, stack);
 }
 
 bool CoreControl() {
@@ -127,6 +179,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", &CopyFromAndResize);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("view", &at::native::view);
+}
+
+// torch.npu.NPUGraph's C++ side, for the torch_npu stand-in (torch_npu/graphs.py).
+TORCH_LIBRARY(fake_npu, m) {
+  m.def("capture_begin() -> ()", &fake_npu::CaptureBegin);
+  m.def("capture_end() -> int", &fake_npu::CaptureEnd);
+  m.def("replay(int graph) -> ()", &fake_npu::Replay);
+  m.def("reset(int graph) -> ()", &fake_npu::Reset);
+  m.def("tasks(int graph) -> int", &fake_npu::TaskCount);
+  m.def("is_capturing() -> bool", &fake_npu::Capturing);
+  m.def("synchronize() -> ()", [] {
+    fake_npu::RefuseInCapture("torch.npu.synchronize()", "the host would wait for the device");
+  });
 }
 
 namespace c10_npu {

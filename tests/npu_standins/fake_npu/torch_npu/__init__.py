@@ -4,7 +4,7 @@
   version's timing, ``$FAKE_TORCH_NPU_TORCHAIR`` = "import" (default) or "dynamo";
 * an "npu" device whose tensors live in host memory, when ``$FAKE_TORCH_NPU_LIB`` names
   the fake libtorch_npu.so: what flash_cann.backends.npu touches, so CI can run
-  flash-cann's NPU extension.
+  flash-cann's NPU extension; with torch.npu's graph capture (graphs.py).
 """
 
 import ctypes
@@ -24,6 +24,9 @@ if os.environ.get("FAKE_TORCH_NPU_LIB"):
     npu.is_available = lambda: True
     npu.device_count = lambda: 1
     npu.current_device = lambda: 0
+    from . import graphs  # torch.npu.NPUGraph & co. on the fake device
+
+    graphs.install(npu)
 
     torch.utils.rename_privateuse1_backend("npu")
     torch._register_device_module("npu", npu)
