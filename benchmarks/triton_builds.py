@@ -87,6 +87,7 @@ def main(argv=None):
     def compile_only(self, *a, grid, warmup, **kwargs):
         kernel = compile_and_run(self, *a, grid=grid, warmup=True, **kwargs)
         name = self.fn.__name__ + ("/packed" if kwargs.get("PACKED_TILES") else "") \
+            + ("/tnd" if kwargs.get("VARLEN") and "SeqUsedK" in kwargs else "") \
             + ("/paged" if kwargs.get("PAGED") else "") \
             + ("/split" if kwargs.get("splits", 1) != 1 else "")
         key = (name, kwargs.get("HEAD_DIM"), kwargs.get("CAUSAL"),
@@ -123,17 +124,26 @@ def main(argv=None):
                             layout="TND", variant=variant)
 
     def run_cache(head_dim, **pinned):
-        """A paged GQA decode, unsplit and split (the decode and combine kernels)."""
+        """A paged GQA decode, unsplit and split (the decode and combine kernels), with
+        BSND queries and with vLLM's packed ones (TND, cache_leftpad)."""
         k_cache, v_cache = (torch.randn(8, 64, 2, head_dim, generator=gen).to(torch.bfloat16)
                             for _ in range(2))
         q = torch.randn(2, 1, 8, head_dim, generator=gen).to(torch.bfloat16)
         table = torch.arange(8, dtype=torch.int32).view(2, 4)
         lengths = torch.tensor([100, 256], dtype=torch.int32)
+        # vLLM's call: packed query rows (a prefill chunk, decode rows), cache_leftpad.
+        cu_q = torch.tensor([0, 5, 6], dtype=torch.int32)
+        packed_q = torch.randn(6, 8, head_dim, generator=gen).to(torch.bfloat16)
+        packed = dict(layout="TND", cache_leftpad=torch.tensor([3, 0], dtype=torch.int32),
+                      variant=Variant(cu_seqlens_q=cu_q, max_seqlen_q=5))
         with backend.pinned_configs(**pinned):
             for splits in (1, 4):
                 backend.kvcache_forward(q, k_cache, v_cache, lengths, None, table,
                                         scale=1 / math.sqrt(head_dim), causal=True,
                                         num_splits=splits)
+                backend.kvcache_forward(packed_q, k_cache, v_cache, lengths, None, table,
+                                        scale=1 / math.sqrt(head_dim), causal=True,
+                                        num_splits=splits, **packed)
 
     if args.configs == "default":
         for causal, masked, heads, head_dim in itertools.product(
