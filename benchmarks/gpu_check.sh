@@ -8,6 +8,8 @@
 #        bench --dtypes bfloat16                        (full bf16 grid + memory)
 #        bench --dtypes float16 --memory-seqlens ''     (full fp16 grid)
 #        bench --quick --impls flash_cann,flash_cann-pointers,sdpa-flash   (TMA on/off)
+#   bash benchmarks/gpu_check.sh serving ARGS   gpu_serving.py (varlen, decode, split-KV), e.g.
+#        serving --quick                                (the issue-24 targets, one run)
 #
 # Runs from the working tree (PYTHONPATH=python; no install, no network). The tests run
 # in three processes at once: Triton compiles on the CPU, one GPU serves them all.
@@ -46,6 +48,13 @@ run_bench() {
   summary+=("benchmark (rc $rc): $OUT/bench.log")
 }
 
+run_serving() {
+  TRITON_PRINT_AUTOTUNING=1 timeout "${BENCH_TIMEOUT:-570}" \
+    python benchmarks/gpu_serving.py --out "$OUT" "$@" > "$OUT/serving.log" 2>&1
+  local rc=$?
+  summary+=("serving benchmark (rc $rc): $OUT/serving.log")
+}
+
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
   --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 case "$mode" in
@@ -55,7 +64,8 @@ case "$mode" in
     timeout 120 python -m flash_cann demo > "$OUT/demo.log" 2>&1
     summary+=("demo (rc $?): $(grep -E 'accuracy: (PASS|FAIL)' "$OUT/demo.log")") ;;
   bench) run_bench "$@" ;;
-  *) echo "usage: $0 [quick|tests|bench ARGS...]" >&2; exit 2 ;;
+  serving) run_serving "$@" ;;
+  *) echo "usage: $0 [quick|tests|bench ARGS...|serving ARGS...]" >&2; exit 2 ;;
 esac
 
 echo "=== summary ($mode; files in $OUT) ==="
@@ -63,7 +73,14 @@ printf '%s\n' "${summary[@]}"
 for log in "$OUT"/tests-*.log; do
   [ -f "$log" ] && grep -E "^(FAILED|ERROR) " "$log" | head -n 10
 done
-if [ -f "$OUT/bench.log" ] && [ "$mode" != tests ]; then
+if [ -f "$OUT/serving.log" ] && [ "$mode" = serving ]; then
+  if grep -q '^wrote ' "$OUT/serving.log"; then
+    sed -n '/^wrote /,$p' "$OUT/serving.log"
+  else
+    tail -n 30 "$OUT/serving.log"
+  fi
+fi
+if [ -f "$OUT/bench.log" ] && [ "$mode" != tests ] && [ "$mode" != serving ]; then
   if grep -q '^wrote ' "$OUT/bench.log"; then
     sed -n '/^wrote /,$p' "$OUT/bench.log"
   else

@@ -8,7 +8,9 @@ The launcher (flash_cann.backends.triton.forward/backward) runs on CPU tensors w
 Triton's driver replaced by one that names the target, and every launch turned into a
 compile-only warm-up: the kernels, specialisations and configs are exactly those a GPU
 run would build. --configs default: the small-problem configs over head_dims, masks,
-causal and GQA; candidates: every config the autotuner may try, per head_dim.
+causal and GQA, plus a packed (TND) forward and a paged decode, unsplit and split;
+candidates: every config the autotuner may try, per head_dim (the decode kernel's on
+the paged decode, the forward's also on the packed forward).
 Needs triton (its bundled ptxas and cuobjdump), no GPU.
 """
 
@@ -76,6 +78,7 @@ def main(argv=None):
     from triton.runtime.jit import JITFunction
 
     from flash_cann.backends.triton import cuda as backend
+    from flash_cann.contract.variant import Variant
 
     driver.set_active(_TargetDriver(GPUTarget("cuda", args.arch, 32)))
     built = {}
@@ -83,7 +86,11 @@ def main(argv=None):
 
     def compile_only(self, *a, grid, warmup, **kwargs):
         kernel = compile_and_run(self, *a, grid=grid, warmup=True, **kwargs)
-        key = (self.fn.__name__, kwargs.get("HEAD_DIM"), kwargs.get("CAUSAL"),
+        name = self.fn.__name__ + ("/packed" if kwargs.get("PACKED_TILES") else "") \
+            + ("/tnd" if kwargs.get("VARLEN") and "SeqUsedK" in kwargs else "") \
+            + ("/paged" if kwargs.get("PAGED") else "") \
+            + ("/split" if kwargs.get("splits", 1) != 1 else "")
+        key = (name, kwargs.get("HEAD_DIM"), kwargs.get("CAUSAL"),
                kwargs.get("HAS_MASK"), kwargs.get("USE_TMA"), kwargs.get("BLOCK_M"),
                kwargs.get("BLOCK_N"), kwargs.get("num_warps"), kwargs.get("num_stages"))
         built.setdefault(key, kernel)
@@ -105,16 +112,57 @@ def main(argv=None):
             backend.backward(torch.randn_like(out), q, k, v, out, lse, mask,
                              torch.randn_like(lse), scale=scale, causal=causal, layout=layout)
 
+    def run_packed(head_dim, **pinned):
+        """The packed (TND) forward: the grid over real query blocks, causal."""
+        lengths = torch.tensor([0, 100, 1, 250])
+        cu = lengths.cumsum(0).to(torch.int32)
+        q, k, v = (torch.randn(int(cu[-1]), h, head_dim, generator=gen).to(torch.bfloat16)
+                   for h in (4, 2, 2))
+        variant = Variant(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=250, max_seqlen_k=250)
+        with backend.pinned_configs(**pinned):
+            backend.forward(q, k, v, None, scale=1 / math.sqrt(head_dim), causal=True,
+                            layout="TND", variant=variant)
+
+    def run_cache(head_dim, **pinned):
+        """A paged GQA decode, unsplit and split (the decode and combine kernels), with
+        BSND queries and with vLLM's packed ones (TND, cache_leftpad)."""
+        k_cache, v_cache = (torch.randn(8, 64, 2, head_dim, generator=gen).to(torch.bfloat16)
+                            for _ in range(2))
+        q = torch.randn(2, 1, 8, head_dim, generator=gen).to(torch.bfloat16)
+        table = torch.arange(8, dtype=torch.int32).view(2, 4)
+        lengths = torch.tensor([100, 256], dtype=torch.int32)
+        # vLLM's call: packed query rows (a prefill chunk, decode rows), cache_leftpad.
+        cu_q = torch.tensor([0, 5, 6], dtype=torch.int32)
+        packed_q = torch.randn(6, 8, head_dim, generator=gen).to(torch.bfloat16)
+        packed = dict(layout="TND", cache_leftpad=torch.tensor([3, 0], dtype=torch.int32),
+                      variant=Variant(cu_seqlens_q=cu_q, max_seqlen_q=5))
+        with backend.pinned_configs(**pinned):
+            for splits in (1, 4):
+                backend.kvcache_forward(q, k_cache, v_cache, lengths, None, table,
+                                        scale=1 / math.sqrt(head_dim), causal=True,
+                                        num_splits=splits)
+                backend.kvcache_forward(packed_q, k_cache, v_cache, lengths, None, table,
+                                        scale=1 / math.sqrt(head_dim), causal=True,
+                                        num_splits=splits, **packed)
+
     if args.configs == "default":
         for causal, masked, heads, head_dim in itertools.product(
                 (False, True), (False, True), ((2, 2), (4, 1)), (16, 59, 64, 80, 128, 256)):
             run(causal, masked, heads, head_dim, (100, 130))
+        for head_dim in (64, 128, 256):
+            run_packed(head_dim)
+            run_cache(head_dim)
     else:
         for head_dim in (int(d) for d in args.head_dims.split(",")):
             for name, kernel in backend.KERNELS.items():
                 for config in kernel.candidates(backend._block_d(head_dim)):
+                    if name == "decode":
+                        run_cache(head_dim, decode=config)
+                        continue
                     for causal in (False, True):
                         run(causal, False, (2, 2), head_dim, (300, 300), **{name: config})
+                    if name == "fwd":
+                        run_packed(head_dim, fwd=config)
 
     cuobjdump = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
     print(f"{'kernel':<20}{'d':>4} {'causal':<6}{'mask':<6}{'tma':<6}{'M x N':>9}{'warps':>6}"

@@ -319,6 +319,22 @@ def test_kvcache_capacity_guard_on_device_tensors():
     check_capacity_guard("cpu")
 
 
+def test_kvcache_num_splits_is_a_hint(gen):
+    """num_splits changes no result (the CPU reference ignores it; the Triton backend's
+    split-KV is tested in test_triton_interpreter.py); the op refuses one outside
+    flash-attn's [0, 128] by name, the API a negative one."""
+    q, k_cache, v_cache, _, _, seqlens, kwargs, _ = _cache_case(gen, paged=True)
+    outs = [flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                               num_splits=n, **kwargs) for n in (0, 1, 7)]
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
+    for bad in (-1, 129):
+        with pytest.raises(ValueError, match=r"num_splits must be in \[0, 128\]"):
+            torch.ops.flash_cann.fwd_kvcache(q, k_cache, v_cache, None, None, seqlens, None,
+                                             kwargs["block_table"], None, 0.25, num_splits=bad)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        flash_cann.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=-1, **kwargs)
+
+
 # --------------------------------------------------------------------------------------
 # PyTorch citizenship
 # --------------------------------------------------------------------------------------

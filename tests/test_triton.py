@@ -445,3 +445,208 @@ def test_sinks_gradient_matches_the_oracle(layout, gen):
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
         error = (a.double() - b).norm() / b.norm()
         assert error < 2e-2, (name, error.item())
+
+
+# --------------------------------------------------------------------------------------
+# Split-KV decode and CUDA graphs (issue 24)
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("num_splits", [0, 7], ids=["heuristic", "splits7"])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
+def test_split_kv_matches_oracle(paged, num_splits, dtype, gen):
+    """Split-KV decode with every feature (window, softcap, ALiBi, sinks) vs the oracle;
+    num_splits 0: 6 sequences x 2 kv heads leave an H100 idle, so the heuristic splits."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    if num_splits == 0:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert triton_backend.split_count(6 * 2, 1024, sms) > 1
+    with oracle_checks.triton_poisoning():
+        check_kvcache("cuda", dtype, gen, paged=paged, batch_idx=False,
+                      features=dict(CACHE_FEATURES[1], num_splits=num_splits), batch=6,
+                      seqlen_q=1, seqlen_new=1, heads=(8, 2), head_dim=128, page_size=64,
+                      capacity=1024)
+
+
+@pytest.mark.parametrize("num_splits", [1, 5], ids=["unsplit", "splits5"])
+def test_every_decode_candidate_config(num_splits, gen):
+    """Each config the decode kernel's autotuner may pick (it tunes calls reading >= 256 MB
+    of cache) gives the right answer, unsplit and split (GQA 8/2, paged, every feature)."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    for config in triton_backend.DECODE.candidates(128):
+        with triton_backend.pinned_configs(decode=config), oracle_checks.triton_poisoning():
+            check_kvcache("cuda", torch.bfloat16, gen, paged=True, batch_idx=False,
+                          features=dict(CACHE_FEATURES[1], num_splits=num_splits), batch=3,
+                          seqlen_q=2, seqlen_new=2, heads=(8, 2), head_dim=128, page_size=64,
+                          capacity=640)
+
+
+def _captured(step, before_capture=lambda: None):
+    """Warm ``step()`` up on a side stream (compile, tune, plan), call ``before_capture``,
+    then capture one call of ``step`` in a CUDA graph: (graph, the captured call's
+    outputs). A capture fails on any host read of a device tensor, so a passing capture
+    also shows the path has none."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    before_capture()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
+def _cu_seqlens(lengths):
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    return offsets.to("cuda", torch.int32)
+
+
+def test_cuda_graph_varlen_replays_new_lengths(gen):
+    """flash_attn_varlen_func's forward and backward captured once, then replayed on new
+    values and new sequence boundaries (cu_seqlens rewritten in place: same total, each
+    length within max_seqlen; empty and one-token sequences): the kernels read cu_seqlens
+    on the device only, so every replay equals an eager call on the new inputs, bitwise."""
+    total, heads_q, heads_kv, head_dim, longest = 512, 4, 2, 64, 256
+    splits = ([100, 0, 156, 1, 255], [256, 256, 0, 0, 0], [1, 1, 1, 253, 256])
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen).to("cuda", torch.bfloat16)
+
+    cu = _cu_seqlens(splits[0])
+    static = [rand(total, heads_q, head_dim).requires_grad_(),
+              rand(total, heads_kv, head_dim).requires_grad_(),
+              rand(total, heads_kv, head_dim).requires_grad_()]
+    grad_out = rand(total, heads_q, head_dim)
+
+    def step(q, k, v, cu_seqlens, grad):
+        out = flash_cann.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest,
+                                                longest, causal=True)
+        out.backward(grad)
+        return out
+
+    def forget_grads():  # the captured backward allocates them (as a training step would)
+        for t in static:
+            t.grad = None
+
+    graph, out = _captured(lambda: step(*static, cu, grad_out), forget_grads)
+    grads = [t.grad for t in static]
+    for lengths in (*splits[1:], splits[0]):
+        new = [rand(*t.shape) for t in static]
+        new_grad = rand(total, heads_q, head_dim)
+        with torch.no_grad():
+            for t, value in zip((*static, grad_out), (*new, new_grad)):
+                t.copy_(value)
+            cu.copy_(_cu_seqlens(lengths))
+        graph.replay()
+        eager = [t.clone().requires_grad_() for t in new]
+        want = step(*eager, _cu_seqlens(lengths), new_grad)
+        for got, expected in zip((out, *grads), (want, *(t.grad for t in eager))):
+            assert torch.equal(got, expected), lengths
+
+
+def _paged_cache(gen, batch, heads_kv, head_dim, page, blocks, dtype=torch.bfloat16):
+    pool = batch * blocks + 2
+    k_cache, v_cache = (torch.randn(pool, page, heads_kv, head_dim, generator=gen)
+                        .to("cuda", dtype) for _ in range(2))
+    table = torch.randperm(pool, generator=gen)[:batch * blocks].view(batch, blocks)
+    return k_cache, v_cache, table.to("cuda", torch.int32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["unsplit", "splits4"])
+def test_cuda_graph_paged_decode_appends(num_splits, gen):
+    """A decode step (append one token per sequence to a paged cache, attend; GQA, causal,
+    sinks) captured once and replayed three times with cache_seqlens advanced on the
+    device between replays: out, lse and both caches equal eager steps bitwise."""
+    batch, heads_q, heads_kv, head_dim, page, blocks = 4, 8, 2, 128, 16, 8
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen).to("cuda", torch.bfloat16)
+
+    k_cache, v_cache, table = _paged_cache(gen, batch, heads_kv, head_dim, page, blocks)
+    seqlens = torch.tensor([0, 5, 17, 100], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = rand(batch, 1, heads_q, head_dim), *(rand(batch, 1, heads_kv, head_dim)
+                                                           for _ in range(2))
+    sinks = torch.randn(heads_q, generator=gen).cuda()
+    state = [t.clone() for t in (k_cache, v_cache, seqlens)]
+
+    def step(kc, vc, lengths, q_, k_, v_):
+        return flash_cann.flash_attn_with_kvcache(
+            q_, kc, vc, k_, v_, cache_seqlens=lengths, block_table=table, causal=True,
+            sinks=sinks, num_splits=num_splits, return_softmax_lse=True)
+
+    graph, (out, lse) = _captured(lambda: step(k_cache, v_cache, seqlens, q, k_new, v_new))
+    for t, saved in zip((k_cache, v_cache, seqlens), state):
+        t.copy_(saved)  # undo the warm-up's appends
+    for _ in range(3):
+        for t in (q, k_new, v_new):
+            t.copy_(rand(*t.shape))
+        caches = [t.clone() for t in (k_cache, v_cache, seqlens)]
+        want_out, want_lse = step(*caches, q.clone(), k_new.clone(), v_new.clone())
+        graph.replay()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+        assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])
+        seqlens.add_(1)  # the next step, on the device
+
+
+def test_cuda_graph_split_kv_long_context(gen):
+    """Batch 1 over a 16k contiguous cache: the heuristic splits the keys (one sequence
+    cannot fill the GPU); captured, replayed with new queries and a new filled length set
+    on the device: bitwise equal to eager calls, and equal to the unsplit kernel up to
+    rounding."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    heads_q, heads_kv, head_dim, capacity = 32, 8, 128, 16384
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert triton_backend.split_count(heads_kv, capacity, sms) > 1
+    k_cache, v_cache = (torch.randn(1, capacity, heads_kv, head_dim, generator=gen)
+                        .to("cuda", torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 1, heads_q, head_dim, generator=gen).to("cuda", torch.bfloat16)
+    seqlens = torch.tensor([capacity], dtype=torch.int32, device="cuda")
+
+    def step(q_, lengths, num_splits=0):
+        return flash_cann.flash_attn_with_kvcache(q_, k_cache, v_cache, cache_seqlens=lengths,
+                                                  num_splits=num_splits,
+                                                  return_softmax_lse=True)
+
+    graph, (out, lse) = _captured(lambda: step(q, seqlens))
+    for length in (capacity, 12345, 1):
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
+        seqlens.fill_(length)
+        graph.replay()
+        want_out, want_lse = step(q.clone(), seqlens.clone())
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), length
+        unsplit_out, unsplit_lse = step(q.clone(), seqlens.clone(), num_splits=1)
+        torch.testing.assert_close(out, unsplit_out, rtol=0, atol=2e-2)
+        torch.testing.assert_close(lse, unsplit_lse, rtol=0, atol=1e-4)
+
+
+def test_cuda_graph_vllm_paged_varlen(gen):
+    """vLLM's FlashAttention-backend call with mixed prefill chunks and decode rows as
+    packed queries (a paged cache, seqused_k, no cu_seqlens_k; the decode-only step:
+    test_vllm_call_captures_in_a_cuda_graph) captured and replayed with new queries and
+    new key lengths set on the device: bitwise equal to eager."""
+    heads_q, heads_kv, head_dim, page, blocks = 8, 2, 128, 16, 16
+    query_lengths = [37, 1, 1, 64, 1]            # two prefill chunks among decode rows
+    batch, total = len(query_lengths), sum(query_lengths)
+    k_cache, v_cache, table = _paged_cache(gen, batch, heads_kv, head_dim, page, blocks)
+    cu_q = _cu_seqlens(query_lengths)
+    seqused = torch.tensor([37, 90, 3, 200, 256], dtype=torch.int32, device="cuda")
+    q = torch.randn(total, heads_q, head_dim, generator=gen).to("cuda", torch.bfloat16)
+
+    def step(q_, used):
+        return flash_cann.flash_attn_varlen_func(
+            q_, k_cache, v_cache, cu_seqlens_q=cu_q, cu_seqlens_k=None,
+            max_seqlen_q=max(query_lengths), max_seqlen_k=blocks * page, seqused_k=used,
+            block_table=table, causal=True, softmax_scale=head_dim ** -0.5)
+
+    graph, out = _captured(lambda: step(q, seqused))
+    for _ in range(2):
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
+        seqused.add_(1).clamp_(max=blocks * page)
+        graph.replay()
+        assert torch.equal(out, step(q.clone(), seqused.clone()))

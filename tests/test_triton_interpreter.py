@@ -23,6 +23,7 @@ import sys
 import pytest
 import torch
 
+import flash_cann
 import oracle_checks
 import triton_interpreter_patch
 from oracle_checks import assert_all_ok, packed_views
@@ -30,6 +31,8 @@ from test_features import CACHE_FEATURES, CACHE_IDS, CACHE_LAYOUTS, check_kvcach
 from test_serving import check_leftpad, check_seqused_packed, check_vllm_paged
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:
+    import triton
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 in_interpreter = pytest.mark.skipif(
@@ -201,6 +204,20 @@ def test_features_match_oracle(name, features, triton_on_cpu, gen):
 
 
 @in_interpreter
+def test_packed_tiles_with_descriptors_match_oracle(triton_on_cpu, monkeypatch, gen):
+    """The packed forward's grid over the real query blocks (kernels.tiles.packed_tile:
+    empty and one-row sequences own no block or one, a long one several, tiles past the
+    last do nothing) with tensor descriptors bounded per sequence; GQA, causal rows
+    above the diagonal, a window. Forward only: the backward's grid is unchanged."""
+    monkeypatch.setenv("FLASH_CANN_TRITON_TMA", "1")
+    monkeypatch.setenv("FLASH_CANN_TRITON_VARLEN_GRID", "tiles")
+    assert_all_ok(oracle_checks.check_variant(
+        "cpu", torch.float16, gen=gen, heads=(4, 2), layout="TND", causal=True, window=(40, 0),
+        seqlens=[(1, 33), (0, 4), (150, 150), (17, 40), (1, 1)], backward="none",
+        within=oracle_checks.triton_poisoning))
+
+
+@in_interpreter
 @pytest.mark.parametrize("paged, batch_idx", CACHE_LAYOUTS, ids=CACHE_IDS)
 def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
     """The forward kernel over a KV cache: pages through the block table, cache rows,
@@ -208,6 +225,101 @@ def test_kvcache_matches_oracle(paged, batch_idx, triton_on_cpu, gen):
     with oracle_checks.triton_poisoning():
         check_kvcache("cpu", torch.float16, gen, paged=paged, batch_idx=batch_idx,
                       features=CACHE_FEATURES[1])
+
+
+# 16 x 16 tiles: the 72-key caches of the split tests span 5 key blocks.
+SPLIT_TILE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1) \
+    if HAS_TRITON else None
+SPLIT_CASES = [  # (id, check_kvcache's arguments): split-KV through the CUDA host
+    # GQA, paged, every feature: the window empties the leading splits, the sink joins in
+    # the combine; 5 splits over 72 keys leave the last splits empty at every key block size.
+    ("paged-all", dict(paged=True, batch_idx=False, features=dict(
+        CACHE_FEATURES[1], num_splits=5))),
+    # MHA (the split path runs the decode kernel for any group), cache rows, causal.
+    ("mha-batch-idx", dict(paged=False, batch_idx=True, heads=(2, 2), features=dict(
+        causal=True, num_splits=3))),
+    # num_splits=0: the heuristic (INTERPRETER_SMS) splits this small batch.
+    ("heuristic", dict(paged=True, batch_idx=False, features=dict(causal=False))),
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("name, case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_kv_matches_oracle(name, case, triton_on_cpu, monkeypatch, gen):
+    """Split-KV decode (key ranges per split, the lse-weighted combine) vs the float64
+    oracle; outputs poisoned, so every row of out and lse has a writer."""
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    # Ranges of 16 keys, so that the heuristic splits the tests' 72-key caches, and key
+    # blocks of 16, so that every split of the longest sequence has keys.
+    monkeypatch.setattr(triton_backend, "SPLIT_MIN_KEYS", 16)
+    with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
+        check_kvcache("cpu", torch.float16, gen, **case)
+
+
+@in_interpreter
+@pytest.mark.parametrize("call, num_splits", [("vllm-paged", 1), ("vllm-paged", 3),
+                                              ("leftpad", 3)], ids=str)
+def test_split_kv_over_packed_queries_and_leftpad(call, num_splits, triton_on_cpu, gen):
+    """vLLM's packed query rows (mixed prefill and decode rows, lengths 0 and 1, a
+    sequence with no key; the longest first, so the decode kernel's walk over the real
+    row blocks -- a GQA group's rows per token -- must give it all its blocks), unsplit
+    and split, and split-KV over keys from cache_leftpad: the splits divide each
+    sequence's own keys, the combine writes the packed rows."""
+    from test_serving import MIXED, check_leftpad, check_vllm_paged
+
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    features = dict(causal=True, window_size=(20, 0), softcap=2.0, alibi=True, sinks=True,
+                    num_splits=num_splits)
+    with oracle_checks.triton_poisoning(), triton_backend.pinned_configs(decode=SPLIT_TILE):
+        if call == "vllm-paged":
+            check_vllm_paged("cpu", torch.float16, gen, page=16, heads=(4, 2),
+                             features=features, lengths=sorted(MIXED, reverse=True))
+        else:
+            check_leftpad("cpu", torch.float16, gen, paged=True, heads=(4, 2),
+                          features=features)
+
+
+@needs_triton
+def test_split_count_fills_the_gpu_from_shapes():
+    """The split-KV heuristic (an H100's 132 SMs): no split where the programs fill the
+    GPU, enough to fill it for one long sequence, never ranges shorter than
+    SPLIT_MIN_KEYS."""
+    from flash_cann.backends.triton.cuda import SPLIT_MIN_KEYS, split_count
+
+    assert split_count(64 * 8, 4096, 132) == 1          # batch 64, 8 kv heads
+    assert split_count(8, 131072, 132) == 28            # batch 1 at 128k: 224 of 264 slots
+    assert split_count(8, 2 * SPLIT_MIN_KEYS, 132) == 2
+    assert split_count(8, SPLIT_MIN_KEYS, 132) == 1
+
+
+@in_interpreter
+def test_split_kv_is_deterministic_and_agrees_with_one_split(triton_on_cpu, monkeypatch, gen):
+    """The same call twice gives bitwise the same out and lse; num_splits 1 (the unsplit
+    kernel) and 4 agree up to rounding; the heuristic split this shape."""
+    from test_features import _cache_case
+
+    from flash_cann.backends.triton import cuda as triton_backend
+
+    monkeypatch.setattr(triton_backend, "SPLIT_MIN_KEYS", 16)
+    q, k_cache, v_cache, _, _, seqlens, kwargs, _ = _cache_case(
+        gen, paged=True, dtype=torch.float16, heads=(4, 1), seqlen_q=1)
+    assert triton_backend.split_count(q.shape[0], 72, triton_backend.INTERPRETER_SMS) > 1
+    sinks = torch.randn(4, generator=gen)
+
+    def call(splits):
+        return flash_cann.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, softcap=3.0, sinks=sinks,
+            num_splits=splits, return_softmax_lse=True, **kwargs)
+
+    with triton_backend.pinned_configs(decode=SPLIT_TILE):
+        first, again = call(4), call(4)
+        unsplit, heuristic = call(1), call(0)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    for split in (first, heuristic):
+        torch.testing.assert_close(split[0], unsplit[0], rtol=0, atol=2e-3)
+        torch.testing.assert_close(split[1], unsplit[1], rtol=0, atol=1e-5)
 
 
 # vLLM's paged call (mixed prefill + decode rows, lengths 0 and 1, keys not a multiple of

@@ -347,8 +347,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         return_softmax_lse (keyword): also return softmax_lse (vllm_flash_attn's flag).
         out (keyword): (total_q, nheads, headdim) like q: the output is written into it
             (and returned), as vLLM passes its output buffer.
-        num_splits (keyword): a performance hint in vllm_flash_attn; results never depend
-            on it.
+        num_splits (keyword): with block_table or seqused_k, split-KV as in
+            flash_attn_with_kvcache (0: the backend chooses); ignored otherwise. Results
+            equal the unsplit ones up to rounding.
     Return:
         out: (total_q, nheads, headdim).
         softmax_lse [optional, if return_attn_probs or return_softmax_lse]: (nheads,
@@ -365,7 +366,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
             q, k, v, require_tensor(cu_seqlens_q, "cu_seqlens_q"), cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, seqused_k, block_table, dropout_p=dropout_p,
             return_attn_probs=return_attn_probs, softmax_scale=softmax_scale, causal=causal,
-            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            num_splits=num_splits)
         return _varlen_returned(*result, None, out, return_attn_probs, return_softmax_lse)
     result = _attention(
         q, k, v, None, layout=layouts.PACKED, softmax_scale=softmax_scale, causal=causal,
@@ -407,7 +409,7 @@ def _num_splits(num_splits) -> None:
 
 def _cache_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                   block_table, *, dropout_p, return_attn_probs, softmax_scale, causal,
-                  window_size, softcap, alibi_slopes, sinks):
+                  window_size, softcap, alibi_slopes, sinks, num_splits):
     """flash_attn_varlen_func over a KV cache (block_table or seqused_k): (out, lse) of
     torch.ops.flash_cann.fwd_kvcache with TND queries, nothing appended and no host read.
 
@@ -473,7 +475,8 @@ def _cache_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal, layout="TND",
         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, alibi_slopes=alibi_slopes,
         sinks=None if sinks is None else require_tensor(sinks, "sinks"),
-        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))
+        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
+        num_splits=num_splits)
 
 
 def _int32_vector(t, name: str, length: int, device) -> torch.Tensor:
@@ -556,9 +559,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             flash_attn_func (sinks: keyword-only, not differentiated here: forward only).
         rotary_interleaved: rotate channel pairs (0, 1), (2, 3), ... (GPT-J style); False:
             (i, i + rotary_dim / 2) (GPT-NeoX style). Only meaningful with rotary_cos/sin.
-        num_splits: a performance hint in flash-attn (split the keys among thread
-            blocks); the result does not depend on it, and flash_cann's backends choose
-            their own split. Any int >= 0 is accepted.
+        num_splits: split-KV, as flash-attn's: 0 (default) lets the backend choose from
+            the shapes (the Triton backend on CUDA splits when batch x nheads_k cannot
+            fill the GPU, e.g. one long sequence), 1 never splits, n > 1 splits each
+            sequence's keys into n ranges whose partial results are combined in a fixed
+            order. The result equals the unsplit one up to rounding and repeats bitwise;
+            the CPU backend and the Triton backend on NPUs ignore it.
         return_softmax_lse: also return the logsumexp (batch_size, nheads, seqlen), fp32.
     Return:
         out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
@@ -579,7 +585,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
         scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal,
-        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"))
+        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
+        num_splits=num_splits)
     return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
 
 

@@ -372,6 +372,10 @@ def check_bwd(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return p
 
 
+# flash-attn's limit on num_splits (its split-KV workspace is sized by it, as ours is).
+MAX_NUM_SPLITS = 128
+
+
 @dataclass(frozen=True)
 class CacheProblem:
     """The sizes of one fwd_kvcache call, as check_kvcache established them."""
@@ -458,12 +462,16 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                   block_table, scale: float, causal: bool, *, cache_leftpad=None,
                   layout: str = "BSND", cu_seqlens_q=None, max_seqlen_q: int = 0,
                   alibi_slopes=None, window_left: int = -1, window_right: int = -1,
-                  softcap: float = 0.0, sinks=None,
+                  softcap: float = 0.0, sinks=None, num_splits: int = 0,
                   backend: BackendSpec | None = None) -> CacheProblem:
     """Validate fwd_kvcache's arguments (see the spec's comment on the op).
 
     The batch: query's (BSND); with TND, cache_seqlens' length, else block_table's rows,
     else len(cu_seqlens_q) - 1 -- the other per-sequence arguments must agree with it."""
+    if not 0 <= num_splits <= MAX_NUM_SPLITS:
+        raise ValueError(_prefix(f"num_splits must be in [0, {MAX_NUM_SPLITS}] (0: the backend "
+                                 f"chooses, 1: no split, n: n key ranges per sequence) (got "
+                                 f"{num_splits})"))
     _check_features("fwd_kvcache", dict(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                         alibi_slopes=alibi_slopes, window_left=window_left,
                                         window_right=-1 if causal else window_right,

@@ -48,7 +48,7 @@ _BWD_CORE = ("grad_out", "query", "key", "value", "out", "softmax_lse", "key_pad
 _KVCACHE_CORE = ("query", "k_cache", "v_cache", "key", "value", "cache_seqlens",
                  "cache_batch_idx", "block_table", "scale", "causal")
 # fwd_kvcache's arguments beyond the core that belong to no feature.
-_KVCACHE_MORE = ("cache_leftpad", "layout")
+_KVCACHE_MORE = ("cache_leftpad", "layout", "num_splits")
 
 # device type -> name of the backend that serves it now.
 _selected: dict[str, str] = {}
@@ -316,7 +316,8 @@ def _fwd_kvcache_kernel(*args, **kwargs):
     return _backend_call(backend, device_type, "kvcache_forward", a["query"], a["k_cache"],
                          a["v_cache"], seqlens_k, a["cache_batch_idx"], a["block_table"],
                          scale=a["scale"], causal=a["causal"], layout=a["layout"],
-                         cache_leftpad=a["cache_leftpad"], variant=c.problem.variant)
+                         cache_leftpad=a["cache_leftpad"], variant=c.problem.variant,
+                         num_splits=a["num_splits"])
 
 
 _KERNELS = {"fwd": _fwd_kernel, "bwd": _bwd_kernel, "fwd_kvcache": _fwd_kvcache_kernel}

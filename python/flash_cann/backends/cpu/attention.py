@@ -488,7 +488,8 @@ def _cached_keys(cache, b: int, first: int, length: int, cache_batch_idx,
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
-                    variant: Variant = PLAIN, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+                    variant: Variant = PLAIN, num_splits: int = 0, block_q: int = BLOCK_Q,
+                    block_k: int = BLOCK_K):
     """Attention of query (batch, seqlen_q, heads_q, head_dim) -- or TND: (total_q,
     heads_q, head_dim), sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 --
     to entries cache_leftpad[b] (default 0) .. seqlens_k[b] - 1 of each sequence's
@@ -497,7 +498,9 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     The keys before cache_leftpad are cut off rather than masked: causal, window and
     ALiBi positions are bottom-right aligned, so a sequence of keys [first, length) seen
     from its own start has the same diagonal, (length - first) - seqlen_q, relative to
-    its keys as the absolute positions have to length."""
+    its keys as the absolute positions have to length. num_splits (a GPU performance
+    hint) changes nothing here: the reference walks each sequence's keys in one pass."""
+    del num_splits
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     acc_dtype = accumulator_dtype(query.dtype)
     lengths = seqlens_k.tolist()

@@ -35,6 +35,7 @@ import triton
 
 from ...contract import layout as layouts
 from ...contract import ops
+from ...contract.checks import MAX_NUM_SPLITS
 from ...contract.variant import PLAIN, Variant
 from . import kernels
 from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
@@ -45,6 +46,24 @@ from .launch import Launch, current_stream, launch_and_record
 # ~0.1 ms on an H100): below it a search costs more than it can save, and the
 # default tile serves.
 TUNE_MIN_SCORES = 2**27
+# The decode kernel's work is reading the cache, not MMAs: tune calls that read at least
+# this many bytes of K and V (~0.1 ms at an H100's 3 TB/s), as TUNE_MIN_SCORES does.
+TUNE_MIN_CACHE_BYTES = 2**28
+# Split-KV (kernels/decode.py): split when the (sequence, kv head, row block) programs
+# fill fewer than this share of the GPU's program slots, into at most MAX_NUM_SPLITS
+# key ranges of at least SPLIT_MIN_KEYS keys each (flash-attn 2's num_splits_heuristic,
+# which counts two program slots per SM, 0.8 and 128).
+SPLIT_FILL = 0.8
+SLOTS_PER_SM = 2
+SPLIT_MIN_KEYS = 128
+# The interpreter (CPU tensors) has no SMs: a few, so that the heuristic splits the
+# tests' small problems as a GPU splits long contexts.
+INTERPRETER_SMS = 4
+# Rows of a combine program (BLOCK_R x BLOCK_D fp32 per split: 8 values a thread at 4 warps).
+COMBINE_ELEMENTS = 1024
+# The packed forward's programs walk cu_seqlens as one vector (kernels.tiles.packed_tile):
+# up to this many sequences (4 int32 a thread at 8 warps); more take the max_seqlen grid.
+PACKED_TILES_MAX_BATCH = 1024
 # The autotuner's seqlen key is the next power of two, capped: past 16k every tile is
 # deep in its steady state, and a search at 128k would run each candidate for seconds.
 SEQLEN_BUCKET_CAP = 16384
@@ -120,14 +139,19 @@ STAGES = (2, 3)
 FWD_TILES = ((64, 64), (128, 64), (128, 128))
 DQ_TILES = ((64, 32), (64, 64), (128, 64))
 DKDV_TILES = ((32, 64), (64, 64), (32, 128), (64, 128))
+# The decode kernel's rows are a kv head's group x seqlen_q (4 for 32/8 heads, one
+# token): 16-row tiles (the smallest tl.dot takes) waste no MMA rows and leave room for
+# deeper K/V pipelines; the forward's tiles serve long query chunks.
+DECODE_TILES = ((16, 64), (16, 128), *FWD_TILES)
 
 # What a tuned config is kept for: the sequence-length buckets and every constexpr flag
 # that changes the kernel (the decode kernel has fewer of them).
 _AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL", "HAS_MASK",
                  "USE_TMA", "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "DROPOUT", "VARLEN", "SEQUSED_K",
-                 "PAGED", "BATCH_IDX"]
+                 "PAGED", "BATCH_IDX", "PACKED_TILES"]
 _DECODE_AUTOTUNE_KEY = ["seqlen_q_bucket", "seqlen_k_bucket", "HEAD_DIM", "CAUSAL",
-                        "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX"]
+                        "LEFT_BOUNDED", "SOFTCAP", "ALIBI", "PAGED", "BATCH_IDX", "splits",
+                        "PACKED_TILES"]
 
 
 class _Kernel:
@@ -141,8 +165,9 @@ class _Kernel:
     fit."""
 
     def __init__(self, name, fn, tiles, query_stationary: bool, registers, smem,
-                 key=_AUTOTUNE_KEY):
+                 key=_AUTOTUNE_KEY, tune_min: int = TUNE_MIN_SCORES):
         self.name = name
+        self.tune_min = tune_min  # the least work (launch's ``work``) worth a search
         self.fn = fn
         self.query_stationary = query_stationary
         self.registers = registers
@@ -182,12 +207,13 @@ class _Kernel:
         budget = _smem_budget(named_args["Q"].device)
         return [c for c in configs if self.keep(c, kwargs["BLOCK_D"], budget)]
 
-    def launch(self, grid, *args, scores: int, record: int = 0, **constexprs):
-        """Launch (tuned, pinned, or the default config for a small problem). With
+    def launch(self, grid, *args, work: int, record: int = 0, **constexprs):
+        """Launch (tuned, pinned, or the default config for a problem whose ``work`` --
+        scores, or cache bytes for the decode kernel -- is below tune_min). With
         ``record`` = n, return the launch as a triton_launch.Launch that replays it with
         new tensors in the first n arguments (or None where it cannot)."""
         pinned = _pinned.get(self.name)
-        if pinned is None and scores < TUNE_MIN_SCORES:
+        if pinned is None and work < self.tune_min:
             pinned = self.default(constexprs["BLOCK_D"], _smem_budget(args[0].device))
         launcher = self.tuned if pinned is None else self.fn
         if pinned is not None:
@@ -208,8 +234,8 @@ FWD = _Kernel("fwd", kernels.attn_fwd, FWD_TILES, True, _registers_fwd, _smem_fw
 DQ = _Kernel("dq", kernels.attn_bwd_dq, DQ_TILES, True, _registers_dq, _smem_dq)
 DKDV = _Kernel("dkdv", kernels.attn_bwd_dkdv, DKDV_TILES, False, _registers_dkdv, _smem_dkdv)
 # The decode tile holds what a forward tile holds (rows of Q, K/V blocks in flight).
-DECODE = _Kernel("decode", kernels.attn_decode, FWD_TILES, True, _registers_fwd, _smem_fwd,
-                 key=_DECODE_AUTOTUNE_KEY)
+DECODE = _Kernel("decode", kernels.attn_decode, DECODE_TILES, True, _registers_fwd, _smem_fwd,
+                 key=_DECODE_AUTOTUNE_KEY, tune_min=TUNE_MIN_CACHE_BYTES)
 KERNELS = {k.name: k for k in (FWD, DQ, DKDV, DECODE)}
 
 # Kernel name -> config used instead of tuning (see pinned_configs).
@@ -269,6 +295,22 @@ def _tma_compatible(t: torch.Tensor) -> bool:
 
 def _tma_setting() -> str:
     return os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
+
+
+def _packed_grid() -> str:
+    """FLASH_CANN_TRITON_VARLEN_GRID: ``tiles`` (default: the packed forward's programs
+    cover the real query blocks, kernels.tiles.packed_tile) or ``max`` (max_seqlen_q
+    blocks for every sequence, the earlier grid; for A/B timings)."""
+    setting = os.environ.get("FLASH_CANN_TRITON_VARLEN_GRID", "tiles")
+    if setting not in ("tiles", "max"):
+        raise ValueError(f"FLASH_CANN_TRITON_VARLEN_GRID must be tiles or max (got {setting!r})")
+    return setting
+
+
+def _packed_tiles(batch: int) -> bool:
+    """Whether a packed call's grid covers the real query blocks (kernels.tiles.packed_tile)
+    rather than max_seqlen_q's blocks for every sequence."""
+    return _packed_grid() == "tiles" and batch <= PACKED_TILES_MAX_BATCH
 
 
 def _use_tma(*bnsd_views: torch.Tensor) -> bool:
@@ -361,22 +403,34 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
-    use_tma = not packed and _use_tma(q, k, v, o)
+    # Packed sequences take descriptors too: a sequence's view starts q_start rows in,
+    # 16-byte aligned whenever the row stride is (_tma_compatible), and its bounds are
+    # the sequence's own rows.
+    use_tma = _use_tma(q, k, v, o)
     features = feature_arguments(variant, causal)
     features.update(sink_arguments(variant))
+    packed_tiles = packed and _packed_tiles(batch)
     if packed:
         features.update(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k,
                         max_seqlen_q=rows_q)
+    if packed_tiles:
+        features.update(PACKED_TILES=True, BATCH_BLOCK=triton.next_power_of_2(batch))
+
+    def grid(meta):
+        if packed_tiles:
+            # A bound on the real query blocks (each sequence wastes less than one), not
+            # max_seqlen_q's blocks for every sequence.
+            return triton.cdiv(seqlen_q, meta["BLOCK_M"]) + batch, heads_q, 1
+        return triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch
     with _launching_on(query.device, use_tma):
         # The first six arguments are the tensors a replay supplies (same data pointers
         # as these views).
-        launch = FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
-                            q, k, v, o, lse, key_padding_mask,
+        launch = FWD.launch(grid, q, k, v, o, lse, key_padding_mask,
                             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                             *_mask_strides(key_padding_mask),
                             batch, heads_q, heads_q // heads_kv, seqlen_q, seqlen_k,
                             scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k),
-                            scores=batch * heads_q * rows_q * rows_k, record=6 * record,
+                            work=batch * heads_q * rows_q * rows_k, record=6 * record,
                             HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
                             HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
                             USE_TMA=use_tma, PERSISTENT=False, **features)
@@ -440,7 +494,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
                seqlen_k, scale, scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k))
     features = feature_arguments(variant, causal)
-    shared = dict(scores=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
+    shared = dict(work=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, HAS_MASK=key_padding_mask is not None,
                   USE_TMA=use_tma, PERSISTENT=False, **features)
     varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
@@ -524,15 +578,51 @@ class _BackwardPlan:
         return grad_query, grad_key, grad_value, None
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_count(programs: int, capacity: int, multiprocessors: int) -> int:
+    """How many key ranges split-KV gives each (sequence, kv head), from shapes only
+    (never the filled lengths, which live on the device): 1 when ``programs`` (sequences
+    x kv heads x row blocks) already fill SPLIT_FILL of the GPU's program slots; else,
+    as flash-attn 2's num_splits_heuristic, the fewest splits whose waves of programs
+    use the slots within 85 % as well as the best count does, each split keeping at
+    least SPLIT_MIN_KEYS of the ``capacity`` keys. Splits that give every range the same
+    number of key blocks as one split fewer are skipped (the same work, more combine)."""
+    slots = SLOTS_PER_SM * multiprocessors
+    if programs >= SPLIT_FILL * slots:
+        return 1
+    key_blocks = max(1, -(-capacity // SPLIT_MIN_KEYS))
+    most = min(MAX_NUM_SPLITS, slots, key_blocks)
+
+    def useful(n):
+        return n == 1 or -(-key_blocks // n) != -(-key_blocks // (n - 1))
+
+    def efficiency(n):
+        waves = programs * n / slots
+        return waves / math.ceil(waves)
+
+    candidates = [n for n in range(1, most + 1) if useful(n)]
+    best = max(efficiency(n) for n in candidates)
+    return next(n for n in candidates if efficiency(n) >= 0.85 * best)
+
+
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
-                    variant: Variant = PLAIN):
+                    variant: Variant = PLAIN, num_splits: int = 0):
     """Attention over entries cache_leftpad[b] (LEFTPAD) .. seqlens_k[b] - 1 (SEQUSED_K) of
     each sequence's cache, read in place: through its cache row (BATCH_IDX) or its pages
     (PAGED, pointer loads through the block table); never a gathered copy of the cache.
     Queries BSND or packed (TND: VARLEN, vLLM's mixed prefill + decode rows). With GQA
     the decode kernel packs the group's query heads into one tile, so K/V are read once
-    per group; without, the forward kernel runs."""
+    per group; without, the forward kernel runs. num_splits: flash-attn's hint (0:
+    split_count's choice, 1: no split, n: n key ranges); split calls run the decode kernel
+    (any group) into workspaces and attn_decode_combine."""
     call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
                       scale=scale, causal=causal, variant=variant, layout=layout,
                       cache_leftpad=cache_leftpad)
@@ -541,16 +631,66 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     head_dim, heads_kv = query.shape[-1], call.heads_kv
     tensors, strides = call.tensors, call.strides
     sizes = (*call.sizes, _bucket(rows_q), _bucket(capacity))
-    common = dict(scores=batch * heads_q * rows_q * capacity, HEAD_DIM=head_dim,
-                  BLOCK_D=_block_d(head_dim), **call.features)
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), **call.features)
+    packed_tiles = layout == layouts.PACKED and _packed_tiles(batch)
+    if packed_tiles:
+        common.update(PACKED_TILES=True, BATCH_BLOCK=triton.next_power_of_2(batch))
+    cache_bytes = 2 * batch * heads_kv * capacity * head_dim * query.element_size()
+    splits = num_splits or split_count(
+        batch * heads_kv * triton.cdiv(group * rows_q, DECODE_TILES[0][0]), capacity,
+        _multiprocessors(query.device))
+
+    def row_blocks(block_m, rows_per_token):
+        """(row blocks, sequences) of the grid: max_seqlen_q's blocks for each sequence,
+        or a bound on the real blocks of all of them (PACKED_TILES)."""
+        if packed_tiles:
+            return triton.cdiv(rows_per_token * call.sizes[3], block_m) + batch, 1
+        return triton.cdiv(rows_per_token * rows_q, block_m), batch
+
     with _launching_on(query.device, False):
-        if group > 1:
-            DECODE.launch(lambda meta: (triton.cdiv(group * rows_q, meta["BLOCK_M"]),
-                                        heads_kv, batch), *tensors, *strides, *sizes,
-                          PERSISTENT=False, **common)
+        if splits > 1:
+            _split_decode(call, sizes, splits, cache_bytes, common, row_blocks)
+        elif group > 1:
+            DECODE.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], group), heads_kv),
+                          *tensors, *strides, *sizes, work=cache_bytes, PERSISTENT=False,
+                          **common)
         else:
-            FWD.launch(lambda meta: (triton.cdiv(rows_q, meta["BLOCK_M"]), heads_q, batch),
+            FWD.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], 1), heads_q),
                        *tensors[:5], None, *strides, 0, 0, *sizes, HAS_MASK=False,
                        NEGATIVE_SCALE=scale < 0, USE_TMA=False, PERSISTENT=False,
-                       SEQUSED_K=True, **common)
+                       SEQUSED_K=True, work=batch * heads_q * rows_q * capacity, **common)
     return call.out, call.lse
+
+
+def _cache_grid(row_blocks: tuple[int, int], heads: int, splits: int = 1) -> tuple:
+    blocks, sequences = row_blocks
+    return blocks * splits, heads, sequences
+
+
+def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict, row_blocks) -> None:
+    """Split-KV: the decode kernel's programs, ``splits`` per (row block, kv head,
+    sequence), write each key range's out and lse (no sink) into fp32 workspaces shaped
+    as the out and lse views (BNSD; TND queries are rows of a batch of one) and sized by
+    the shapes; attn_decode_combine merges them into call.out and call.lse. row_blocks:
+    kvcache_forward's (row blocks, sequences) of the grid."""
+    q, k, v, o, lse = call.tensors
+    _, heads_q, group = call.sizes[:3]
+    rows_shape = o.shape[:3]  # (batch, or 1 with TND; heads_q; query rows)
+    head_dim = q.shape[-1]
+    device = q.device
+    rows = math.prod(rows_shape)
+    out_parts = empty((splits, *rows_shape, head_dim), torch.float32, device)
+    lse_parts = empty((splits, *rows_shape), torch.float32, device)
+    partial = {name: value for name, value in common.items() if name not in ("SINKS", "Sinks")}
+    DECODE.launch(lambda meta: _cache_grid(row_blocks(meta["BLOCK_M"], group), call.heads_kv,
+                                           splits),
+                  q, k, v, out_parts, lse_parts, *call.strides[:12], *out_parts[0].stride(),
+                  *sizes, splits=splits, split_stride_o=out_parts.stride(0),
+                  split_stride_lse=lse_parts.stride(0), work=cache_bytes, PERSISTENT=False,
+                  **partial)
+    block_d = common["BLOCK_D"]
+    block_r = max(1, COMBINE_ELEMENTS // block_d)
+    kernels.attn_decode_combine[(triton.cdiv(rows, block_r),)](
+        out_parts, lse_parts, o, lse, common.get("Sinks"), rows, heads_q, rows_shape[2],
+        splits, *o.stride(), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r,
+        SINKS="Sinks" in common)

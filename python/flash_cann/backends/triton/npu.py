@@ -286,11 +286,14 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
-                    variant: Variant = PLAIN):
+                    variant: Variant = PLAIN, num_splits: int = 0):
     """As the CUDA host's (cuda.kvcache_forward: the cache read in place, GQA groups packed
     into the decode kernel's tiles, TND queries, cache_leftpad), with persistent grids and
-    the NPU tile table."""
+    the NPU tile table. num_splits is a hint this host does not take yet: it never splits
+    the keys (the combine kernel is not among the variants test_triton_npu.py lowers)."""
     from . import kernels
+
+    del num_splits
 
     query = _unit_last_stride(query)
     call = cache_call(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,

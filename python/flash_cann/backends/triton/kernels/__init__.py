@@ -1,7 +1,7 @@
 """The Triton backend's device code: FlashAttention-2 forward and backward, for
 NVIDIA GPUs (upstream Triton) and Ascend NPUs (triton-ascend).
 
-By family: ``forward.py``, ``decode.py`` (KV cache, GQA packed), ``backward.py``, with
+By family: ``forward.py``, ``decode.py`` (KV cache, GQA packed, split-KV), ``backward.py``, with
 the tile helpers they share in ``tiles.py`` and the features' score helpers in
 ``scores.py``. ``cuda.py`` (CUDA) and ``npu.py`` (NPU) pick the tiles and launch them.
 The source stays within what both compilers take (triton-ascend 3.2 has no tuple
@@ -31,7 +31,8 @@ arguments, so strides travel as scalars). Conventions:
 """
 
 from .backward import attn_bwd_dkdv, attn_bwd_dq, attn_bwd_preprocess
-from .decode import attn_decode
+from .decode import attn_decode, attn_decode_combine
 from .forward import attn_fwd
 
-__all__ = ["attn_fwd", "attn_decode", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+__all__ = ["attn_fwd", "attn_decode", "attn_decode_combine", "attn_bwd_preprocess",
+           "attn_bwd_dkdv", "attn_bwd_dq"]

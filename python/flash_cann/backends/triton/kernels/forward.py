@@ -9,7 +9,7 @@ import triton.language as tl
 
 from .scores import dropout_keep, head_features, scores_log2, visible_pairs
 from .tiles import (LN2, LOG2E, assert_tiles, heads_view, key_block_range, key_value_views, load_keys,
-                    load_rows, row_vector, sequence_tile, store_rows, tile_index,
+                    load_rows, packed_tile, row_vector, sequence_tile, store_rows, tile_index,
                     tiles_of_program)
 
 
@@ -200,7 +200,8 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
              DROPOUT: tl.constexpr = False, VARLEN: tl.constexpr = False,
              SEQUSED_K: tl.constexpr = False, PAGED: tl.constexpr = False,
              BATCH_IDX: tl.constexpr = False, SINKS: tl.constexpr = False,
-             LEFTPAD: tl.constexpr = False):
+             LEFTPAD: tl.constexpr = False, PACKED_TILES: tl.constexpr = False,
+             BATCH_BLOCK: tl.constexpr = 1):
     """Tiles (query blocks, heads_q, batch): out and lse of one query block of one head.
     NEGATIVE_SCALE: qk_scale < 0 (the sign decides which end of a score row is its max).
     CAUSAL: the window has a right bound, window_right keys right of the diagonal (0 for
@@ -211,12 +212,18 @@ def attn_fwd(Q, K, V, Out, Lse, Keep,
     filled lengths (SEQUSED_K; with VARLEN the queries are packed and the keys are still
     the cache's), each sequence's first key (LEFTPAD: cache_leftpad), pages (PAGED: block
     table, page_size), cache rows (BATCH_IDX) and attention sinks (SINKS: fp32 logits
-    (heads_q,))."""
+    (heads_q,)).
+    PACKED_TILES (with VARLEN, not PERSISTENT): the grid is (a bound on the real query
+    blocks, heads_q, 1) instead, each program finding its sequence and block by walking
+    cu_seqlens (tiles.packed_tile; BATCH_BLOCK >= batch), so no program is spent on the
+    blocks a short sequence lacks."""
     assert_tiles(HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
     blocks = tl.cdiv(max_seqlen_q if VARLEN else seqlen_q, BLOCK_M)
     first, end, step = tiles_of_program(blocks * heads_q * batch, PERSISTENT)
     for tile in range(first, end, step):
         block, h, b = tile_index(tile, blocks, heads_q, PERSISTENT)
+        if PACKED_TILES:
+            b, block = packed_tile(block, CuSeqQ, batch, 1, BLOCK_M, BATCH_BLOCK)
         _fwd_tile(Q, K, V, Out, Lse, Keep, block, h, b, blocks,
                   stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_kd, stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh,

@@ -154,6 +154,27 @@ def tile_index(tile, blocks, heads, PERSISTENT: tl.constexpr):
 
 
 @triton.jit
+def packed_tile(tile, CuSeq, batch, rows_per_token, BLOCK_ROWS: tl.constexpr,
+                BATCH_BLOCK: tl.constexpr):
+    """(sequence, block) of tile number ``tile`` among the real row blocks of packed
+    sequences, numbered sequence by sequence (sequence b's cdiv(rows_per_token * len_b,
+    BLOCK_ROWS) blocks after those of the sequences before it; empty sequences have none;
+    rows_per_token: 1, or a GQA group for the decode kernel's rows). A tile past the last
+    gets the last sequence and a block past its end (a tile without rows). Each program
+    walks cu_seqlens on the device (BATCH_BLOCK >= batch), so a grid needs only a bound
+    on the count of tiles, cdiv(rows_per_token * rows, BLOCK_ROWS) + batch, never the
+    lengths themselves."""
+    seqs = tl.arange(0, BATCH_BLOCK)
+    inside = seqs < batch
+    starts = tl.load(CuSeq + seqs, mask=inside, other=0)
+    ends = tl.load(CuSeq + seqs + 1, mask=inside, other=0)
+    blocks = (rows_per_token * (ends - starts) + BLOCK_ROWS - 1) // BLOCK_ROWS
+    ends_at = tl.cumsum(blocks, 0)  # one past each sequence's last tile
+    b = tl.minimum(tl.sum((ends_at <= tile).to(tl.int32), 0), batch - 1)
+    return b, tile - tl.sum(tl.where(seqs < b, blocks, 0), 0)
+
+
+@triton.jit
 def sequence(b, seqlen_q, seqlen_k, CuSeqQ, CuSeqK, SeqUsedK, LeftPad, VARLEN: tl.constexpr,
              SEQUSED_K: tl.constexpr, LEFTPAD: tl.constexpr):
     """(first query row, query rows, first key row, keys) of sequence b. Queries: from
