@@ -35,6 +35,23 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+class _DecodeProblem(ctypes.Structure):
+    """op_host/planner/c_api.h's flash_cann_decode_problem."""
+    _fields_ = ([(name, ctypes.c_int64) for name in (
+        "batch", "heads_q", "heads_kv", "seqlen_q", "tokens_q", "head_dim", "cache_batch",
+        "cache_seqlen", "max_blocks")]
+        + [(name, ctypes.c_int32) for name in (
+            "dtype", "tnd", "causal", "has_batch_idx", "has_leftpad", "splits")]
+        + [("scale", ctypes.c_double)])
+
+
+class _Variant(ctypes.Structure):
+    """op_host/planner/c_api.h's flash_cann_variant."""
+    _fields_ = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+                ("softcap", ctypes.c_double), ("dropout_p", ctypes.c_double),
+                ("alibi", ctypes.c_int32), ("sinks", ctypes.c_int32)]
+
+
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(native.artefact("twin/libflash_cann_twin.so")))
@@ -49,6 +66,11 @@ def _library() -> ctypes.CDLL:
         + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32]
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
            ctypes.c_uint64])
+    lib.flash_cann_twin_kvcache.restype = ctypes.c_int
+    lib.flash_cann_twin_kvcache.argtypes = (
+        [ctypes.POINTER(_DecodeProblem), ctypes.POINTER(_Variant)] + [ctypes.c_void_p] * 12
+        + [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
+           ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_drop_sync.restype = None
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
@@ -121,6 +143,67 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
             AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
+    return out, lse
+
+
+def _int32(t):
+    return None if t is None else t.to(torch.int32).contiguous()
+
+
+def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+                    scale: float, causal: bool, variant: Variant = PLAIN, cache_leftpad=None,
+                    cu_seqlens_q=None, max_seqlen_q: int = 0, splits: int = 0,
+                    ai_cores: int | None = None, allocated: dict | None = None,
+                    splits_used: list | None = None):
+    """Run the decode kernel on the twin; returns (out, softmax_lse), as the cpu backend's
+    kvcache_forward.
+
+    query: (batch, seqlen_q, heads_q, head_dim), or with ``cu_seqlens_q`` (TND) (tokens,
+    heads_q, head_dim) with ``max_seqlen_q`` bounding the rows per sequence; the caches
+    contiguous (batch_cache, seqlen_cache, heads_kv, head_dim) with ``cache_batch_idx``, or
+    paged (num_blocks, page_size, heads_kv, head_dim) through ``block_table``;
+    ``seqlens_k`` int32 (batch,): the keys each sequence attends to (the new keys already
+    appended by contract.kvcache.append); ``cache_leftpad``: the first visible key.
+    ``splits`` > 0 forces the split of each tile's keys over cores (tests; 0: the planner
+    chooses); ``splits_used``, if given, receives the plan's split count; ``allocated`` as
+    for ``forward``.
+    """
+    tnd = cu_seqlens_q is not None
+    if tnd:
+        tokens, hq, d = query.shape
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q = max_seqlen_q
+    else:
+        batch, seqlen_q, hq, d = query.shape
+        tokens = 0
+    paged = block_table is not None
+    hk = k_cache.shape[2]
+    q, kc, vc = (t.contiguous() for t in (query, k_cache, v_cache))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((hq, tokens) if tnd else (batch, hq, seqlen_q), float("nan"),
+                     dtype=torch.float32)
+    slopes, alibi = _alibi_slopes(variant.alibi_slopes)
+    sinks = None if variant.sinks is None else variant.sinks.to(torch.float32).contiguous()
+    lengths, batch_idx, table, leftpad, cu = (_int32(t) for t in (
+        seqlens_k, cache_batch_idx, block_table, cache_leftpad, cu_seqlens_q))
+    problem = _DecodeProblem(
+        batch=batch, heads_q=hq, heads_kv=hk, seqlen_q=seqlen_q, tokens_q=tokens, head_dim=d,
+        cache_batch=k_cache.shape[0], cache_seqlen=k_cache.shape[1],
+        max_blocks=block_table.shape[1] if paged else 0,
+        dtype=DTYPES[str(query.dtype).removeprefix("torch.")], tnd=int(tnd), causal=int(causal),
+        has_batch_idx=int(batch_idx is not None), has_leftpad=int(leftpad is not None),
+        splits=splits, scale=float(scale))
+    features = _Variant(window_left=variant.window_left, window_right=variant.window_right,
+                        softcap=float(variant.softcap), dropout_p=0.0, alibi=alibi,
+                        sinks=int(sinks is not None))
+    used = ctypes.c_int32(0)
+    _launch(_library().flash_cann_twin_kvcache, ctypes.byref(problem), ctypes.byref(features),
+            q.data_ptr(), kc.data_ptr(), vc.data_ptr(), lengths.data_ptr(), _pointer(batch_idx),
+            _pointer(table), _pointer(leftpad), _pointer(cu), _pointer(slopes), _pointer(sinks),
+            out.data_ptr(), lse.data_ptr(), AI_CORES if ai_cores is None else ai_cores,
+            ctypes.byref(used), allocated=allocated)
+    if splits_used is not None:
+        splits_used.append(used.value)
     return out, lse
 
 
