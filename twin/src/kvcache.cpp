@@ -12,10 +12,11 @@
 #include "report.h"
 #include "twin/launch.h"
 
-extern "C" void flash_cann_attention_kvcache(GM_ADDR query, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR seqlensK,
-                                             GM_ADDR cacheBatchIdx, GM_ADDR blockTable, GM_ADDR cacheLeftpad,
-                                             GM_ADDR cuSeqlensQ, GM_ADDR alibiSlopes, GM_ADDR sinks, GM_ADDR out,
-                                             GM_ADDR softmaxLse, GM_ADDR workspace, GM_ADDR tiling);
+extern "C" void flash_cann_attention_kvcache(GM_ADDR query, GM_ADDR kCache, GM_ADDR vCache, GM_ADDR key,
+                                             GM_ADDR value, GM_ADDR cacheSeqlens, GM_ADDR cacheBatchIdx,
+                                             GM_ADDR blockTable, GM_ADDR cacheLeftpad, GM_ADDR cuSeqlensQ,
+                                             GM_ADDR alibiSlopes, GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
+                                             GM_ADDR workspace, GM_ADDR tiling);
 
 // query: BSND (batch, seqlen_q, heads_q, head_dim) or TND (tokens_q, heads_q, head_dim);
 // the caches as the problem says (contiguous or paged); seqlens_k int32 (batch,): keys
@@ -102,8 +103,8 @@ extern "C" int flash_cann_twin_kvcache(const flash_cann_decode_problem* problem,
     twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention_kvcache(
-            static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(kCache), static_cast<GM_ADDR>(vCache),
-            static_cast<GM_ADDR>(seqlensK), static_cast<GM_ADDR>(cacheBatchIdx), static_cast<GM_ADDR>(blockTable),
+            static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(kCache), static_cast<GM_ADDR>(vCache), nullptr,
+            nullptr, static_cast<GM_ADDR>(seqlensK), static_cast<GM_ADDR>(cacheBatchIdx), static_cast<GM_ADDR>(blockTable),
             static_cast<GM_ADDR>(cacheLeftpad), static_cast<GM_ADDR>(cuSeqlensQ), static_cast<GM_ADDR>(alibiSlopes),
             static_cast<GM_ADDR>(sinks), static_cast<GM_ADDR>(out), static_cast<GM_ADDR>(softmaxLse),
             workspace.data(), tiling.data());
