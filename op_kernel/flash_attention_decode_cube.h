@@ -93,8 +93,6 @@ public:
         l0b_.Drain();
         oL0c_.Drain();
         sL0c_.Drain();
-        // The vector cores combine the splits once every unit's partial is written.
-        AscendC::SyncAll<false>();
     }
 
 private:

@@ -15,7 +15,7 @@
 // Rows are few in decode (the group's heads x the new tokens), so the per-row work is a
 // handful of instructions per row and round; the slice-wide work is the forward's.
 //
-// Combine (every vector core of the launch, after SyncAll<false>): the (sequence, kv head,
+// Combine (every vector core of the launch, after SyncAll<true>, vector cores only): the (sequence, kv head,
 // tile) groups are dealt round-robin; per run of rows sharing a query position, in split
 // order: M = max_s lse_s (and the sink), e_s = exp(lse_s - M), lse = M + ln(sum e_s (+
 // e_sink)), out = sum_s (e_s / sum) out_s. The order is fixed by the shape, so the result
@@ -89,8 +89,9 @@ public:
         bits_ = bitsBuf_.template Get<uint8_t>();
         acc_ = accBuf_.template Get<float>();
         splitRow_ = bytes.splitUb / (t_.splits + 1u) / sizeof(float);
+        // column_ is first read by MaskRows, after the barrier that follows each slice's
+        // Muls: that orders this write too.
         AscendC::CreateVecIndex(column_, 0.0f, w);
-        AscendC::PipeBarrier<PIPE_V>();  // column_ -> every row's band and ALiBi
     }
 
     __aicore__ inline void Process()
@@ -100,7 +101,9 @@ public:
                 ProcessUnit(sequences_.Resolve(index));
             }
         }
-        AscendC::SyncAll<false>();  // every unit's partial is in the workspace
+        // Every unit's partial is in the workspace: the vector cores wrote them, and only
+        // they read them (the cube has no part in the combine).
+        AscendC::SyncAll<true>();
         Combine();
     }
 
@@ -321,7 +324,7 @@ private:
             const uint32_t rows = SliceRows(first);
             AscendC::LocalTensor<float> o = partialQue_.template AllocTensor<float>();
             AscendC::Adds(o, acc_[first * d], 0.0f, rows * d);
-            AscendC::PipeBarrier<PIPE_V>();  // Adds -> the row scaling
+            // Adds -> the row scaling: ordered by RowBroadcast's barrier after its Brcb.
             RowBroadcast<RowOp::kMultiply>(o, reciprocal[first], broadcast_, rows, d);
             partialQue_.EnQue(o);
             o = partialQue_.template DeQue<float>();
@@ -464,7 +467,8 @@ private:
                              AscendC::DataCopyExtParams(static_cast<uint16_t>(n), sizeof(float), 0,
                                                         static_cast<uint32_t>((pitch - 1) * sizeof(float)), 0));
         lseOutQue_.FreeTensor(lseOut);
-        AscendC::PipeBarrier<PIPE_V>();  // the statistics rows are read before the next run rewrites them
+        // The next run rewrites the statistics rows and acc only after the barriers of its
+        // own first steps, which follow every read of this run's.
     }
 
     DecodeTiling t_;
