@@ -213,3 +213,23 @@ def test_through_the_op_with_append_matches_the_cpu_backend():
     assert torch.equal(k_t, k_c) and torch.equal(v_t, v_c)
     torch.testing.assert_close(o_t, o_c, atol=2e-3, rtol=0)
     torch.testing.assert_close(l_t, l_c, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_kernel_allocates_the_plans_bytes(softcap):
+    """The bytes the kernel allocates per memory level (every InitBuffer) equal the decode
+    planner's accounting (ListDecodeBuffers), with and without softcap's scratch tiles."""
+    gen = torch.Generator().manual_seed(13)
+    lengths = [90]
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=1, hk=2, d=72, lengths=lengths, page=32)
+    q = torch.randn(1, 3, 8, 72, generator=gen).half()
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    variant = Variant(softcap=softcap)
+    allocated = {}
+    _launcher().kvcache_forward(q, kc, vc, lens, None, table, scale=0.1, causal=True,
+                                variant=variant, ai_cores=2, allocated=allocated)
+    problem, features = _launcher().decode_problem(q, kc, lens, None, table, scale=0.1,
+                                                   causal=True, variant=variant)
+    from flash_cann.ascend import planner
+    plan = planner.decode_plan_for("ascend910b2", problem, features, aic_cores=2)
+    assert allocated == {level["level"]: level["used"] for level in plan["levels"]}

@@ -173,6 +173,14 @@ def decode_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int
         cache_seqlen=page_size if page_size else keys, max_blocks=pages, dtype=DTYPES[dtype],
         tnd=0, causal=int(causal), has_batch_idx=0, has_leftpad=0, splits=0,
         scale=1.0 / head_dim ** 0.5)
+    return decode_plan_for(soc, problem, features, keys=keys, aic_cores=aic_cores)
+
+
+def decode_plan_for(soc: str, problem: DecodeProblem, features: Variant | None = None, *,
+                    keys: int = 0, aic_cores: int = 0) -> dict:
+    """Plan the decode call ``problem`` describes exactly (the twin's view of a call:
+    flash_cann.backends.twin.launcher.decode_problem); the prediction for ``keys`` keys per
+    sequence (0: the capacity). Raises PlanRefused."""
     return _checked(_json_call(lambda buf, cap: _library().flash_cann_decode_plan_json(
         soc_name(soc).encode(), ctypes.byref(problem), _pointer(features), keys, aic_cores, buf,
         cap)))

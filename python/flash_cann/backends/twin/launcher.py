@@ -18,7 +18,7 @@ import torch
 from ...contract import layout as layouts
 from ...contract.variant import PLAIN, Variant, shared_alibi_slopes
 from ...ascend import native
-from ...ascend.planner import DTYPES, LAYOUTS
+from ...ascend.planner import DTYPES, LAYOUTS, DecodeProblem, Variant as PlanVariant
 
 AI_CORES = 0  # 0: the SoC's AI cores (Ascend910B2: 24); tests set other counts
 
@@ -33,23 +33,6 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return unavailable_reason() is None
-
-
-class _DecodeProblem(ctypes.Structure):
-    """op_host/planner/c_api.h's flash_cann_decode_problem."""
-    _fields_ = ([(name, ctypes.c_int64) for name in (
-        "batch", "heads_q", "heads_kv", "seqlen_q", "tokens_q", "head_dim", "cache_batch",
-        "cache_seqlen", "max_blocks")]
-        + [(name, ctypes.c_int32) for name in (
-            "dtype", "tnd", "causal", "has_batch_idx", "has_leftpad", "splits")]
-        + [("scale", ctypes.c_double)])
-
-
-class _Variant(ctypes.Structure):
-    """op_host/planner/c_api.h's flash_cann_variant."""
-    _fields_ = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
-                ("softcap", ctypes.c_double), ("dropout_p", ctypes.c_double),
-                ("alibi", ctypes.c_int32), ("sinks", ctypes.c_int32)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +51,7 @@ def _library() -> ctypes.CDLL:
            ctypes.c_uint64])
     lib.flash_cann_twin_kvcache.restype = ctypes.c_int
     lib.flash_cann_twin_kvcache.argtypes = (
-        [ctypes.POINTER(_DecodeProblem), ctypes.POINTER(_Variant)] + [ctypes.c_void_p] * 12
+        [ctypes.POINTER(DecodeProblem), ctypes.POINTER(PlanVariant)] + [ctypes.c_void_p] * 12
         + [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
            ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_drop_sync.restype = None
@@ -150,6 +133,31 @@ def _int32(t):
     return None if t is None else t.to(torch.int32).contiguous()
 
 
+def decode_problem(query, k_cache, seqlens_k, cache_batch_idx, block_table, *, scale: float,
+                   causal: bool, variant: Variant = PLAIN, cache_leftpad=None,
+                   cu_seqlens_q=None, max_seqlen_q: int = 0, splits: int = 0):
+    """The decode planner's view of a kvcache_forward call (op_host/planner/c_api.h's
+    flash_cann_decode_problem and flash_cann_variant): what the twin plans with, and what
+    tests plan with to compare the kernel's allocations with the plan."""
+    tnd = cu_seqlens_q is not None
+    if tnd:
+        tokens, hq, d = query.shape
+        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
+    else:
+        batch, seqlen_q, hq, d = query.shape
+        tokens = 0
+    problem = DecodeProblem(
+        batch=batch, heads_q=hq, heads_kv=k_cache.shape[2], seqlen_q=seqlen_q, tokens_q=tokens,
+        head_dim=d, cache_batch=k_cache.shape[0], cache_seqlen=k_cache.shape[1],
+        max_blocks=0 if block_table is None else block_table.shape[1],
+        dtype=DTYPES[str(query.dtype).removeprefix("torch.")], tnd=int(tnd), causal=int(causal),
+        has_batch_idx=int(cache_batch_idx is not None), has_leftpad=int(cache_leftpad is not None),
+        splits=splits, scale=float(scale))
+    features = PlanVariant(variant.window_left, variant.window_right, float(variant.softcap), 0.0,
+                           _alibi_slopes(variant.alibi_slopes)[1], int(variant.sinks is not None))
+    return problem, features
+
+
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
                     scale: float, causal: bool, variant: Variant = PLAIN, cache_leftpad=None,
                     cu_seqlens_q=None, max_seqlen_q: int = 0, splits: int = 0,
@@ -168,34 +176,19 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     chooses); ``splits_used``, if given, receives the plan's split count; ``allocated`` as
     for ``forward``.
     """
-    tnd = cu_seqlens_q is not None
-    if tnd:
-        tokens, hq, d = query.shape
-        batch = cu_seqlens_q.shape[0] - 1
-        seqlen_q = max_seqlen_q
-    else:
-        batch, seqlen_q, hq, d = query.shape
-        tokens = 0
-    paged = block_table is not None
-    hk = k_cache.shape[2]
+    problem, features = decode_problem(
+        query, k_cache, seqlens_k, cache_batch_idx, block_table, scale=scale, causal=causal,
+        variant=variant, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q, splits=splits)
     q, kc, vc = (t.contiguous() for t in (query, k_cache, v_cache))
     out = torch.full_like(q, float("nan"))
-    lse = torch.full((hq, tokens) if tnd else (batch, hq, seqlen_q), float("nan"),
-                     dtype=torch.float32)
-    slopes, alibi = _alibi_slopes(variant.alibi_slopes)
+    lse_shape = ((problem.heads_q, problem.tokens_q) if problem.tnd else
+                 (problem.batch, problem.heads_q, problem.seqlen_q))
+    lse = torch.full(lse_shape, float("nan"), dtype=torch.float32)
+    slopes = _alibi_slopes(variant.alibi_slopes)[0]
     sinks = None if variant.sinks is None else variant.sinks.to(torch.float32).contiguous()
     lengths, batch_idx, table, leftpad, cu = (_int32(t) for t in (
         seqlens_k, cache_batch_idx, block_table, cache_leftpad, cu_seqlens_q))
-    problem = _DecodeProblem(
-        batch=batch, heads_q=hq, heads_kv=hk, seqlen_q=seqlen_q, tokens_q=tokens, head_dim=d,
-        cache_batch=k_cache.shape[0], cache_seqlen=k_cache.shape[1],
-        max_blocks=block_table.shape[1] if paged else 0,
-        dtype=DTYPES[str(query.dtype).removeprefix("torch.")], tnd=int(tnd), causal=int(causal),
-        has_batch_idx=int(batch_idx is not None), has_leftpad=int(leftpad is not None),
-        splits=splits, scale=float(scale))
-    features = _Variant(window_left=variant.window_left, window_right=variant.window_right,
-                        softcap=float(variant.softcap), dropout_p=0.0, alibi=alibi,
-                        sinks=int(sinks is not None))
     used = ctypes.c_int32(0)
     _launch(_library().flash_cann_twin_kvcache, ctypes.byref(problem), ctypes.byref(features),
             q.data_ptr(), kc.data_ptr(), vc.data_ptr(), lengths.data_ptr(), _pointer(batch_idx),
