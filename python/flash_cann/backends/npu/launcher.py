@@ -179,12 +179,20 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
 
 
 def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
-                    scale: float, causal: bool, variant: Variant = PLAIN, cache_leftpad=None):
+                    scale: float, causal: bool, variant: Variant = PLAIN, cache_leftpad=None,
+                    cu_seqlens_q=None, max_seqlen_q: int = 0):
     """fwd_kvcache's decode kernel (FlashCannAttentionKVCache). The contract has appended
     the new keys and values already (contract.kvcache.append: device ops, with the capacity
     guard), so the CANN op gets key = value = None and cache_seqlens = seqlens_k, the keys
     each sequence attends to; block_table, cache_batch_idx, cache_leftpad and the lengths
     are read by the kernel in GM, never here."""
+    if cu_seqlens_q is not None:
+        # The kernel takes TND queries (the twin runs them); the CANN op gains cu_seqlens_q
+        # and max_seqlen_q when the npu backend lists varlen (the spec's conventions).
+        raise NotImplementedError(
+            "flash_cann: backend 'npu' does not support varlen yet for fwd_kvcache "
+            "(cu_seqlens_q, layout='TND'); backends that do: cpu, triton")
+    del max_seqlen_q
     launchers = _launcher_ops()
     batch, seqlen_q, heads_q, _ = query.shape
     out = _empty(query.shape, query.dtype, query)
