@@ -69,7 +69,10 @@ public:
         QueryRows(u.batch, rowBase, seqRows);
         const int32_t length = seqlensK_.GetValue(u.batch);
         const int32_t leftpad = t_->hasLeftpad != 0 ? leftpad_.GetValue(u.batch) : 0;
-        ResolveUnit(*t_, u, rowBase, seqRows, length > 0 ? static_cast<uint32_t>(length) : 0u,
+        // A length beyond the cache's capacity (a graph that skipped the Python capacity
+        // guard) attends to the capacity: the walk never leaves the block table's row.
+        const uint32_t capacity = t_->blockRows * t_->maxBlocks;
+        ResolveUnit(*t_, u, rowBase, seqRows, length > 0 ? MinU32(static_cast<uint32_t>(length), capacity) : 0u,
                     leftpad > 0 ? static_cast<uint32_t>(leftpad) : 0u);
         return u;
     }

@@ -233,3 +233,16 @@ def test_kernel_allocates_the_plans_bytes(softcap):
     from flash_cann.ascend import planner
     plan = planner.decode_plan_for("ascend910b2", problem, features, aic_cores=2)
     assert allocated == {level["level"]: level["used"] for level in plan["levels"]}
+
+
+def test_lengths_past_the_capacity_attend_to_the_capacity():
+    """A graph path has no Python capacity guard: cache_seqlens beyond block_table's row
+    (here 3 pages of 16) must not walk past it; the kernel attends to the capacity."""
+    gen = torch.Generator().manual_seed(17)
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=1, hk=1, d=32, lengths=[48], page=16,
+                              spare=0)
+    q = torch.randn(1, 1, 2, 32, generator=gen).half()
+    out, lse = _launcher().kvcache_forward(q, kc, vc, torch.tensor([1000], dtype=torch.int32),
+                                           None, table, scale=32 ** -0.5, causal=False)
+    full = _check(q, kc, vc, [48], table, None)
+    assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
