@@ -99,6 +99,45 @@ constexpr size_t kCount = 4;
 }  // namespace output
 }  // namespace bwd
 
+// FlashCannAttentionKVCache
+namespace fwd_kvcache {
+namespace input {
+enum Index : size_t {
+    kQuery = 0,
+    kKCache = 1,
+    kVCache = 2,
+    kKey = 3,
+    kValue = 4,
+    kCacheSeqlens = 5,
+    kCacheBatchIdx = 6,
+    kBlockTable = 7,
+    kCacheLeftpad = 8,
+    kAlibiSlopes = 9,
+    kSinks = 10,
+};
+constexpr size_t kCount = 11;
+}  // namespace input
+namespace attr {
+enum Index : size_t {
+    kScale = 0,
+    kCausal = 1,
+    kLayout = 2,
+    kWindowLeft = 3,
+    kWindowRight = 4,
+    kSoftcap = 5,
+    kNumSplits = 6,
+};
+constexpr size_t kCount = 7;
+}  // namespace attr
+namespace output {
+enum Index : size_t {
+    kOut = 0,
+    kSoftmaxLse = 1,
+};
+constexpr size_t kCount = 2;
+}  // namespace output
+}  // namespace fwd_kvcache
+
 }  // namespace contract
 }  // namespace flash_cann
 

@@ -131,7 +131,9 @@ inline std::string ShapeText(const gert::Shape& shape)
 }
 
 // Where a node keeps the arguments of the features (flash_cann_variant.h): the IR indices
-// of its optional inputs and the indices of its attributes (generated, per op).
+// of its optional inputs and the indices of its attributes (generated, per op);
+// kNoFeature for an argument the op does not have (fwd_kvcache: no dropout).
+constexpr size_t kNoFeature = static_cast<size_t>(-1);
 struct FeatureIndices {
     size_t alibiSlopes, rngState, sinks;                // optional inputs
     size_t windowLeft, windowRight, softcap, dropoutP;  // attributes
@@ -151,7 +153,8 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
     const int64_t* left = attrs->GetInt(at.windowLeft);
     const int64_t* right = attrs->GetInt(at.windowRight);
     const float* softcap = attrs->GetFloat(at.softcap);
-    const float* dropoutP = attrs->GetFloat(at.dropoutP);
+    const float noDropout = 0.0f;
+    const float* dropoutP = at.dropoutP == kNoFeature ? &noDropout : attrs->GetFloat(at.dropoutP);
     FLASH_CANN_CHECK(context, left != nullptr && right != nullptr && softcap != nullptr &&
                                   dropoutP != nullptr,
                      "window_left/window_right/softcap/dropout_p missing");
@@ -176,7 +179,8 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
                          static_cast<long long>(request.headsQ), ShapeText(s).c_str());
         alibi = perHead ? flash_cann::Alibi::kPerHead : flash_cann::Alibi::kPerBatchHead;
     }
-    const gert::StorageShape* rng = context->GetOptionalInputShape(at.rngState);
+    const gert::StorageShape* rng =
+        at.rngState == kNoFeature ? nullptr : context->GetOptionalInputShape(at.rngState);
     FLASH_CANN_CHECK(context, rng == nullptr || (rng->GetStorageShape().GetDimNum() == 1 &&
                                                  rng->GetStorageShape().GetDim(0) == 2),
                      "rng_state must have shape (2,): (seed, offset) (got %s)",
@@ -290,7 +294,10 @@ inline void FeatureAttributes(ops::OpDef& op)
 // (gert::OpImplKernelRegistry in 8.x, gert::OpImplRegisterV2 in 9.x).
 using TilingFunction = ge::graphStatus (*)(gert::TilingContext*);
 
-inline void AICoreConfigs(ops::OpDef& op, TilingFunction tiling)
+// kernelFile: the op_kernel/ file (without .cpp) when CANN's OpType -> file name rule
+// would not find it (FlashCannAttentionKVCache: the rule's treatment of "KV" is not
+// documented, so the decode op names its file).
+inline void AICoreConfigs(ops::OpDef& op, TilingFunction tiling, const char* kernelFile = nullptr)
 {
     ops::OpAICoreConfig config;
     config.DynamicCompileStaticFlag(true)
@@ -299,6 +306,9 @@ inline void AICoreConfigs(ops::OpDef& op, TilingFunction tiling)
         .DynamicShapeSupportFlag(true)
         .NeedCheckSupportFlag(false)
         .PrecisionReduceFlag(false);
+    if (kernelFile != nullptr) {
+        config.ExtendCfgInfo("opFile.value", kernelFile);
+    }
     op.AICore().SetTiling(tiling);
     op.AICore().AddConfig("ascend910b", config);
     op.AICore().AddConfig("ascend910_93", config);

@@ -98,11 +98,14 @@ def test_launcher_schema_types_follow_the_yaml(entry):
     header = aclnn.render_headers(SPEC)["flash_cann_aclnn_ops.h"]
     launch = header[header.index(f"struct {entry['cann_op_type']} {{"):]
     launch = launch[launch.index("static void Launch("):launch.index(") {")]
-    for declaration in ("const c10::optional<at::Tensor> &alibi_slopes",
-                        "const c10::optional<at::Tensor> &rng_state",
-                        "const c10::optional<at::Tensor> &sinks", "int64_t window_left",
-                        "int64_t window_right", "double softcap", "double dropout_p"):
-        assert declaration in launch, declaration
+    cann = {x["name"] for x in contract.cann_inputs(entry) + contract.cann_attrs(entry)}
+    for name, declaration in (("alibi_slopes", "const c10::optional<at::Tensor> &alibi_slopes"),
+                              ("rng_state", "const c10::optional<at::Tensor> &rng_state"),
+                              ("sinks", "const c10::optional<at::Tensor> &sinks"),
+                              ("window_left", "int64_t window_left"),
+                              ("window_right", "int64_t window_right"),
+                              ("softcap", "double softcap"), ("dropout_p", "double dropout_p")):
+        assert (declaration in launch) == (name in cann), declaration
 
 
 def _one_op_spec(**op):
@@ -151,7 +154,9 @@ def test_the_package_must_export_the_backward_kernels_api_when_the_spec_says_it_
     assert _required_symbols(SPEC) == ('"aclnnFlashCannAttentionGetWorkspaceSize", '
                                        '"aclnnFlashCannAttention", '
                                        '"aclnnFlashCannAttentionGradGetWorkspaceSize", '
-                                       '"aclnnFlashCannAttentionGrad"')
+                                       '"aclnnFlashCannAttentionGrad", '
+                                       '"aclnnFlashCannAttentionKVCacheGetWorkspaceSize", '
+                                       '"aclnnFlashCannAttentionKVCache"')
     without_backward = dataclasses.replace(
         SPEC, backends={**SPEC.backends,
                         "npu": dataclasses.replace(SPEC.backends["npu"], backward=False)})

@@ -132,11 +132,10 @@ def _varlen_on(q, k, v):
 
 @pytest.mark.parametrize("call, feature, shown", [
     (_varlen_on, "varlen", "layout='TND'"),
-    (flash_cann.flash_attn_with_kvcache, "kvcache", "torch.ops.flash_cann.fwd_kvcache"),
 ])
 def test_a_backend_without_a_feature_names_itself_and_the_argument(call, feature, shown):
-    """The twin (the Ascend C kernels) has no packed sequences and no KV cache yet: the
-    error names the backend, the feature and the argument, and which backends have it."""
+    """The twin (the Ascend C kernels) has no packed sequences yet (its KV cache is the
+    decode kernel, tests/test_twin_kvcache.py): the error names the backend, the feature and the argument, and which backends have it."""
     q, k, v = (t.half() for t in _qkv(layout="BSND"))
     with flash_cann.use_backend("twin"), pytest.raises(
             NotImplementedError, match=f"backend 'twin' .* does not support {feature} yet "

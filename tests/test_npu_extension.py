@@ -30,7 +30,7 @@ from native_build import needs
 from npu_extension_build import CSRC, FAKE, build_extension, run_or_fail, scenario_env
 
 ACL_DTYPES = {"torch.float16": 1, "torch.bfloat16": 27, "torch.float32": 0, "torch.bool": 12,
-              "torch.int64": 9}
+              "torch.int64": 9, "torch.int32": 3}
 ACL_FORMAT_ND = 2
 FAKE_STREAM = 0x5EED  # what the fake NPUStream::stream returns
 FAKE_WORKSPACE = 4096  # what the fake stage 1 asks for
@@ -96,6 +96,7 @@ def test_extension_is_loaded_lazily_and_only_from_a_library_with_our_symbols(res
     assert (f"{build / 'vendors' / 'other' / LIBRARY}: does not export "
             f"aclnnFlashCannAttentionGetWorkspaceSize, aclnnFlashCannAttention, "
             f"aclnnFlashCannAttentionGradGetWorkspaceSize, aclnnFlashCannAttentionGrad, "
+            f"aclnnFlashCannAttentionKVCacheGetWorkspaceSize, aclnnFlashCannAttentionKVCache, "
             f"aclCreateTensor") in error
     # ASCEND_CUSTOM_OPP_PATH lists "other" first: skipped, as torch_npu skips it.
     assert results["available"] == {"reason": None,
@@ -141,6 +142,23 @@ def test_forward_features_reach_aclnn(results, case):
     result = results[case]
     stage1 = _forward_stage1(result)
     assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+
+
+def test_the_decode_op_reaches_aclnn_with_the_appended_lengths(results):
+    """fwd_kvcache on NPU tensors: FlashCannAttentionKVCache's aclnn API gets the caches
+    and the block table as given, key = value = None (the contract appended already), the
+    lengths as an int32 (batch,) device tensor, the spec's attributes; one stage each."""
+    case = results["kvcache_paged"]
+    log = case["log"]
+    _check_lifecycle(log, "aclnnFlashCannAttentionKVCacheGetWorkspaceSize",
+                     "aclnnFlashCannAttentionKVCache")
+    call = _calls(log, "aclnnFlashCannAttentionKVCacheGetWorkspaceSize")[0]
+    for name, given in case["tensors"].items():
+        _check_tensor(call[name], given, name)
+    assert call["cache_seqlens"]["dims"] == [2]
+    assert call["cache_seqlens"]["dtype"] == ACL_DTYPES["torch.int32"]
+    for name, value in case["attrs"].items():
+        assert call[name] == value, name
 
 
 def test_plain_calls_pass_the_features_defaults(results):

@@ -104,6 +104,43 @@ def test_grad_refusals_raise():
         planner.grad_plan("Ascend910B2", 1, 8, 128, 64, layout="SBH")
 
 
+@pytest.mark.parametrize("batch, heads_kv, keys, splits", [
+    (64, 8, 8192, 1),       # 512 tiles fill 24 cores: no split
+    (1, 8, 131072, 3),      # 8 tiles: 3 splits each
+    (1, 1, 131072, 24),     # one tile: a split per core
+    (1, 1, 1000, 2),        # no chunk shorter than a 512-key round of the capacity (1024)
+])
+def test_decode_plan_splits_from_shapes(batch, heads_kv, keys, splits):
+    p = planner.decode_plan("ascend910b2", batch, 4 * heads_kv, 1, 128, heads_kv=heads_kv, keys=keys,
+                            page_size=128)
+    assert p["tiling"]["splits"] == splits
+    assert p["tiling"]["used_cores"] == min(24, p["tiling"]["units"])
+    assert all(level["used"] <= level["capacity"] for level in p["levels"])
+
+
+@pytest.mark.parametrize("keys", [8192, 16384, 32768])
+def test_decode_prediction_meets_the_hbm_target_at_batch_64(keys):
+    """Issue 24's model target: >= 80 % of 910B2's HBM bandwidth at batch 64, GQA 32/8,
+    head_dim 128, caches of 8k-32k (a PREDICTION of docs/planner.md's decode model)."""
+    p = planner.decode_plan("ascend910b2", 64, 32, 1, 128, heads_kv=8, keys=keys, page_size=128)
+    prediction = p["prediction"]
+    assert "PREDICTION" in prediction["label"]
+    assert prediction["hbm_use"] >= 0.80
+    assert prediction["seconds"] >= prediction["hbm_seconds"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(heads_q=6, heads_kv=4), "multiple of heads_kv"),
+    (dict(head_dim=300), "head_dim 300 exceeds"),
+    (dict(features=planner.variant(alibi="head"), keys=1 << 24), "ALiBi distances"),
+])
+def test_decode_refusals_raise(kwargs, message):
+    args = dict(heads_q=8, heads_kv=2, head_dim=64, keys=4096)
+    args.update(kwargs)
+    with pytest.raises(planner.PlanRefused, match=message):
+        planner.decode_plan("ascend910b2", 2, args.pop("heads_q"), 1, args.pop("head_dim"), **args)
+
+
 def test_platform_table():
     built("planner/libflash_cann_planner.so")
     table = {p["name"]: p for p in planner.platforms()}

@@ -393,8 +393,44 @@ def test_features_the_ascend_op_lacks_are_refused_at_conversion(registered, feat
 
 
 def test_an_op_without_an_ascend_kernel_is_refused_at_conversion(registered):
-    converter = torch.ops.flash_cann.fwd_kvcache.default._ge_converter
+    """The spec as it read before the decode kernel: fwd_kvcache was not a CANN op."""
+    spec = load()
+    op = spec.ops["fwd_kvcache"]
+    op = dataclasses.replace(op, cann_features=op.cann_features - {"kvcache"})
+    converter = torchair_converters.converter_for(op, registered.ge)
     with pytest.raises(NotImplementedError, match=r"fwd_kvcache \(kvcache\) has no Ascend "
                                                   r"kernel yet"):
         converter(*_ge_inputs(registered, ["q", "kc", "vc"]), None, None, None, None, None,
                   0.25, meta_outputs=[None, None])
+
+
+def test_kvcache_converter_emits_the_decode_op_for_vllms_call(registered):
+    """vLLM's shape (the cache written beforehand, cache_seqlens = seqused_k, a block
+    table): one FlashCannAttentionKVCache node with the spec's inputs and attributes."""
+    ge = registered.ge
+    q, kc, vc, lengths, table = _ge_inputs(registered, ["q", "kc", "vc", "lengths", "table"])
+    converter = torch.ops.flash_cann.fwd_kvcache.default._ge_converter
+    outputs = converter(q, kc, vc, None, None, lengths, None, table, None, 0.125, True,
+                        window_left=64, softcap=30.0, meta_outputs=[None, None])
+    node = ge.GRAPH.nodes[-1]
+    assert node.type == "FlashCannAttentionKVCache"
+    assert node.inputs == {"query": q, "k_cache": kc, "v_cache": vc, "key": None, "value": None,
+                           "cache_seqlens": lengths, "cache_batch_idx": None, "block_table": table,
+                           "cache_leftpad": None, "alibi_slopes": None, "sinks": None}
+    assert node.attrs == {"scale": ("Float", 0.125), "causal": ("Bool", True),
+                          "layout": ("Str", "BSND"), "window_left": ("Int", 64),
+                          "window_right": ("Int", -1), "softcap": ("Float", 30.0),
+                          "num_splits": ("Int", 0)}
+    assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]
+
+
+@pytest.mark.parametrize("appends, message", [(True, "does not convert the append"),
+                                              (False, "needs cache_seqlens")])
+def test_kvcache_converter_refuses_what_the_decode_op_does_not_do(registered, appends, message):
+    ge = registered.ge
+    q, kc, vc, k, v, lengths = _ge_inputs(registered, ["q", "kc", "vc", "k", "v", "lengths"])
+    converter = torch.ops.flash_cann.fwd_kvcache.default._ge_converter
+    args = (k, v, lengths) if appends else (None, None, None)
+    with pytest.raises(NotImplementedError, match=message):
+        converter(q, kc, vc, *args, None, None, None, 0.125, meta_outputs=[None, None])
+    assert not any(n.type == "FlashCannAttentionKVCache" for n in ge.GRAPH.nodes)

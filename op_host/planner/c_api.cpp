@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "decode_planner.h"
 #include "plan_json.h"
 
 using namespace flash_cann;
@@ -46,6 +47,43 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
     return "";
 }
 
+// A decode problem and its features as the planner takes them; the refusal if bad.
+std::string ReadDecodeProblem(const flash_cann_decode_problem& p, const flash_cann_variant* variant,
+                              DecodeRequest& request)
+{
+    if (p.dtype < 0 || p.dtype > 1) {
+        return "dtype must be 0 (float16) or 1 (bfloat16)";
+    }
+    request.batch = p.batch;
+    request.headsQ = p.heads_q;
+    request.headsKv = p.heads_kv;
+    request.seqlenQ = p.seqlen_q;
+    request.tokensQ = p.tokens_q;
+    request.headDim = p.head_dim;
+    request.dtype = static_cast<DType>(p.dtype);
+    request.tnd = p.tnd != 0;
+    request.causal = p.causal != 0;
+    request.paged = p.max_blocks > 0;
+    request.cacheBatch = p.cache_batch;
+    request.cacheSeqlen = p.cache_seqlen;
+    request.maxBlocks = p.max_blocks;
+    request.hasBatchIdx = p.has_batch_idx != 0;
+    request.hasLeftpad = p.has_leftpad != 0;
+    request.splits = p.splits;
+    request.scale = p.scale;
+    if (variant != nullptr) {
+        if (variant->alibi < 0 || variant->alibi > 2) {
+            return "alibi must be 0, 1 or 2";
+        }
+        if (variant->dropout_p != 0) {
+            return "dropout is not a feature of fwd_kvcache";
+        }
+        request.variant = MakeVariant(variant->window_left, variant->window_right, variant->softcap, 0.0,
+                                      static_cast<Alibi>(variant->alibi), variant->sinks != 0);
+    }
+    return {};
+}
+
 }  // namespace
 
 extern "C" int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q,
@@ -84,6 +122,25 @@ extern "C" int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int
     }
     request.deterministic = deterministic != 0;
     return Emit(GradPlanToJson(MakeGradPlan(request, platform), request, platform), out, capacity);
+}
+
+extern "C" int64_t flash_cann_decode_plan_json(const char* soc, const flash_cann_decode_problem* problem,
+                                               const flash_cann_variant* variant, int64_t keys,
+                                               int32_t aic_cores, char* out, uint64_t capacity)
+{
+    const Platform* known = FindPlatform(soc ? soc : "");
+    if (known == nullptr || problem == nullptr) {
+        return Emit(ErrorJson(std::string("unknown SoC '") + (soc ? soc : "") + "'"), out, capacity);
+    }
+    const Platform platform = WithAiCores(*known, aic_cores > 0 ? static_cast<uint32_t>(aic_cores) : 0);
+    DecodeRequest request;
+    std::string refusal = ReadDecodeProblem(*problem, variant, request);
+    if (!refusal.empty()) {
+        return Emit(ErrorJson(refusal), out, capacity);
+    }
+    return Emit(DecodePlanToJson(MakeDecodePlan(request, platform), request, platform,
+                                 keys > 0 ? keys : DecodeCapacity(request)),
+                out, capacity);
 }
 
 extern "C" int64_t flash_cann_platforms_json(char* out, uint64_t capacity)

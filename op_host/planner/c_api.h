@@ -39,6 +39,36 @@ int64_t flash_cann_grad_plan_json(const char* soc, int64_t batch, int64_t heads_
                                   const struct flash_cann_variant* variant,
                                   int32_t aic_cores, char* out, uint64_t capacity);
 
+// A fwd_kvcache call's shapes (the decode kernel: op_kernel/flash_cann_decode_tiling.h).
+// seqlen_q: query rows per sequence (TND: max_seqlen_q); tokens_q: TND's total rows;
+// cache_batch: cache sequences (paged: blocks); cache_seqlen: keys per cache sequence
+// (paged: page_size); max_blocks: block_table's row length (0: contiguous cache);
+// splits > 0 forces the split count (tests), 0 lets the planner choose.
+struct flash_cann_decode_problem {
+    int64_t batch;
+    int64_t heads_q;
+    int64_t heads_kv;
+    int64_t seqlen_q;
+    int64_t tokens_q;
+    int64_t head_dim;
+    int64_t cache_batch;
+    int64_t cache_seqlen;
+    int64_t max_blocks;
+    int32_t dtype;
+    int32_t tnd;
+    int32_t causal;
+    int32_t has_batch_idx;
+    int32_t has_leftpad;
+    int32_t splits;
+    double scale;
+};
+
+// Plan a fwd_kvcache call (the decode kernel), with the schedule model's prediction for
+// sequences of `keys` keys each (<= 0: the capacity). Same return convention.
+int64_t flash_cann_decode_plan_json(const char* soc, const struct flash_cann_decode_problem* problem,
+                                    const struct flash_cann_variant* variant, int64_t keys,
+                                    int32_t aic_cores, char* out, uint64_t capacity);
+
 // The built-in platform table as JSON; same return convention.
 int64_t flash_cann_platforms_json(char* out, uint64_t capacity);
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cost_model.h"
+#include "decode_planner.h"
 #include "engine_rates.h"
 
 namespace flash_cann {
@@ -323,6 +324,66 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
         for (const auto& [engine, seconds] : p.engineBusySeconds) {
             busy.Key(engine.c_str()) << seconds;
         }
+    }
+    return out.str();
+}
+
+std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest& request,
+                             const Platform& platform, int64_t keys)
+{
+    if (!result.ok()) {
+        return ErrorJson(result.error);
+    }
+    const DecodePlan& plan = result.plan;
+    const DecodeTiling& t = plan.tiling;
+    std::ostringstream out;
+    out << std::setprecision(10);
+    {
+        Object o(out);
+        o.Key("platform");
+        WritePlatform(out, platform);
+        o.Key("kernel") << Quote("decode");
+        o.Key("tiling_key") << plan.tilingKey;
+        o.Key("block_dim") << plan.blockDim;
+        o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
+        o.Key("tiling");
+        {
+            Object ot(out);
+            ot.Key("block_q") << t.blockQ;
+            ot.Key("row_tiles") << t.rowTiles;
+            ot.Key("block_k") << t.blockK;
+            ot.Key("key_stack") << t.keyStack;
+            ot.Key("round_keys") << DecodeRoundKeys(t);
+            ot.Key("vec_rows") << t.vecRows;
+            ot.Key("splits") << t.splits;
+            ot.Key("units") << DecodeUnits(t);
+            ot.Key("used_cores") << t.usedCores;
+            ot.Key("group") << t.group;
+            ot.Key("head_dim_pad") << t.headDimPad;
+            ot.Key("paged") << t.paged;
+            ot.Key("capacity") << DecodeCapacity(request);
+            ot.Key("workspace_per_core") << t.workspacePerCore;
+            ot.Key("tiling_bytes") << sizeof(DecodeTiling);
+        }
+        o.Key("buffers");
+        WriteBuffers(out, plan.buffers);
+        o.Key("levels");
+        WriteLevels(out, plan.levels);
+        const DecodePrediction p = PredictDecode(plan, request, platform, keys);
+        o.Key("prediction");
+        Object op(out);
+        op.Key("label") << Quote("PREDICTION of the decode schedule model (docs/planner.md, \"Decode\"), "
+                                 "not a measurement");
+        op.Key("keys_per_sequence") << keys;
+        op.Key("seconds") << p.seconds;
+        op.Key("launch_seconds") << p.launchSeconds;
+        op.Key("hbm_seconds") << p.hbmSeconds;
+        op.Key("core_seconds") << p.coreSeconds;
+        op.Key("combine_seconds") << p.combineSeconds;
+        op.Key("hbm_bytes") << p.hbmBytes;
+        op.Key("hbm_use") << p.hbmUse;
+        op.Key("hbm_gb_per_s") << platform.hbmBytesPerSecond / 1e9;
+        op.Key("bound") << Quote(p.bound);
     }
     return out.str();
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "decode_planner.h"
 #include "grad_planner.h"
 #include "planner.h"
 
@@ -17,6 +18,9 @@ std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
 std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& request,
                            const Platform& platform);
 std::string PlatformsToJson();
+// A decode plan (decode_planner.h) with the model's prediction for `keys` keys per sequence.
+std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest& request,
+                             const Platform& platform, int64_t keys);
 std::string ErrorJson(const std::string& message);
 
 }  // namespace flash_cann

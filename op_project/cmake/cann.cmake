@@ -42,7 +42,8 @@ list(TRANSFORM planner_sources PREPEND "${planner_dir}/")
 get_target_property(planner_includes flash_cann_planner INTERFACE_INCLUDE_DIRECTORIES)
 list(TRANSFORM planner_includes PREPEND "-I")
 set(op_host_sources "${FLASH_CANN_ROOT}/op_host/flash_cann_attention.cpp"
-                    "${FLASH_CANN_ROOT}/op_host/flash_cann_attention_grad.cpp")
+                    "${FLASH_CANN_ROOT}/op_host/flash_cann_attention_grad.cpp"
+                    "${FLASH_CANN_ROOT}/op_host/flash_cann_attention_kvcache.cpp")
 npu_op_code_gen(
   SRC ${op_host_sources} ${planner_sources}
   PACKAGE ${vendor_name}

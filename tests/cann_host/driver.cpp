@@ -46,6 +46,7 @@ const char* TypeName(ge::DataType t)
         case ge::DT_BF16: return "bfloat16";
         case ge::DT_BOOL: return "bool";
         case ge::DT_INT64: return "int64";
+        case ge::DT_INT32: return "int32";
         default: return "undefined";
     }
 }

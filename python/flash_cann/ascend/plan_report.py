@@ -1,5 +1,6 @@
 """``flash-cann plan``: print the tiling planner's plan for a shape on an Ascend SoC
-(``--backward``: the backward kernel's plan)."""
+(``--backward``: the backward kernel's plan; ``--decode``: the decode kernel's, for
+fwd_kvcache)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
                         help="dropout probability (default: 0)")
     parser.add_argument("--sinks", action="store_true", help="learnable attention sinks")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decode kernel's plan (fwd_kvcache, flash_attn_with_kvcache): "
+                             "--shape B,heads,new_tokens,D, --seqlen-k the keys per sequence")
+    parser.add_argument("--page-size", type=int, default=0,
+                        help="with --decode: a paged cache of this page size (0: contiguous)")
     parser.add_argument("--json", action="store_true", help="print the raw plan as JSON")
 
 
@@ -192,12 +198,57 @@ def _backward_report(p: dict, deterministic: bool) -> None:
         print(f"    {engine:<28} busy {busy * 1e3:9.3f} ms {_pct(busy, main) if main else ''}")
 
 
+def _decode_report(p: dict) -> None:
+    t, pred, plat = p["tiling"], p["prediction"], p["platform"]
+    print(f"tiling     key {p['tiling_key']}; tiles of {t['block_q']} rows ({t['row_tiles']} per "
+          f"sequence and kv head: group {t['group']} x new tokens), rounds of {t['round_keys']} keys "
+          f"({t['key_stack']} x {t['block_k']}), {t['splits']} split(s) of each tile's keys; "
+          f"{t['units']} units on {t['used_cores']} AI cores; "
+          f"{'paged' if t['paged'] else 'contiguous'} cache of {t['capacity']} keys per sequence")
+    print(f"workspace  {p['user_workspace_bytes']:,} bytes")
+    _memory_lines(p)
+    print(f"\nPREDICTION (decode schedule model of docs/planner.md, \"Decode\"; engine rates from "
+          f"the MindStudio tables, not calibrated against any decode measurement; nothing here "
+          f"ran on an NPU), every sequence holding {pred['keys_per_sequence']} keys")
+    print(f"  time       {pred['seconds'] * 1e6:.1f} us (launch {pred['launch_seconds'] * 1e6:.1f} us + "
+          f"slowest core {pred['core_seconds'] * 1e6:.1f} us, HBM floor {pred['hbm_seconds'] * 1e6:.1f} us; "
+          f"combine {pred['combine_seconds'] * 1e6:.1f} us)")
+    print(f"  HBM        {pred['hbm_bytes'] / 1e6:.1f} MB at {plat['hbm_gb_per_s']:.0f} GB/s: "
+          f"{100 * pred['hbm_use']:.1f}% of HBM bandwidth")
+    print(f"  bound      {pred['bound']}")
+
+
+def _run_decode(args, batch, heads, seqlen, head_dim, dtype) -> int:
+    if args.backward or args.dropout or args.mask:
+        raise Refused("--decode is a forward of its own: no --backward, --dropout or --mask")
+    if not args.seqlen_k:
+        raise Refused("--decode needs --seqlen-k, the keys per sequence")
+    try:
+        window = tuple(args.window) if args.window is not None else (-1, -1)
+        features = planner.variant(window=window, softcap=args.softcap, alibi=args.alibi,
+                                   sinks=args.sinks)
+        p = planner.decode_plan(args.soc, batch, heads, seqlen, head_dim, heads_kv=args.kv_heads,
+                                keys=args.seqlen_k, page_size=args.page_size, dtype=dtype,
+                                causal=args.causal, aic_cores=_cores(args.soc, args.cores),
+                                features=features)
+    except ValueError as refusal:
+        raise Refused(str(refusal)) from refusal
+    if args.json:
+        print(json.dumps(p, indent=1))
+        return 0
+    _problem_lines(p, args, batch, heads, seqlen, head_dim, dtype)
+    _decode_report(p)
+    return 0
+
+
 def run(args) -> int:
     """Print the plan; raises Refused if it cannot be made as asked."""
     batch, heads, seqlen, head_dim = _parse_shape(args.shape)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
     if args.deterministic and not args.backward:
         raise Refused("--deterministic applies to --backward only")
+    if getattr(args, "decode", False):
+        return _run_decode(args, batch, heads, seqlen, head_dim, dtype)
     try:
         window = tuple(args.window) if args.window is not None else (-1, -1)
         if args.causal and window[1] != -1:

@@ -44,6 +44,16 @@ def variant(window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dropout_p:
                    ALIBI[alibi], int(bool(sinks)))
 
 
+class DecodeProblem(ctypes.Structure):
+    """The C ABI's ``flash_cann_decode_problem``: a fwd_kvcache call's shapes."""
+    _fields_ = ([(name, ctypes.c_int64) for name in (
+        "batch", "heads_q", "heads_kv", "seqlen_q", "tokens_q", "head_dim", "cache_batch",
+        "cache_seqlen", "max_blocks")]
+        + [(name, ctypes.c_int32) for name in (
+            "dtype", "tnd", "causal", "has_batch_idx", "has_leftpad", "splits")]
+        + [("scale", ctypes.c_double)])
+
+
 class PlanRefused(ValueError):
     """The planner refused the problem; the message says why."""
 
@@ -59,6 +69,10 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_grad_plan_json.argtypes = (
         [ctypes.c_char_p] + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 5 + [ctypes.c_double]
         + [ctypes.POINTER(Variant), ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_decode_plan_json.restype = ctypes.c_int64
+    lib.flash_cann_decode_plan_json.argtypes = [
+        ctypes.c_char_p, ctypes.POINTER(DecodeProblem), ctypes.POINTER(Variant), ctypes.c_int64,
+        ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64]
     lib.flash_cann_platforms_json.restype = ctypes.c_int64
     lib.flash_cann_platforms_json.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     return lib
@@ -139,3 +153,34 @@ def grad_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, 
         soc_name(soc).encode(), batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
         LAYOUTS[layout], int(causal), int(has_mask), int(deterministic), float(scale),
         _pointer(features), aic_cores, buf, cap)))
+
+
+def decode_plan(soc: str, batch: int, heads_q: int, seqlen_q: int, head_dim: int, *,
+                heads_kv: int | None = None, keys: int, page_size: int = 0,
+                dtype: str = "float16", causal: bool = False, aic_cores: int = 0,
+                features: Variant | None = None) -> dict:
+    """Plan a fwd_kvcache call (the decode kernel) whose sequences hold ``keys`` keys:
+    a contiguous cache of ``keys`` keys per sequence, or with ``page_size`` a paged one
+    of ceil(keys / page_size) pages per sequence; the prediction assumes every sequence
+    full. ``features`` as for :func:`plan` (no dropout). Raises PlanRefused."""
+    if dtype not in DTYPES:
+        raise ValueError(f"flash_cann: dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    pages = -(-keys // page_size) if page_size else 0
+    problem = DecodeProblem(
+        batch=batch, heads_q=heads_q, heads_kv=heads_q if heads_kv is None else heads_kv,
+        seqlen_q=seqlen_q, tokens_q=0, head_dim=head_dim,
+        cache_batch=batch * pages if page_size else batch,
+        cache_seqlen=page_size if page_size else keys, max_blocks=pages, dtype=DTYPES[dtype],
+        tnd=0, causal=int(causal), has_batch_idx=0, has_leftpad=0, splits=0,
+        scale=1.0 / head_dim ** 0.5)
+    return decode_plan_for(soc, problem, features, keys=keys, aic_cores=aic_cores)
+
+
+def decode_plan_for(soc: str, problem: DecodeProblem, features: Variant | None = None, *,
+                    keys: int = 0, aic_cores: int = 0) -> dict:
+    """Plan the decode call ``problem`` describes exactly (the twin's view of a call:
+    flash_cann.backends.twin.launcher.decode_problem); the prediction for ``keys`` keys per
+    sequence (0: the capacity). Raises PlanRefused."""
+    return _checked(_json_call(lambda buf, cap: _library().flash_cann_decode_plan_json(
+        soc_name(soc).encode(), ctypes.byref(problem), _pointer(features), keys, aic_cores, buf,
+        cap)))

@@ -4,7 +4,7 @@
 "max-autotune" mode) lowers each FX node to GE IR through the converter registered for
 its op with ``torchair.register_fx_node_ge_converter``. These converters emit one
 ``torchair.ge.custom_op`` node of the spec's CANN op type (``FlashCannAttention``,
-``FlashCannAttentionGrad``) per call: the inputs by their spec names in spec order (an
+``FlashCannAttentionGrad``, ``FlashCannAttentionKVCache``) per call: the inputs by their spec names in spec order (an
 absent optional input as ``None``), every attribute as the ``ge.attr`` class of its spec
 type, the outputs by their spec names. An output of a feature the CANN op does not have
 yet (grad_sinks while the npu backend does not list sinks) is a ``ge.Const`` of zeros,
@@ -111,6 +111,28 @@ def _zeros(ge, op: OpSpec, name: str, meta_outputs, index: int):
     return ge.Const(torch.zeros(size).tolist(), dtype=getattr(ge.DataType, _GE_DTYPES[meta.dtype]))
 
 
+def _kvcache_graph_rule(op: OpSpec, values: dict) -> None:
+    """FlashCannAttentionKVCache attends to cache_seqlens keys and does not append: in
+    eager mode contract.kvcache.append writes k/v into the caches first (device ops with
+    the capacity guard). A graph that appends is refused here rather than converted into
+    a node that would drop the new keys; vLLM's call shape (the cache written by its own
+    op, cache_seqlens = seqused_k) converts."""
+    if values.get("key") is not None or values.get("value") is not None:
+        raise NotImplementedError(
+            f"flash_cann: the torchair converter of {op.cann_op_type} does not convert the "
+            f"append (k and v are set in the graph): write the new keys into the cache before "
+            f"the call (as vLLM does) and pass k=v=None with cache_seqlens = the lengths after "
+            f"it")
+    if values.get("cache_seqlens") is None:
+        raise NotImplementedError(
+            f"flash_cann: {op.cann_op_type} needs cache_seqlens (int32 (batch,), the keys of "
+            f"each sequence) in a graph: the Ascend kernel reads the lengths on the device")
+
+
+# Op-specific refusals at conversion, after the generic feature check.
+_GRAPH_RULES = {"fwd_kvcache": _kvcache_graph_rule}
+
+
 def converter_for(op: OpSpec, ge) -> Callable:
     """The converter of ``op``: FX args in, ``ge.custom_op`` outputs (a tuple) out."""
     signature = _signature(op)
@@ -135,6 +157,8 @@ def converter_for(op: OpSpec, ge) -> Callable:
         bound.apply_defaults()
         values = bound.arguments
         _refuse_features(op, values)
+        if op.name in _GRAPH_RULES:
+            _GRAPH_RULES[op.name](op, values)
         produced = ge.custom_op(
             op.cann_op_type,
             inputs={t.name: values[t.name] for t in op.cann_inputs},

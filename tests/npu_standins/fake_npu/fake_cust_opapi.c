@@ -306,3 +306,39 @@ int aclnnFlashCannAttentionGrad(void *workspace, uint64_t workspaceSize,
                                 aclOpExecutor *executor, aclrtStream stream) {
   return Stage2("aclnnFlashCannAttentionGrad", workspace, workspaceSize, executor, stream);
 }
+
+int aclnnFlashCannAttentionKVCacheGetWorkspaceSize(
+    const aclTensor *query, const aclTensor *kCache, const aclTensor *vCache,
+    const aclTensor *keyOptional, const aclTensor *valueOptional,
+    const aclTensor *cacheSeqlensOptional, const aclTensor *cacheBatchIdxOptional,
+    const aclTensor *blockTableOptional, const aclTensor *cacheLeftpadOptional,
+    const aclTensor *alibiSlopesOptional, const aclTensor *sinksOptional, double scale,
+    bool causal, char *layoutOptional, int64_t windowLeft, int64_t windowRight, double softcap,
+    int64_t numSplits, const aclTensor *outOut, const aclTensor *softmaxLseOut,
+    uint64_t *workspaceSize, aclOpExecutor **executor) {
+  FILE *f = Log();
+  fputs("{\"call\": \"aclnnFlashCannAttentionKVCacheGetWorkspaceSize\"", f);
+  Tensor(f, "query", query);
+  Tensor(f, "k_cache", kCache);
+  Tensor(f, "v_cache", vCache);
+  Tensor(f, "key", keyOptional);
+  Tensor(f, "value", valueOptional);
+  Tensor(f, "cache_seqlens", cacheSeqlensOptional);
+  Tensor(f, "cache_batch_idx", cacheBatchIdxOptional);
+  Tensor(f, "block_table", blockTableOptional);
+  Tensor(f, "cache_leftpad", cacheLeftpadOptional);
+  Tensor(f, "alibi_slopes", alibiSlopesOptional);
+  Tensor(f, "sinks", sinksOptional);
+  Attrs(f, scale, causal, layoutOptional);
+  fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld, \"softcap\": %.17g, "
+          "\"num_splits\": %lld", (long long)windowLeft, (long long)windowRight, softcap,
+          (long long)numSplits);
+  Tensor(f, "out", outOut);
+  Tensor(f, "softmax_lse", softmaxLseOut);
+  return Stage1("aclnnFlashCannAttentionKVCacheGetWorkspaceSize", workspaceSize, executor);
+}
+
+int aclnnFlashCannAttentionKVCache(void *workspace, uint64_t workspaceSize,
+                                   aclOpExecutor *executor, aclrtStream stream) {
+  return Stage2("aclnnFlashCannAttentionKVCache", workspace, workspaceSize, executor, stream);
+}

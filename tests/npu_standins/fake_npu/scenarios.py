@@ -123,6 +123,23 @@ record("fwd_batch_alibi_dropout",
        query=q, key=k, value=v, key_padding_mask=None, alibi_slopes=slopes,
        rng_state=rng_state, sinks=sinks, out=out, softmax_lse=lse)
 
+# The decode op, vLLM's call shape (the cache written beforehand): paged, GQA, causal, a
+# window and softcap; the kernel gets key = value = None and the lengths the contract
+# computed on the device, never read on the host.
+q = on_npu(2, 1, 4, 16)
+kc, vc = on_npu(6, 16, 2, 16), on_npu(6, 16, 2, 16)
+lengths = torch.tensor([20, 7], dtype=torch.int32).to("npu")
+table = torch.tensor([[3, 1, 5], [0, 2, 4]], dtype=torch.int32).to("npu")
+out, lse = torch.ops.flash_cann.fwd_kvcache(q, kc, vc, None, None, lengths, None, table, None,
+                                            0.25, True, window_left=9, softcap=12.0,
+                                            num_splits=3)
+record("kvcache_paged", {"attrs": {"scale": 0.25, "causal": True, "layout": "BSND",
+                                   "window_left": 9, "window_right": -1, "softcap": 12.0,
+                                   "num_splits": 3}},
+       query=q, k_cache=kc, v_cache=vc, key=None, value=None, cache_batch_idx=None,
+       block_table=table, cache_leftpad=None, alibi_slopes=None, sinks=None, out=out,
+       softmax_lse=lse)
+
 # Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors reaches the Grad
 # kernel's aclnn API. First loss.backward() through flash_attn_func (BSND, GQA,
 # deterministic=True carried from the forward call to the Grad op).

@@ -176,3 +176,31 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
                   deterministic=deterministic, **_features(variant), grad_query=grad_query,
                   grad_key=grad_key, grad_value=grad_value, grad_sinks=grad_sinks)
     return grad_query, grad_key, grad_value, None if variant.sinks is None else grad_sinks
+
+
+def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN, num_splits: int = 0):
+    """fwd_kvcache's decode kernel (FlashCannAttentionKVCache). The contract has appended
+    the new keys and values already (contract.kvcache.append: device ops, with the capacity
+    guard), so the CANN op gets key = value = None and cache_seqlens = seqlens_k, the keys
+    each sequence attends to; block_table, cache_batch_idx, cache_leftpad and the lengths
+    are read by the kernel in GM, never here."""
+    if layout == "TND":
+        # The kernel takes TND queries (the twin runs them); the CANN op gains cu_seqlens_q
+        # and max_seqlen_q when the npu backend lists varlen (the spec's conventions).
+        raise NotImplementedError(
+            "flash_cann: backend 'npu' does not support varlen yet for fwd_kvcache "
+            "(cu_seqlens_q, layout='TND'); backends that do: cpu, triton")
+    launchers = _launcher_ops()
+    batch, seqlen_q, heads_q, _ = query.shape
+    out = _empty(query.shape, query.dtype, query)
+    lse = _empty((batch, heads_q, seqlen_q), accumulator_dtype(query.dtype), query)
+    features = _features(variant)
+    del features["rng_state"], features["dropout_p"]  # not features of fwd_kvcache
+    launchers.fwd_kvcache(query=query, k_cache=k_cache, v_cache=v_cache, key=None, value=None,
+                          cache_seqlens=seqlens_k, cache_batch_idx=cache_batch_idx,
+                          block_table=block_table, cache_leftpad=cache_leftpad, scale=scale,
+                          causal=causal, layout="BSND", num_splits=num_splits, **features,
+                          out=out, softmax_lse=lse)
+    return out, lse

@@ -18,7 +18,7 @@ import torch
 from ...contract import layout as layouts
 from ...contract.variant import PLAIN, Variant, shared_alibi_slopes
 from ...ascend import native
-from ...ascend.planner import DTYPES, LAYOUTS
+from ...ascend.planner import DTYPES, LAYOUTS, DecodeProblem, Variant as PlanVariant
 
 AI_CORES = 0  # 0: the SoC's AI cores (Ascend910B2: 24); tests set other counts
 
@@ -49,6 +49,11 @@ def _library() -> ctypes.CDLL:
         + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32]
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
            ctypes.c_uint64])
+    lib.flash_cann_twin_kvcache.restype = ctypes.c_int
+    lib.flash_cann_twin_kvcache.argtypes = (
+        [ctypes.POINTER(DecodeProblem), ctypes.POINTER(PlanVariant)] + [ctypes.c_void_p] * 12
+        + [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
+           ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_drop_sync.restype = None
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
@@ -121,6 +126,79 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
             AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
+    return out, lse
+
+
+def _int32(t):
+    return None if t is None else t.to(torch.int32).contiguous()
+
+
+def decode_problem(query, k_cache, seqlens_k, cache_batch_idx, block_table, *, scale: float,
+                   causal: bool, variant: Variant = PLAIN, cache_leftpad=None,
+                   cu_seqlens_q=None, max_seqlen_q: int = 0, splits: int = 0):
+    """The decode planner's view of a kvcache_forward call (op_host/planner/c_api.h's
+    flash_cann_decode_problem and flash_cann_variant): what the twin plans with, and what
+    tests plan with to compare the kernel's allocations with the plan."""
+    tnd = cu_seqlens_q is not None
+    if tnd:
+        tokens, hq, d = query.shape
+        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
+    else:
+        batch, seqlen_q, hq, d = query.shape
+        tokens = 0
+    problem = DecodeProblem(
+        batch=batch, heads_q=hq, heads_kv=k_cache.shape[2], seqlen_q=seqlen_q, tokens_q=tokens,
+        head_dim=d, cache_batch=k_cache.shape[0], cache_seqlen=k_cache.shape[1],
+        max_blocks=0 if block_table is None else block_table.shape[1],
+        dtype=DTYPES[str(query.dtype).removeprefix("torch.")], tnd=int(tnd), causal=int(causal),
+        has_batch_idx=int(cache_batch_idx is not None), has_leftpad=int(cache_leftpad is not None),
+        splits=splits, scale=float(scale))
+    features = PlanVariant(variant.window_left, variant.window_right, float(variant.softcap), 0.0,
+                           _alibi_slopes(variant.alibi_slopes)[1], int(variant.sinks is not None))
+    return problem, features
+
+
+def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, *,
+                    scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
+                    variant: Variant = PLAIN, num_splits: int = 0,
+                    ai_cores: int | None = None, allocated: dict | None = None,
+                    splits_used: list | None = None):
+    """Run the decode kernel on the twin; returns (out, softmax_lse), as the cpu backend's
+    kvcache_forward.
+
+    query: (batch, seqlen_q, heads_q, head_dim), or with layout TND (tokens, heads_q,
+    head_dim), sequence b's rows from ``variant.cu_seqlens_q`` with
+    ``variant.max_seqlen_q`` bounding the rows per sequence; the caches
+    contiguous (batch_cache, seqlen_cache, heads_kv, head_dim) with ``cache_batch_idx``, or
+    paged (num_blocks, page_size, heads_kv, head_dim) through ``block_table``;
+    ``seqlens_k`` int32 (batch,): the keys each sequence attends to (the new keys already
+    appended by contract.kvcache.append); ``cache_leftpad``: the first visible key.
+    ``num_splits`` > 0 forces the split of each tile's keys over cores (flash-attn's hint;
+    0: the planner chooses); ``splits_used``, if given, receives the plan's split count;
+    ``allocated`` as for ``forward``.
+    """
+    cu_seqlens_q = variant.cu_seqlens_q if layout == "TND" else None
+    problem, features = decode_problem(
+        query, k_cache, seqlens_k, cache_batch_idx, block_table, scale=scale, causal=causal,
+        variant=variant, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=variant.max_seqlen_q, splits=num_splits)
+    q, kc, vc = (t.contiguous() for t in (query, k_cache, v_cache))
+    out = torch.full_like(q, float("nan"))
+    lse_shape = ((problem.heads_q, problem.tokens_q) if problem.tnd else
+                 (problem.batch, problem.heads_q, problem.seqlen_q))
+    lse = torch.full(lse_shape, float("nan"), dtype=torch.float32)
+    slopes = _alibi_slopes(variant.alibi_slopes)[0]
+    sinks = None if variant.sinks is None else variant.sinks.to(torch.float32).contiguous()
+    lengths, batch_idx, table, leftpad, cu = (_int32(t) for t in (
+        seqlens_k, cache_batch_idx, block_table, cache_leftpad, cu_seqlens_q))
+    used = ctypes.c_int32(0)
+    _launch(_library().flash_cann_twin_kvcache, ctypes.byref(problem), ctypes.byref(features),
+            q.data_ptr(), kc.data_ptr(), vc.data_ptr(), lengths.data_ptr(), _pointer(batch_idx),
+            _pointer(table), _pointer(leftpad), _pointer(cu), _pointer(slopes), _pointer(sinks),
+            out.data_ptr(), lse.data_ptr(), AI_CORES if ai_cores is None else ai_cores,
+            ctypes.byref(used), allocated=allocated)
+    if splits_used is not None:
+        splits_used.append(used.value)
     return out, lse
 
 
