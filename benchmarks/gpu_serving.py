@@ -28,6 +28,11 @@ vllm: vLLM's mixed step, flash_attn_varlen_func over a paged cache (128-entry pa
     grid over max_seqlen_q's blocks for every sequence); flash-attn 2's
     flash_attn_varlen_func with block_table if installed (no other peer takes this call).
 
+--graphs: the decode, long and vllm cases again ("decode-graph", ...), each
+implementation captured once into a CUDA graph and its replay timed: how serving engines
+(vLLM, SGLang) run a decoding step, without the host's per-call work (the eager rows
+include it wherever the host is slower than the GPU; a failed capture is recorded).
+
 Times: median of triton.testing.do_bench (warm-up 25 ms, repetitions 100 ms, L2
 flushed), rounds interleaved (median of the rounds). Decode reports the HBM bandwidth
 achieved reading K and V once (2 x batch x cache x kv heads x head_dim x 2 bytes / time;
@@ -67,7 +72,8 @@ VARIANTS = {OURS + "-maxgrid": {"FLASH_CANN_TRITON_VARLEN_GRID": "max"},
             OURS + "-pointers": {"FLASH_CANN_TRITON_TMA": "0"}}
 # (case, minimum best peer / ours, peer: "best" or one name, which caches)
 TARGETS = [("varlen", 1.0, "flex", None), ("decode", 1.0, "best", (4096,)),
-           ("long", 1.0, "best", (131072,))]
+           ("long", 1.0, "best", (131072,)), ("decode-graph", 1.0, "best", (4096,)),
+           ("long-graph", 1.0, "best", (131072,))]
 
 
 def _flash_attn():
@@ -230,13 +236,45 @@ def measure(case, impls, rounds, **shape):
     return rows
 
 
+def graphed(fn):
+    """fn captured into a CUDA graph (after warm-up calls on a side stream, which also
+    compile and tune): the graph's replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def graph_impls(impls):
+    """Each implementation's CUDA-graph replay, or a callable raising why it could not be
+    captured (measure records it)."""
+    replays = {}
+    for name, fn in impls.items():
+        try:
+            with common._environment(VARIANTS.get(name, {})):
+                replays[name] = graphed(fn)
+        except Exception as e:  # a peer that cannot be captured
+            message = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+            def fail(message=message):
+                raise RuntimeError(message)
+            replays[name] = fail
+    return replays
+
+
 def add_rates(rows, lengths):
     """GB/s of K and V for decode rows, TFLOP/s over the visible pairs for varlen rows."""
     pairs = sum(n * (n + 1) // 2 for n in lengths)
     for row in rows:
         if "error" in row:
             continue
-        if row["case"] == "varlen":
+        if row["case"].startswith("varlen"):
             row["tflops"] = 4 * HEADS * HEAD_DIM * pairs / row["ms"] / 1e9
         else:
             kv_bytes = 2 * row["batch"] * row["cache"] * HEADS_KV * HEAD_DIM * DTYPE.itemsize
@@ -309,6 +347,8 @@ def parse_args(argv=None):
     p.add_argument("--variants", type=common._list(str), default=["maxgrid", "pointers"],
                    help="flash_cann's A/B rows in the varlen case (each compiles and tunes "
                         "its own kernel variant)")
+    p.add_argument("--graphs", action="store_true",
+                   help="also time the decode, long and vllm cases as CUDA-graph replays")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--tag", default="")
@@ -351,14 +391,18 @@ def main(argv=None):
     if "varlen" in args.cases:
         run("varlen", varlen_impls(lengths, args.variants), tokens=sum(lengths),
             documents=len(lengths))
-    if "decode" in args.cases:
-        for cache in args.caches:
-            run("decode", decode_impls(DECODE_BATCH, cache), batch=DECODE_BATCH, cache=cache)
-    if "long" in args.cases:
-        for cache in args.long:
-            run("long", decode_impls(1, cache, long=True), batch=1, cache=cache)
-    if "vllm" in args.cases:
-        run("vllm", vllm_impls(), batch=VLLM_DECODES + 1, cache=VLLM_KEYS)
+    for suffix in ("", "-graph") if args.graphs else ("",):
+        wrap = graph_impls if suffix else (lambda impls: impls)
+        if "decode" in args.cases:
+            for cache in args.caches:
+                run("decode" + suffix, wrap(decode_impls(DECODE_BATCH, cache)),
+                    batch=DECODE_BATCH, cache=cache)
+        if "long" in args.cases:
+            for cache in args.long:
+                run("long" + suffix, wrap(decode_impls(1, cache, long=True)), batch=1,
+                    cache=cache)
+        if "vllm" in args.cases:
+            run("vllm" + suffix, wrap(vllm_impls()), batch=VLLM_DECODES + 1, cache=VLLM_KEYS)
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwrote {path}\n{meta['device']}; {meta['software']}; {meta['date']}; flash-attn "
           f"{meta['flash_attn']}\n")

@@ -59,7 +59,9 @@ SPLIT_MIN_KEYS = 128
 # The interpreter (CPU tensors) has no SMs: a few, so that the heuristic splits the
 # tests' small problems as a GPU splits long contexts.
 INTERPRETER_SMS = 4
-# Rows of a combine program (BLOCK_R x BLOCK_D fp32 per split: 8 values a thread at 4 warps).
+# Rows of a combine program: at most this many elements (BLOCK_R x BLOCK_D fp32 per split:
+# 8 values a thread at 4 warps), fewer where that leaves SMs idle (a batch-1 long context
+# has a few dozen rows: one row a program spreads its splits' reads over the GPU).
 COMBINE_ELEMENTS = 1024
 # The packed forward's programs walk cu_seqlens as one vector (kernels.tiles.packed_tile):
 # up to this many sequences (4 int32 a thread at 8 warps); more take the max_seqlen grid.
@@ -689,7 +691,8 @@ def _split_decode(call, sizes, splits: int, cache_bytes: int, common: dict, row_
                   split_stride_lse=lse_parts.stride(0), work=cache_bytes, PERSISTENT=False,
                   **partial)
     block_d = common["BLOCK_D"]
-    block_r = max(1, COMBINE_ELEMENTS // block_d)
+    fill = triton.next_power_of_2(triton.cdiv(rows, SLOTS_PER_SM * _multiprocessors(device)))
+    block_r = max(1, min(COMBINE_ELEMENTS // block_d, fill))
     kernels.attn_decode_combine[(triton.cdiv(rows, block_r),)](
         out_parts, lse_parts, o, lse, common.get("Sinks"), rows, heads_q, rows_shape[2],
         splits, *o.stride(), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r,
