@@ -8,6 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_tiling.h"
+#include "flash_cann_packed.h"
 
 namespace flash_cann {
 
@@ -51,6 +52,55 @@ private:
     AscendC::GlobalTensor<float> scores_, output_;
     AscendC::GlobalTensor<T> probs_;
     uint64_t scoreSlot_ = 0, probSlot_ = 0, outputSlot_ = 0;
+};
+
+// cu_seqlens_q/k of a packed (TND) launch, read from GM by the scalar unit (the Offsets
+// reader of flash_cann_packed.h); never read by the host.
+class DeviceSeqlens {
+public:
+    __aicore__ inline void Init(GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK)
+    {
+        q_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(cuSeqlensQ));
+        k_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(cuSeqlensK));
+    }
+    __aicore__ inline int64_t Query(uint32_t b) const { return q_.GetValue(b); }
+    __aicore__ inline int64_t Key(uint32_t b) const { return k_.GetValue(b); }
+
+private:
+    AscendC::GlobalTensor<int32_t> q_, k_;
+};
+
+// The query tiles of one AI core, in order: the planner's row range (dense layouts) or
+// the device-side walk over cu_seqlens (TND, flash_cann_packed.h). Both halves of the AI
+// core start it with the same arguments, so they walk the same tiles.
+template <bool CAUSAL>
+class CoreTiles {
+public:
+    __aicore__ inline void Start(const TilingData& t, const DeviceSeqlens& cu, uint32_t core)
+    {
+        t_ = &t;
+        packed_ = t.layout == static_cast<uint32_t>(Layout::TND);
+        if (core >= t.usedCores) {
+            cursor_ = end_ = 0;
+            packed_ = false;
+        } else if (packed_) {
+            walk_.Start(t, cu, core, t.usedCores);
+        } else {
+            cursor_ = t.rowStart[core];
+            end_ = t.rowStart[core + 1];
+        }
+    }
+    __aicore__ inline bool Next(QueryTile& tile)
+    {
+        return packed_ ? walk_.Next(tile) : NextTile(*t_, cursor_, end_, tile);
+    }
+
+private:
+    const TilingData* t_ = nullptr;
+    bool packed_ = false;
+    uint64_t cursor_ = 0;
+    uint64_t end_ = 0;
+    PackedTileWalk<CAUSAL, DeviceSeqlens> walk_;
 };
 
 }  // namespace flash_cann

@@ -89,6 +89,11 @@ struct GradTilingData {
     // Added with the features (additive): what the call computes beyond plain attention
     // (flash_cann_variant.h), as the forward had it.
     VariantTiling variant;
+    // Added with packed sequences (additive). Layout TND: the packed query and key tokens;
+    // the units are then walked and split on the device (flash_cann_packed.h) and
+    // unitStart is unused.
+    uint64_t tokensQ;
+    uint64_t tokensK;
 };
 
 // The most L0C product scratch copies the planner gives the kernel.

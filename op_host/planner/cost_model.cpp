@@ -80,7 +80,7 @@ std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
             const uint32_t row0 = static_cast<uint32_t>(last % blocksPerHead) *
                                   kIncumbentRowsPerVectorCore;
             const uint32_t rows = std::min(kIncumbentRowsPerVectorCore, t.seqlenQ - row0);
-            const QueryTile tile{0, 0, 0, row0, rows};
+            const QueryTile tile = DenseTile(t, 0, 0, row0, rows);
             const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
             if (range.end > range.begin) {
                 AppendTile(tiles, Tile(t, causal, row0, 2 * kIncumbentRowsPerVectorCore, range,

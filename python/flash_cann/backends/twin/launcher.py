@@ -40,7 +40,8 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(native.artefact("twin/libflash_cann_twin.so")))
     lib.flash_cann_twin_forward.restype = ctypes.c_int
     lib.flash_cann_twin_forward.argtypes = (
-        [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 5
+        + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
         + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
@@ -91,22 +92,54 @@ def _alibi_slopes(slopes: torch.Tensor | None) -> tuple[torch.Tensor | None, int
     return slopes.to(torch.float32).contiguous(), ALIBI_PER_BATCH_HEAD
 
 
+class _Problem:
+    """A call's sizes as the kernels' C ABI takes them: (batch, heads_q, heads_kv,
+    seqlen_q, seqlen_k, head_dim), and with layout TND the int32 cu_seqlens (batch + 1
+    sequences' offsets) and the packed token counts: batch is then the number of
+    sequences, seqlen_q/k are max_seqlen_q/k (what the planner sizes buffers from; the
+    kernel reads the offsets on the device)."""
+
+    def __init__(self, query, key, layout: str, variant: Variant):
+        self.packed = layout == "TND"
+        if self.packed:
+            self.tokens_q, self.heads_q, self.head_dim = query.shape
+            self.tokens_k, self.heads_kv = key.shape[:2]
+            self.cu_q = variant.cu_seqlens_q.to(torch.int32).contiguous()
+            self.cu_k = variant.cu_seqlens_k.to(torch.int32).contiguous()
+            self.batch = self.cu_q.shape[0] - 1
+            self.seqlen_q, self.seqlen_k = variant.max_seqlen_q, variant.max_seqlen_k
+            self.lse_shape = (self.heads_q, self.tokens_q)
+        else:
+            self.batch, self.heads_q, self.seqlen_q, self.head_dim = layouts.sizes(query, layout)
+            self.heads_kv, self.seqlen_k = layouts.sizes(key, layout)[1:3]
+            self.cu_q = self.cu_k = None
+            self.tokens_q = self.tokens_k = 0
+            self.lse_shape = (self.batch, self.heads_q, self.seqlen_q)
+
+    def sizes(self) -> tuple:
+        return (self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k,
+                self.head_dim)
+
+    def packing(self) -> tuple:
+        """cu_seqlens_q/k pointers and tokens_q/k, as the C ABI takes them."""
+        return _pointer(self.cu_q), _pointer(self.cu_k), self.tokens_q, self.tokens_k
+
+
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             variant: Variant = PLAIN, ai_cores: int | None = None, allocated: dict | None = None):
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
-    ``variant``: the features (window, softcap, ALiBi slopes, dropout_p with rng_state,
-    sinks), as the cpu backend takes them. ``allocated``, if given, receives the bytes
-    the kernel allocated per memory level (every ``InitBuffer``; AIC levels per cube
-    core, UB per vector core), keyed as the planner's ``plan["levels"]``.
+    ``variant``: the features (packed sequences, window, softcap, ALiBi slopes, dropout_p
+    with rng_state, sinks), as the cpu backend takes them. ``allocated``, if given,
+    receives the bytes the kernel allocated per memory level (every ``InitBuffer``; AIC
+    levels per cube core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
-    b, hq, sq, d = layouts.sizes(query, layout)
-    hk, sk = layouts.sizes(key, layout)[1:3]
+    p = _Problem(query, key, layout, variant)
     q, k, v = (t.contiguous() for t in (query, key, value))  # the kernel reads dense layouts
     mask = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     out = torch.full_like(q, float("nan"))
-    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32)
+    lse = torch.full(p.lse_shape, float("nan"), dtype=torch.float32)
     slopes, alibi = _alibi_slopes(variant.alibi_slopes)
     rng = None
     if variant.dropout_p > 0:
@@ -115,9 +148,9 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     if sinks is not None:
         sinks = sinks.to(torch.float32).contiguous()
     _launch(_library().flash_cann_twin_forward,
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), _pointer(slopes),
-            _pointer(rng), _pointer(sinks), out.data_ptr(), lse.data_ptr(),
-            b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")],
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), _pointer(mask), *p.packing(),
+            _pointer(slopes), _pointer(rng), _pointer(sinks), out.data_ptr(), lse.data_ptr(),
+            *p.sizes(), DTYPES[str(query.dtype).removeprefix("torch.")],
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
             AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
