@@ -8,7 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_tiling.h"
-#include "flash_cann_packed.h"
+#include "flash_attention_seqlens.h"
 
 namespace flash_cann {
 
@@ -52,22 +52,6 @@ private:
     AscendC::GlobalTensor<float> scores_, output_;
     AscendC::GlobalTensor<T> probs_;
     uint64_t scoreSlot_ = 0, probSlot_ = 0, outputSlot_ = 0;
-};
-
-// cu_seqlens_q/k of a packed (TND) launch, read from GM by the scalar unit (the Offsets
-// reader of flash_cann_packed.h); never read by the host.
-class DeviceSeqlens {
-public:
-    __aicore__ inline void Init(GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK)
-    {
-        q_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(cuSeqlensQ));
-        k_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(cuSeqlensK));
-    }
-    __aicore__ inline int64_t Query(uint32_t b) const { return q_.GetValue(b); }
-    __aicore__ inline int64_t Key(uint32_t b) const { return k_.GetValue(b); }
-
-private:
-    AscendC::GlobalTensor<int32_t> q_, k_;
 };
 
 // The query tiles of one AI core, in order: the planner's row range (dense layouts) or

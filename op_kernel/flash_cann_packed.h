@@ -39,6 +39,7 @@
 #ifndef FLASH_CANN_PACKED_H
 #define FLASH_CANN_PACKED_H
 
+#include "flash_cann_grad_tiling.h"
 #include "flash_cann_tiling.h"
 
 namespace flash_cann {
@@ -174,6 +175,168 @@ private:
     const TilingData* t_ = nullptr;
     const Offsets* cu_ = nullptr;
     PackedTiles<CAUSAL, Offsets> tiles_{};
+    uint32_t core_ = 0;
+    uint32_t cores_ = 1;
+    uint64_t total_ = 0;
+    uint64_t before_ = 0;
+    bool done_ = true;
+};
+
+// ---- Backward: key-block units --------------------------------------------------------
+
+// The backward's work of a unit (the cut rule's w): its steps, + 1 for its K/V load and
+// dK/dV write-out (a unit no query sees costs that 1 only: it has no step).
+__aicore__ inline uint64_t PackedUnitWork(const GradTilingData& t, const GradUnit& u)
+{
+    return uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock) + 1;
+}
+
+// A run of consecutive key blocks of one (sequence, kv head) that one core owns whole:
+// one unit, or with the deterministic dQ one chunk of dqChunkBlocks blocks (its dQ slot
+// must take its adds from one core, in program order: GradSplitKeepsChunks' rule).
+struct PackedChunk {
+    PackedSequence seq;
+    uint32_t batch;
+    uint32_t headKv;
+    uint32_t block0;
+    uint32_t blocks;
+};
+
+// Every chunk of a packed batch in order (sequence, kv head, key block).
+template <typename Offsets>
+class PackedChunks {
+public:
+    __aicore__ PackedChunks() = default;
+    __aicore__ PackedChunks(const GradTilingData& t, const Offsets& cu, uint32_t chunkBlocks)
+        : t_(&t), cu_(&cu), chunkBlocks_(chunkBlocks) {}
+
+    __aicore__ bool Next(PackedChunk& chunk)
+    {
+        while (seq_ < t_->batch) {
+            if (!loaded_) {
+                s_ = ReadSequence(*cu_, seq_, t_->tokensQ, t_->tokensK);
+                keyBlocks_ = (s_.lenK + t_->blockK - 1) / t_->blockK;
+                loaded_ = true;
+            }
+            if (block_ < keyBlocks_) {
+                chunk.seq = s_;
+                chunk.batch = seq_;
+                chunk.headKv = head_;
+                chunk.block0 = block_;
+                chunk.blocks = MinU32(chunkBlocks_, keyBlocks_ - block_);
+                block_ += chunk.blocks;
+                return true;
+            }
+            block_ = 0;
+            if (++head_ == t_->headsKv) {
+                head_ = 0;
+                ++seq_;
+                loaded_ = false;
+            }
+        }
+        return false;
+    }
+
+private:
+    const GradTilingData* t_ = nullptr;
+    const Offsets* cu_ = nullptr;
+    uint32_t chunkBlocks_ = 1;
+    PackedSequence s_{};
+    uint32_t keyBlocks_ = 0;
+    uint32_t seq_ = 0;
+    uint32_t head_ = 0;
+    uint32_t block_ = 0;
+    bool loaded_ = false;
+};
+
+template <bool CAUSAL>
+__aicore__ inline GradUnit ChunkUnit(const GradTilingData& t, const PackedChunk& c, uint32_t i)
+{
+    return MakeUnit<CAUSAL>(t, c.batch, c.headKv, c.block0 + i, c.seq.lenQ, c.seq.lenK, c.seq.q0, c.seq.k0);
+}
+
+template <bool CAUSAL>
+__aicore__ inline uint64_t PackedChunkWork(const GradTilingData& t, const PackedChunk& c)
+{
+    uint64_t work = 0;
+    for (uint32_t i = 0; i < c.blocks; ++i) {
+        work += PackedUnitWork(t, ChunkUnit<CAUSAL>(t, c, i));
+    }
+    return work;
+}
+
+// The steps of one core, as GradStepCursor walks a dense split: its contiguous run of
+// chunks under the cut rule, each chunk's units, each unit's steps (StepAt).
+template <bool CAUSAL, typename Offsets>
+class PackedStepCursor {
+public:
+    // First pass: the total work. `cu` must outlive the cursor. chunkBlocks: 1, or the
+    // deterministic dQ's dqChunkBlocks.
+    __aicore__ void Start(const GradTilingData& t, const Offsets& cu, uint32_t core, uint32_t cores,
+                          uint32_t chunkBlocks)
+    {
+        t_ = &t;
+        core_ = core;
+        cores_ = cores;
+        total_ = before_ = 0;
+        done_ = false;
+        open_ = false;
+        unitIndex_ = chunk_.blocks = 0;
+        PackedChunks<Offsets> all(t, cu, chunkBlocks);
+        PackedChunk c{};
+        while (all.Next(c)) {
+            total_ += PackedChunkWork<CAUSAL>(t, c);
+        }
+        chunks_ = PackedChunks<Offsets>(t, cu, chunkBlocks);
+    }
+
+    // Advances to the next step (unit and step then describe it); false when done.
+    __aicore__ bool Next()
+    {
+        for (;;) {
+            if (open_ && StepAt(*t_, unit, index_, step)) {
+                ++index_;
+                return true;
+            }
+            if (unitIndex_ < chunk_.blocks) {
+                unit = ChunkUnit<CAUSAL>(*t_, chunk_, unitIndex_++);
+                index_ = 0;
+                open_ = true;
+                continue;
+            }
+            if (!NextOwnedChunk()) {
+                return false;
+            }
+        }
+    }
+
+    GradUnit unit{};
+    GradStep step{};
+
+private:
+    __aicore__ bool NextOwnedChunk()
+    {
+        while (!done_ && chunks_.Next(chunk_)) {
+            const uint64_t work = PackedChunkWork<CAUSAL>(*t_, chunk_);
+            const uint32_t owner = OwnerCore(before_, work, total_, cores_);
+            before_ += work;
+            if (owner == core_) {
+                unitIndex_ = 0;
+                return true;
+            }
+            done_ = owner > core_;
+        }
+        done_ = true;
+        chunk_.blocks = 0;
+        return false;
+    }
+
+    const GradTilingData* t_ = nullptr;
+    PackedChunks<Offsets> chunks_{};
+    PackedChunk chunk_{};
+    uint32_t unitIndex_ = 0;
+    uint32_t index_ = 0;
+    bool open_ = false;
     uint32_t core_ = 0;
     uint32_t cores_ = 1;
     uint64_t total_ = 0;

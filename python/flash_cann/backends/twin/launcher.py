@@ -46,7 +46,8 @@ def _library() -> ctypes.CDLL:
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
-        [ctypes.c_void_p] * 15 + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
+        [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 7
+        + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
         + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32]
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
            ctypes.c_uint64])
@@ -187,8 +188,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     grad_sinks), grad_sinks None when ``variant`` has no sinks (the backend protocol);
     the kernel's output is then checked to be zeros, as the op promises.
 
-    ``variant``: the features (window, softcap, ALiBi, dropout, sinks), as the cpu
-    backend's backward takes it.
+    ``variant``: the features (packed sequences, window, softcap, ALiBi, dropout, sinks),
+    as the cpu backend's backward takes it.
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
     run and every split of the work over cores; ``allocated`` as for ``forward``.
     ``unordered_atomic_adds``, if given, receives the names of the tensors the kernel
@@ -196,15 +197,14 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     two cores with no happens-before order between them, an order the hardware does not
     fix (needs the race detector, on unless FLASH_CANN_TWIN_RACE_CHECK=0).
     """
-    b, hq, sq, d = layouts.sizes(query, layout)
-    hk, sk = layouts.sizes(key, layout)[1:3]
+    p = _Problem(query, key, layout, variant)
     do, q, k, v, o = (t.contiguous() for t in (grad_out, query, key, value, out))
     lse = softmax_lse.to(torch.float32).contiguous()
     dlse = None if grad_softmax_lse is None else grad_softmax_lse.to(torch.float32).contiguous()
     mask = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     # Poisoned outputs: an element the kernel never writes shows up as NaN.
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    grad_sinks = torch.full((hq,), float("nan"), dtype=torch.float32)
+    grad_sinks = torch.full((p.heads_q,), float("nan"), dtype=torch.float32)
     slopes, alibi = _alibi_slopes(variant.alibi_slopes)
     sinks = variant.sinks
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
@@ -212,9 +212,9 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     names = None if unordered_atomic_adds is None else ctypes.create_string_buffer(1024)
     _launch(_library().flash_cann_twin_backward,
             do.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            _pointer(mask), _pointer(dlse), _pointer(slopes), _pointer(rng), _pointer(sinks),
-            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), grad_sinks.data_ptr(),
-            b, hq, hk, sq, sk, d, DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout],
+            _pointer(mask), _pointer(dlse), *p.packing(), _pointer(slopes), _pointer(rng),
+            _pointer(sinks), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), grad_sinks.data_ptr(),
+            *p.sizes(), DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout],
             int(causal), float(scale), int(deterministic), AI_CORES if ai_cores is None else ai_cores,
             variant.window_left, variant.window_right, float(variant.softcap),
             float(variant.dropout_p), alibi,
