@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace ge {
-enum DataType { DT_FLOAT = 0, DT_FLOAT16 = 1, DT_INT64 = 9, DT_BOOL = 12, DT_BF16 = 27, DT_UNDEFINED = 28 };
+enum DataType { DT_FLOAT = 0, DT_FLOAT16 = 1, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 12, DT_BF16 = 27, DT_UNDEFINED = 28 };
 enum Format { FORMAT_ND = 2 };
 using graphStatus = uint32_t;
 const graphStatus GRAPH_SUCCESS = 0;
