@@ -25,9 +25,12 @@ aclDataType AclDataType(at::ScalarType dtype, const char *name) {
       return ACL_BOOL;
     case at::kLong:  // rng_state: (seed, offset), read by the kernel
       return ACL_INT64;
+    case at::kInt:  // cu_seqlens_q/k: the packed sequences' offsets, read by the kernel
+      return ACL_INT32;
     default:
       TORCH_CHECK(false, "flash_cann: ", name, " has dtype ", dtype,
-                  ", which the NPU op does not take (float16, bfloat16, float32, bool, int64)");
+                  ", which the NPU op does not take (float16, bfloat16, float32, bool, int64, "
+                  "int32)");
   }
 }
 
