@@ -24,9 +24,13 @@
 // A core's run is within half an item of its share, so the imbalance is bounded by the
 // largest item (one query tile's band), as in the dense split.
 //
-// Work of a forward tile: (visible key sub-blocks + 1) x its 16-row fractals (the + 1
-// prices the tile's fixed cost: Q load, epilogue, and the bubble between tiles; a tile
-// that sees no key still writes its rows). Work of a backward unit: its steps (query
+// Work of a forward tile: (its rounds + kScoresAhead) x its 16-row fractals. The kernel
+// works in rounds (a partly visible round, e.g. the causal diagonal, costs a whole one),
+// and a tile fills and drains the cube's pipeline: S runs kScoresAhead rounds ahead of
+// P.V, and tiles do not overlap. Counting sub-blocks + 1 instead (a first version)
+// left the busiest core 1.55x the mean in the schedule model for 7 documents of 16k
+// tokens (short documents' tiles were underpriced); rounds + 2 gives 1.06 (docs/planner.md).
+// A tile that sees no key still costs its fill/drain share (it writes its rows). Work of a backward unit: its steps (query
 // blocks x group), + 1 for the unit's K/V load and dK/dV write-out.
 //
 // Robustness without host checks: offsets are clamped to [0, tokens] and made
@@ -90,8 +94,7 @@ template <bool CAUSAL>
 __aicore__ inline uint64_t PackedTileWork(const TilingData& t, const QueryTile& tile)
 {
     const KeyRange keys = TileKeys<CAUSAL>(t, tile);
-    const uint64_t blocks = (uint64_t{keys.end} - keys.begin + t.blockK - 1) / t.blockK;
-    return (blocks + 1) * ((tile.rows + kCubeBlock - 1) / kCubeBlock);
+    return (RoundCount(t, keys) + kScoresAhead) * ((tile.rows + kCubeBlock - 1) / kCubeBlock);
 }
 
 // Every tile of a packed batch in order (sequence, head, blockQ rows), for any core.

@@ -1,5 +1,8 @@
 #include "plan_json.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <iomanip>
 #include <sstream>
 
@@ -254,10 +257,27 @@ std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        o.Key("prediction");
-        WritePrediction(out, Predict(plan, request, platform), platform);
-        o.Key("incumbent_design_prediction");
-        WritePrediction(out, PredictIncumbent(request, platform), platform);
+        if (request.layout == Layout::TND) {
+            // The plan holds no lengths (the kernel reads cu_seqlens on the device): the
+            // prediction takes `batch` sequences of equal length (the tokens spread evenly,
+            // max_seqlen permitting); PredictPacked takes real offsets.
+            std::vector<int32_t> cuQ{0}, cuK{0};
+            for (int64_t b = 1; b <= request.batch; ++b) {
+                cuQ.push_back(static_cast<int32_t>(std::min(request.tokensQ * b / request.batch,
+                                                            cuQ.back() + request.seqlenQ)));
+                cuK.push_back(static_cast<int32_t>(std::min(request.tokensK * b / request.batch,
+                                                            cuK.back() + request.seqlenK)));
+            }
+            o.Key("prediction_assumes") << "\"the tokens in batch sequences of equal length\"";
+            o.Key("prediction");
+            WritePrediction(out, PredictPacked(plan, request, platform, cuQ, cuK), platform);
+            o.Key("incumbent_design_prediction") << "null";  // its TND takes host lists
+        } else {
+            o.Key("prediction");
+            WritePrediction(out, Predict(plan, request, platform), platform);
+            o.Key("incumbent_design_prediction");
+            WritePrediction(out, PredictIncumbent(request, platform), platform);
+        }
     }
     return out.str();
 }

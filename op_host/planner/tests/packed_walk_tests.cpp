@@ -8,11 +8,13 @@
 //   - the work per core is balanced: the busiest core within one item of the mean;
 //   - tokens outside the batch (malformed offsets) are never addressed.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "../../../op_kernel/flash_cann_packed.h"
+#include "cost_model.h"
 #include "grad_planner.h"
 #include "planner_test_support.h"
 
@@ -174,6 +176,52 @@ void CheckBackward(const GradTilingData& t, const HostSeqlens& cu, uint32_t core
     EXPECT(next == all.size(), "the cores took %zu of %zu steps", next, all.size());
 }
 
+// The schedule model's prediction (910B2, fp16, head_dim 128, causal, 16 query heads, 16
+// kv heads) for a packed batch of documents (lengths summing to the tokens), against the
+// dense batch with the same tokens: `dense` sequences of tokens / dense rows each.
+// Printed as report lines for docs/planner.md: PREDICTIONS, not measurements.
+void ReportVarlenPrediction(const char* name, const std::vector<int32_t>& lengths, int64_t denseBatch)
+{
+    const Platform b2 = *FindPlatform("Ascend910B2");
+    Batch packed;
+    packed.cu.q = {0};
+    for (int32_t l : lengths) {
+        packed.cu.q.push_back(packed.cu.q.back() + l);
+        packed.maxQ = std::max<int64_t>(packed.maxQ, l);
+    }
+    packed.cu.k = packed.cu.q;
+    packed.maxK = packed.maxQ;
+    PlanRequest r = PackedRequest(packed, 16, 16, true, -1, -1);
+    r.headDim = 128;
+    r.scale = 1.0 / std::sqrt(128.0);
+    const PlanResult plan = MakePlan(r, b2);
+    EXPECT(plan.ok(), "%s: refused: %s", name, plan.error.c_str());
+    PlanRequest dense;
+    dense.batch = denseBatch;
+    dense.headsQ = dense.headsKv = 16;
+    dense.seqlenQ = dense.seqlenK = r.tokensQ / denseBatch;
+    dense.headDim = 128;
+    dense.layout = Layout::BSND;
+    dense.causal = true;
+    dense.scale = r.scale;
+    const PlanResult densePlan = MakePlan(dense, b2);
+    EXPECT(densePlan.ok(), "%s: dense refused: %s", name, densePlan.error.c_str());
+    if (!plan.ok() || !densePlan.ok()) {
+        return;
+    }
+    const Prediction p = PredictPacked(plan.plan, r, b2, packed.cu.q, packed.cu.k);
+    const Prediction d = Predict(densePlan.plan, dense, b2);
+    const double tflops = p.usefulFlops / p.seconds / 1e12;
+    const double denseTflops = d.usefulFlops / d.seconds / 1e12;
+    std::printf("varlen prediction | %s | %lld tokens | %.1f us | %.1f TFLOP/s | dense %lld x %lld: "
+                "%.1f us, %.1f TFLOP/s | varlen / dense throughput %.3f | busiest core / mean "
+                "%.3f | bound %s\n",
+                name, static_cast<long long>(r.tokensQ), p.seconds * 1e6, tflops,
+                static_cast<long long>(denseBatch), static_cast<long long>(dense.seqlenQ),
+                d.seconds * 1e6, denseTflops, tflops / denseTflops,
+                p.meanCoreSeconds > 0 ? p.coreSeconds / p.meanCoreSeconds : 0.0, p.bound.c_str());
+}
+
 }  // namespace
 
 int main()
@@ -225,6 +273,12 @@ int main()
         CheckForward<true>(forward.plan.tiling, bad.cu, 5, worst);
         CheckBackward<true>(backward.plan.tiling, bad.cu, 5, true);
     }
+    // Same tokens, same work: 8 documents of 2048 vs the dense batch 8 x 2048.
+    ReportVarlenPrediction("8 x 2048 (equal)", std::vector<int32_t>(8, 2048), 8);
+    // The case: 7 documents, 16k tokens, causal (lengths drawn once, fixed here).
+    ReportVarlenPrediction("7 documents", {5120, 3072, 2560, 2048, 1536, 1024, 1024}, 8);
+    ReportVarlenPrediction("7 documents, skewed", {9000, 3000, 1500, 1200, 800, 500, 384}, 8);
+    ReportVarlenPrediction("64 x 256 (short)", std::vector<int32_t>(64, 256), 64);
     std::printf("packed walks: %d (batch, core count) cases; forward busiest core / mean <= %.3f "
                 "where the work is >= 16 items per core\n",
                 cases, worst);
