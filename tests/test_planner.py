@@ -125,6 +125,24 @@ def test_packed_plans_take_shapes_and_refuse_by_name():
         planner.plan("Ascend910B2", 3, 4, 120, 64, layout="BSND", features=tokens)
 
 
+def test_cli_plans_packed_sequences(capsys):
+    """`flash-cann plan --layout TND --tokens N`: the device split is said, the prediction
+    names its assumption, the backward has no prediction (not a wrong one)."""
+    from flash_cann.tools import cli
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "7,16,5120,128", "--layout", "TND", "--tokens", "16384",
+             "--causal"]
+    assert cli.main(shape) == 0
+    out = capsys.readouterr().out
+    assert "split on the device from cu_seqlens" in out
+    assert "assumes    the tokens in batch sequences of equal length" in out
+    assert "incumbent's design" not in out
+    assert cli.main([*shape, "--backward"]) == 0
+    assert "PREDICTION: none for packed sequences" in capsys.readouterr().out
+    assert cli.main(["plan", "--shape", "1,8,128,64", "--tokens", "5"]) == 2
+    assert "--tokens applies to --layout TND only" in capsys.readouterr().err
+
+
 def test_dtypes_and_layouts_are_the_specs():
     with pytest.raises(ValueError, match="dtype must be one of float16, bfloat16 "
                                          "\\(got 'float32'\\)"):

@@ -323,25 +323,31 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        const BackwardPrediction p = PredictGradPlan(plan, request, platform);
-        o.Key("prediction");
-        Object op(out);
-        op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
-                                 "not a measurement");
-        op.Key("seconds") << p.seconds;
-        op.Key("pre_seconds") << p.preSeconds;
-        op.Key("main_seconds") << p.mainSeconds;
-        op.Key("post_seconds") << p.postSeconds;
-        op.Key("vector_step_seconds") << p.vectorStepSeconds;
-        op.Key("useful_flops") << p.usefulFlops;
-        op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
-        op.Key("cube_utilization") << p.cubeUtilization;
-        op.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
-        op.Key("bound") << Quote(p.bound);
-        op.Key("engine_busy_seconds");
-        Object busy(out);
-        for (const auto& [engine, seconds] : p.engineBusySeconds) {
-            busy.Key(engine.c_str()) << seconds;
+        if (IsPacked(plan.tiling)) {
+            // The backward model walks the planner's unit split; a packed plan has none (the
+            // kernel splits on the device): not modelled (null), rather than a wrong figure.
+            o.Key("prediction") << "null";
+        } else {
+            const BackwardPrediction p = PredictGradPlan(plan, request, platform);
+            o.Key("prediction");
+            Object op(out);
+            op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
+                                     "not a measurement");
+            op.Key("seconds") << p.seconds;
+            op.Key("pre_seconds") << p.preSeconds;
+            op.Key("main_seconds") << p.mainSeconds;
+            op.Key("post_seconds") << p.postSeconds;
+            op.Key("vector_step_seconds") << p.vectorStepSeconds;
+            op.Key("useful_flops") << p.usefulFlops;
+            op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
+            op.Key("cube_utilization") << p.cubeUtilization;
+            op.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
+            op.Key("bound") << Quote(p.bound);
+            op.Key("engine_busy_seconds");
+            Object busy(out);
+            for (const auto& [engine, seconds] : p.engineBusySeconds) {
+                busy.Key(engine.c_str()) << seconds;
+            }
         }
     }
     return out.str();
