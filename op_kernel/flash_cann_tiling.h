@@ -87,7 +87,8 @@ struct TilingData {
     uint32_t causal;       // 1: the causal mask is compiled in (also in the tiling key);
     uint32_t hasMask;      // 1: a key padding mask is (ditto). Both decide UB buffers.
     // Work split: AI core c owns the rows [rowStart[c], rowStart[c + 1]) of the
-    // flattened (batch, head_q, seqlen_q) row space.
+    // flattened (batch, head_q, seqlen_q) row space (dense layouts; TND: all 0, the
+    // kernel splits on the device, flash_cann_packed.h).
     uint32_t usedCores;
     uint32_t features;     // 1: the FEATURES kernel (tiling key); 0 iff IsPlain(variant)
     uint64_t rowStart[kMaxCores + 1];
