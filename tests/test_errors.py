@@ -138,16 +138,6 @@ def test_a_backend_without_a_feature_names_itself_and_the_argument(call, feature
         call(q, k, v)
 
 
-def test_the_twin_runs_packed_sequences():
-    """flash_attn_varlen_func on the twin (the Ascend C kernels, packed sequences read from
-    cu_seqlens on the device): what refused it before issue 24 now runs."""
-    q, k, v = (t.half() for t in _qkv(layout="BSND"))
-    cu_q, cu_k = (torch.tensor([0, 3, n], dtype=torch.int32) for n in (8, 12))
-    with flash_cann.use_backend("twin"):
-        out = flash_cann.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 5, 9)
-    assert out.shape == q[0].shape and torch.isfinite(out).all()
-
-
 def test_packed_shapes_are_checked():
     with pytest.raises(ValueError, match="qkv must have shape"):
         flash_cann.flash_attn_qkvpacked_func(torch.randn(2, 8, 2, 4, 16))
