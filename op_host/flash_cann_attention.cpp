@@ -20,6 +20,7 @@ namespace attr = flash_cann::contract::fwd::attr;
 
 constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, kSinks, attr::kWindowLeft,
                                    attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
+constexpr PackedIndices kPacking{kCuSeqlensQ, kCuSeqlensK, attr::kMaxSeqlenQ, attr::kMaxSeqlenK};
 
 }  // namespace
 
@@ -28,7 +29,7 @@ namespace optiling {
 ge::graphStatus FlashCannAttentionRequest(gert::TilingContext* context,
                                           flash_cann::PlanRequest& request)
 {
-    if (ReadProblem(context, kQuery, kKey, request) != ge::GRAPH_SUCCESS) {
+    if (ReadProblem(context, kQuery, kKey, kPacking, request) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
     }
     request.hasMask = context->GetOptionalInputShape(kKeyPaddingMask) != nullptr;
@@ -63,13 +64,20 @@ static graphStatus FlashCannAttentionInferShape(gert::InferShapeContext* context
     gert::Shape* out = context->GetOutputShape(kOut);
     gert::Shape* lse = context->GetOutputShape(kSoftmaxLse);
     flash_cann::Layout layout;
-    FLASH_CANN_CHECK(context, query != nullptr && attrs != nullptr && out != nullptr &&
-                                  lse != nullptr && query->GetDimNum() == kRank,
-                     "query must be 4-D");
+    FLASH_CANN_CHECK(context, query != nullptr && attrs != nullptr && out != nullptr && lse != nullptr,
+                     "query, attributes and outputs missing");
     FLASH_CANN_CHECK(context, ParseLayout(attrs->GetStr(kLayout), layout),
-                     "layout must be BNSD or BSND");
+                     "layout must be BNSD, BSND or TND");
+    FLASH_CANN_CHECK(context, query->GetDimNum() == RankOf(layout), "query must be %zu-D",
+                     RankOf(layout));
     *out = *query;
     const Axes axes = AxesOf(layout);
+    if (layout == flash_cann::Layout::TND) {
+        lse->SetDimNum(2);  // (heads_q, tokens_q)
+        lse->SetDim(0, query->GetDim(axes.heads));
+        lse->SetDim(1, query->GetDim(axes.seqlen));
+        return GRAPH_SUCCESS;
+    }
     lse->SetDimNum(3);  // (batch, heads_q, seqlen_q); SetDim alone does not grow the rank
     lse->SetDim(0, query->GetDim(axes.batch));
     lse->SetDim(1, query->GetDim(axes.heads));

@@ -21,6 +21,7 @@ using attr::kDeterministic;
 
 constexpr FeatureIndices kFeatures{kAlibiSlopes, kRngState, kSinks, attr::kWindowLeft,
                                    attr::kWindowRight, attr::kSoftcap, attr::kDropoutP};
+constexpr PackedIndices kPacking{kCuSeqlensQ, kCuSeqlensK, attr::kMaxSeqlenQ, attr::kMaxSeqlenK};
 // grad_query, grad_key, grad_value: like inputs query, key, value (consecutive); then
 // grad_sinks (heads_q,), always written (zeros without sinks).
 using flash_cann::contract::bwd::output::kGradSinks;
@@ -44,7 +45,8 @@ bool SameShape(const gert::Shape& a, const gert::Shape& b)
 
 // The tensors the planner does not look at must still agree with the problem, or the
 // kernel would read past them: grad_out and out like query, value like key, softmax_lse
-// and grad_softmax_lse (batch, heads_q, seqlen_q), key_padding_mask (batch, seqlen_k).
+// and grad_softmax_lse (batch, heads_q, seqlen_q) -- (heads_q, tokens_q) with layout TND --,
+// key_padding_mask (batch, seqlen_k).
 ge::graphStatus CheckOperands(gert::TilingContext* context, const flash_cann::PlanRequest& r)
 {
     auto shape = [&](size_t instance) -> const gert::Shape* {
@@ -61,19 +63,30 @@ ge::graphStatus CheckOperands(gert::TilingContext* context, const flash_cann::Pl
                          "%s must have the shape of %s", name, likeName);
     }
     gert::Shape rows;
-    rows.SetDimNum(3);
-    rows.SetDim(0, r.batch);
-    rows.SetDim(1, r.headsQ);
-    rows.SetDim(2, r.seqlenQ);
     const gert::Shape* lse = shape(kSoftmaxLse);
-    FLASH_CANN_CHECK(context, lse != nullptr && SameShape(*lse, rows),
-                     "softmax_lse must have shape (batch, heads_q, seqlen_q) = (%lld, %lld, %lld)",
-                     static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
-                     static_cast<long long>(r.seqlenQ));
+    if (r.layout == flash_cann::Layout::TND) {
+        rows.SetDimNum(2);
+        rows.SetDim(0, r.headsQ);
+        rows.SetDim(1, r.tokensQ);
+        FLASH_CANN_CHECK(context, lse != nullptr && SameShape(*lse, rows),
+                         "softmax_lse must have shape (heads_q, tokens_q) = (%lld, %lld) with layout TND",
+                         static_cast<long long>(r.headsQ), static_cast<long long>(r.tokensQ));
+    } else {
+        rows.SetDimNum(3);
+        rows.SetDim(0, r.batch);
+        rows.SetDim(1, r.headsQ);
+        rows.SetDim(2, r.seqlenQ);
+        FLASH_CANN_CHECK(context, lse != nullptr && SameShape(*lse, rows),
+                         "softmax_lse must have shape (batch, heads_q, seqlen_q) = (%lld, %lld, %lld)",
+                         static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
+                         static_cast<long long>(r.seqlenQ));
+    }
     const gert::StorageShape* gradLse = context->GetOptionalInputShape(kGradSoftmaxLse);
     FLASH_CANN_CHECK(context, gradLse == nullptr || SameShape(gradLse->GetStorageShape(), rows),
                      "grad_softmax_lse must have the shape of softmax_lse");
     const gert::StorageShape* mask = context->GetOptionalInputShape(kKeyPaddingMask);
+    FLASH_CANN_CHECK(context, mask == nullptr || r.layout != flash_cann::Layout::TND,
+                     "key_padding_mask is not taken with layout TND (cu_seqlens_k delimits the keys)");
     gert::Shape keys;
     keys.SetDimNum(2);
     keys.SetDim(0, r.batch);
@@ -91,7 +104,7 @@ namespace optiling {
 ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext* context,
                                               flash_cann::GradPlanRequest& request)
 {
-    if (ReadProblem(context, kQuery, kKey, request.problem) != ge::GRAPH_SUCCESS ||
+    if (ReadProblem(context, kQuery, kKey, kPacking, request.problem) != ge::GRAPH_SUCCESS ||
         CheckOperands(context, request.problem) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
     }
@@ -137,11 +150,11 @@ static graphStatus FlashCannAttentionGradInferShape(gert::InferShapeContext* con
     const gert::RuntimeAttrs* attrs = context->GetAttrs();
     gert::Shape* gradSinks = context->GetOutputShape(kGradSinks);
     flash_cann::Layout layout;
-    FLASH_CANN_CHECK(context, attrs != nullptr && gradSinks != nullptr &&
-                                  query->GetDimNum() == kRank,
-                     "query must be 4-D");
+    FLASH_CANN_CHECK(context, attrs != nullptr && gradSinks != nullptr, "attributes or outputs missing");
     FLASH_CANN_CHECK(context, ParseLayout(attrs->GetStr(kLayout), layout),
-                     "layout must be BNSD or BSND");
+                     "layout must be BNSD, BSND or TND");
+    FLASH_CANN_CHECK(context, query->GetDimNum() == RankOf(layout), "query must be %zu-D",
+                     RankOf(layout));
     gradSinks->SetDimNum(1);  // SetDim alone does not grow the rank
     gradSinks->SetDim(0, query->GetDim(AxesOf(layout).heads));
     return GRAPH_SUCCESS;

@@ -45,32 +45,56 @@ ge::graphStatus FlashCannAttentionKVCacheRequest(gert::TilingContext* context,
     const bool* causal = attrs->GetBool(attr::kCausal);
     const char* layout = attrs->GetStr(attr::kLayout);
     FLASH_CANN_CHECK(context, scale != nullptr && causal != nullptr, "scale/causal missing");
-    FLASH_CANN_CHECK(context, layout != nullptr && std::strcmp(layout, "BSND") == 0,
-                     "layout must be BSND (got %s): TND queries need the varlen feature",
-                     layout ? layout : "null");
+    FLASH_CANN_CHECK(context, layout != nullptr && (std::strcmp(layout, "BSND") == 0 ||
+                                                    std::strcmp(layout, "TND") == 0),
+                     "layout must be BSND or TND (got %s)", layout ? layout : "null");
+    // TND: vLLM's packed query rows (tokens, heads_q, head_dim), sequence b's rows from
+    // cu_seqlens_q, read by the kernel on the device; the plan sees max_seqlen_q only.
+    request.tnd = std::strcmp(layout, "TND") == 0;
+    const size_t queryRank = request.tnd ? kRank - 1 : kRank;
     const gert::Shape* q = Shape(context, kQuery, false);
     const gert::Shape* cache = Shape(context, kKCache, false);
     const gert::Shape* vCache = Shape(context, kVCache, false);
     FLASH_CANN_CHECK(context, q != nullptr && cache != nullptr && vCache != nullptr,
                      "query/k_cache/v_cache shape missing");
-    FLASH_CANN_CHECK(context, q->GetDimNum() == kRank && cache->GetDimNum() == kRank &&
+    FLASH_CANN_CHECK(context, q->GetDimNum() == queryRank && cache->GetDimNum() == kRank &&
                                   ShapeText(*cache) == ShapeText(*vCache),
-                     "query must be (batch, seqlen_q, heads_q, head_dim) and k_cache, v_cache "
-                     "one (batch_cache or num_blocks, seqlen or page_size, heads_kv, head_dim) "
-                     "shape (got %s, %s, %s)", ShapeText(*q).c_str(), ShapeText(*cache).c_str(),
-                     ShapeText(*vCache).c_str());
+                     "query must be %s and k_cache, v_cache one (batch_cache or num_blocks, "
+                     "seqlen or page_size, heads_kv, head_dim) shape (got %s, %s, %s)",
+                     request.tnd ? "(tokens_q, heads_q, head_dim) for layout TND"
+                                 : "(batch, seqlen_q, heads_q, head_dim)",
+                     ShapeText(*q).c_str(), ShapeText(*cache).c_str(), ShapeText(*vCache).c_str());
     FLASH_CANN_CHECK(context, Shape(context, kKey, true) == nullptr && Shape(context, kValue, true) == nullptr,
                      "key/value: the Ascend op does not append; append them before it "
                      "(flash_cann.contract.kvcache.append) and pass cache_seqlens + seqlen_new");
     const gert::Shape* lengths = Shape(context, kCacheSeqlens, true);
     FLASH_CANN_CHECK(context, lengths != nullptr && lengths->GetDimNum() == 1 &&
-                                  lengths->GetDim(0) == q->GetDim(0),
-                     "cache_seqlens (int32 (batch,) = (%lld,), the keys of each sequence) is "
-                     "required by the Ascend kernel", static_cast<long long>(q->GetDim(0)));
-    request.batch = q->GetDim(0);
-    request.seqlenQ = q->GetDim(1);
-    request.headsQ = q->GetDim(2);
-    request.headDim = q->GetDim(3);
+                                  (request.tnd || lengths->GetDim(0) == q->GetDim(0)),
+                     "cache_seqlens (int32 (batch,), the keys of each sequence) is required by "
+                     "the Ascend kernel%s", request.tnd ? "" : ", batch = query's first dimension");
+    const gert::Shape* cuSeqlensQ = Shape(context, kCuSeqlensQ, true);
+    if (request.tnd) {
+        const int64_t* maxSeqlenQ = attrs->GetInt(attr::kMaxSeqlenQ);
+        request.batch = lengths->GetDim(0);
+        FLASH_CANN_CHECK(context, cuSeqlensQ != nullptr && cuSeqlensQ->GetDimNum() == 1 &&
+                                      cuSeqlensQ->GetDim(0) == request.batch + 1,
+                         "cu_seqlens_q must be int32 (batch + 1,) = (%lld,) for layout TND "
+                         "(batch = cache_seqlens' length)",
+                         static_cast<long long>(request.batch + 1));
+        FLASH_CANN_CHECK(context, maxSeqlenQ != nullptr && *maxSeqlenQ >= 1,
+                         "max_seqlen_q must be >= 1 for layout TND (it sizes the plan)");
+        request.seqlenQ = *maxSeqlenQ;
+        request.tokensQ = q->GetDim(0);
+        request.headsQ = q->GetDim(1);
+        request.headDim = q->GetDim(2);
+    } else {
+        FLASH_CANN_CHECK(context, cuSeqlensQ == nullptr,
+                         "cu_seqlens_q is taken with layout TND only");
+        request.batch = q->GetDim(0);
+        request.seqlenQ = q->GetDim(1);
+        request.headsQ = q->GetDim(2);
+        request.headDim = q->GetDim(3);
+    }
     request.headsKv = cache->GetDim(2);
     FLASH_CANN_CHECK(context, cache->GetDim(3) == request.headDim,
                      "k_cache's head_dim %lld must be query's %lld",
@@ -143,9 +167,16 @@ static graphStatus FlashCannAttentionKVCacheInferShape(gert::InferShapeContext* 
     gert::Shape* out = context->GetOutputShape(kOut);
     gert::Shape* lse = context->GetOutputShape(kSoftmaxLse);
     FLASH_CANN_CHECK(context, query != nullptr && out != nullptr && lse != nullptr &&
-                                  query->GetDimNum() == kRank,
-                     "query must be 4-D (batch, seqlen_q, heads_q, head_dim)");
+                                  (query->GetDimNum() == kRank || query->GetDimNum() == kRank - 1),
+                     "query must be 4-D (batch, seqlen_q, heads_q, head_dim) or, for layout "
+                     "TND, 3-D (tokens_q, heads_q, head_dim)");
     *out = *query;
+    if (query->GetDimNum() == kRank - 1) {
+        lse->SetDimNum(2);  // TND: (heads_q, tokens_q)
+        lse->SetDim(0, query->GetDim(1));
+        lse->SetDim(1, query->GetDim(0));
+        return GRAPH_SUCCESS;
+    }
     lse->SetDimNum(3);  // (batch, heads_q, seqlen_q)
     lse->SetDim(0, query->GetDim(0));
     lse->SetDim(1, query->GetDim(2));
@@ -178,6 +209,7 @@ public:
         DeclareInput(this->Input("cache_batch_idx"), OPTIONAL, int32Types);
         DeclareInput(this->Input("block_table"), OPTIONAL, int32Types);
         DeclareInput(this->Input("cache_leftpad"), OPTIONAL, int32Types);
+        DeclareInput(this->Input("cu_seqlens_q"), OPTIONAL, int32Types);
         DeclareInput(this->Input("alibi_slopes"), OPTIONAL, kFloatTypes);
         DeclareInput(this->Input("sinks"), OPTIONAL, kFloatTypes);
         DeclareOutput(this->Output("out"), kInputTypes);
@@ -185,6 +217,7 @@ public:
         this->Attr("scale").AttrType(REQUIRED).Float();
         this->Attr("causal").AttrType(OPTIONAL).Bool(false);
         this->Attr("layout").AttrType(OPTIONAL).String("BSND");
+        this->Attr("max_seqlen_q").AttrType(OPTIONAL).Int(0);
         this->Attr("window_left").AttrType(OPTIONAL).Int(-1);
         this->Attr("window_right").AttrType(OPTIONAL).Int(-1);
         this->Attr("softcap").AttrType(OPTIONAL).Float(0.0f);

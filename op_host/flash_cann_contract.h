@@ -15,8 +15,9 @@ constexpr int64_t kHeadDimMax = 256;
 // Values of the layout attribute, in spec order.
 constexpr uint32_t kLayoutBNSD = 0;
 constexpr uint32_t kLayoutBSND = 1;
-constexpr const char* kLayoutNames[] = {"BNSD", "BSND"};
-constexpr size_t kLayoutCount = 2;
+constexpr uint32_t kLayoutTND = 2;
+constexpr const char* kLayoutNames[] = {"BNSD", "BSND", "TND"};
+constexpr size_t kLayoutCount = 3;
 
 // The dtypes the NPU backend computes, in spec order.
 constexpr uint32_t kDTypeFloat16 = 0;
@@ -30,23 +31,27 @@ enum Index : size_t {
     kKey = 1,
     kValue = 2,
     kKeyPaddingMask = 3,
-    kAlibiSlopes = 4,
-    kRngState = 5,
-    kSinks = 6,
+    kCuSeqlensQ = 4,
+    kCuSeqlensK = 5,
+    kAlibiSlopes = 6,
+    kRngState = 7,
+    kSinks = 8,
 };
-constexpr size_t kCount = 7;
+constexpr size_t kCount = 9;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
     kScale = 0,
     kCausal = 1,
     kLayout = 2,
-    kWindowLeft = 3,
-    kWindowRight = 4,
-    kSoftcap = 5,
-    kDropoutP = 6,
+    kMaxSeqlenQ = 3,
+    kMaxSeqlenK = 4,
+    kWindowLeft = 5,
+    kWindowRight = 6,
+    kSoftcap = 7,
+    kDropoutP = 8,
 };
-constexpr size_t kCount = 7;
+constexpr size_t kCount = 9;
 }  // namespace attr
 namespace output {
 enum Index : size_t {
@@ -69,11 +74,13 @@ enum Index : size_t {
     kSoftmaxLse = 5,
     kKeyPaddingMask = 6,
     kGradSoftmaxLse = 7,
-    kAlibiSlopes = 8,
-    kRngState = 9,
-    kSinks = 10,
+    kCuSeqlensQ = 8,
+    kCuSeqlensK = 9,
+    kAlibiSlopes = 10,
+    kRngState = 11,
+    kSinks = 12,
 };
-constexpr size_t kCount = 11;
+constexpr size_t kCount = 13;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
@@ -81,12 +88,14 @@ enum Index : size_t {
     kCausal = 1,
     kLayout = 2,
     kDeterministic = 3,
-    kWindowLeft = 4,
-    kWindowRight = 5,
-    kSoftcap = 6,
-    kDropoutP = 7,
+    kMaxSeqlenQ = 4,
+    kMaxSeqlenK = 5,
+    kWindowLeft = 6,
+    kWindowRight = 7,
+    kSoftcap = 8,
+    kDropoutP = 9,
 };
-constexpr size_t kCount = 8;
+constexpr size_t kCount = 10;
 }  // namespace attr
 namespace output {
 enum Index : size_t {
@@ -112,22 +121,24 @@ enum Index : size_t {
     kCacheBatchIdx = 6,
     kBlockTable = 7,
     kCacheLeftpad = 8,
-    kAlibiSlopes = 9,
-    kSinks = 10,
+    kCuSeqlensQ = 9,
+    kAlibiSlopes = 10,
+    kSinks = 11,
 };
-constexpr size_t kCount = 11;
+constexpr size_t kCount = 12;
 }  // namespace input
 namespace attr {
 enum Index : size_t {
     kScale = 0,
     kCausal = 1,
     kLayout = 2,
-    kWindowLeft = 3,
-    kWindowRight = 4,
-    kSoftcap = 5,
-    kNumSplits = 6,
+    kMaxSeqlenQ = 3,
+    kWindowLeft = 4,
+    kWindowRight = 5,
+    kSoftcap = 6,
+    kNumSplits = 7,
 };
-constexpr size_t kCount = 7;
+constexpr size_t kCount = 8;
 }  // namespace attr
 namespace output {
 enum Index : size_t {

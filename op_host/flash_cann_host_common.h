@@ -53,6 +53,7 @@ static_assert(size_t{flash_cann::contract::bwd::attr::kScale} == size_t{kScale} 
                   size_t{flash_cann::contract::bwd::attr::kLayout} == size_t{kLayout},
               "both ops declare scale, causal, layout first");
 constexpr size_t kRank = 4;
+constexpr size_t kPackedRank = 3;  // layout TND: (tokens, heads, head_dim)
 
 // A layout attribute's value: its index among the spec's layouts (= flash_cann::Layout,
 // which the planner checks against the generated header).
@@ -67,21 +68,89 @@ inline bool ParseLayout(const char* text, flash_cann::Layout& layout)
     return false;
 }
 
-// (batch, heads, seqlen, head_dim) positions of a layout.
+// "(2, 8)", "(8,)": a shape as error messages show it.
+inline std::string ShapeText(const gert::Shape& shape)
+{
+    std::string text = "(";
+    for (size_t i = 0; i < shape.GetDimNum(); ++i) {
+        text += (i ? ", " : "") + std::to_string(shape.GetDim(i));
+    }
+    return text + (shape.GetDimNum() == 1 ? ",)" : ")");
+}
+
+// (batch, heads, seqlen, head_dim) positions of a dense layout; TND's (tokens, heads,
+// head_dim) has no batch axis (its rows are the tokens).
 struct Axes {
     size_t batch, heads, seqlen, headDim;
 };
 
 inline Axes AxesOf(flash_cann::Layout layout)
 {
-    return layout == flash_cann::Layout::BNSD ? Axes{0, 1, 2, 3} : Axes{0, 2, 1, 3};
+    switch (layout) {
+        case flash_cann::Layout::BNSD: return Axes{0, 1, 2, 3};
+        case flash_cann::Layout::TND: return Axes{0, 1, 0, 2};
+        default: return Axes{0, 2, 1, 3};
+    }
+}
+
+inline size_t RankOf(flash_cann::Layout layout)
+{
+    return layout == flash_cann::Layout::TND ? kPackedRank : kRank;
+}
+
+// Where a node keeps the packed sequences' arguments (layout TND): the IR indices of the
+// optional cu_seqlens_q/k inputs and the indices of the max_seqlen_q/k attributes.
+struct PackedIndices {
+    size_t cuSeqlensQ, cuSeqlensK;  // optional inputs
+    size_t maxSeqlenQ, maxSeqlenK;  // attributes
+};
+
+// Layout TND: batch = cu_seqlens' length - 1 (a shape, never their values: the kernel
+// reads the offsets on the device), seqlen_q/k = max_seqlen_q/k, tokens from the query
+// and key. Other layouts must not carry them (flash-attn's contract, checks.py's).
+inline ge::graphStatus ReadPacking(gert::TilingContext* context, const PackedIndices& at,
+                                   const gert::Shape& q, const gert::Shape& k,
+                                   flash_cann::PlanRequest& request)
+{
+    const gert::RuntimeAttrs* attrs = context->GetAttrs();
+    const int64_t* maxQ = attrs->GetInt(at.maxSeqlenQ);
+    const int64_t* maxK = attrs->GetInt(at.maxSeqlenK);
+    FLASH_CANN_CHECK(context, maxQ != nullptr && maxK != nullptr, "max_seqlen_q/max_seqlen_k missing");
+    const gert::StorageShape* cuQ = context->GetOptionalInputShape(at.cuSeqlensQ);
+    const gert::StorageShape* cuK = context->GetOptionalInputShape(at.cuSeqlensK);
+    if (request.layout != flash_cann::Layout::TND) {
+        FLASH_CANN_CHECK(context, cuQ == nullptr && cuK == nullptr && *maxQ == 0 && *maxK == 0,
+                         "cu_seqlens_q/k and max_seqlen_q/k are only taken with layout TND");
+        return ge::GRAPH_SUCCESS;
+    }
+    FLASH_CANN_CHECK(context, cuQ != nullptr && cuK != nullptr,
+                     "layout TND needs cu_seqlens_q and cu_seqlens_k (int32, batch + 1)");
+    const gert::Shape& sq = cuQ->GetStorageShape();
+    const gert::Shape& sk = cuK->GetStorageShape();
+    FLASH_CANN_CHECK(context, sq.GetDimNum() == 1 && sq.GetDim(0) >= 2,
+                     "cu_seqlens_q must have shape (batch + 1,) with batch >= 1 (got %s)",
+                     ShapeText(sq).c_str());
+    FLASH_CANN_CHECK(context, sk.GetDimNum() == 1 && sk.GetDim(0) == sq.GetDim(0),
+                     "cu_seqlens_k must have the shape of cu_seqlens_q, %s (got %s)",
+                     ShapeText(sq).c_str(), ShapeText(sk).c_str());
+    FLASH_CANN_CHECK(context, *maxQ >= 1 && *maxK >= 1,
+                     "max_seqlen_q and max_seqlen_k must be >= 1 with layout TND (got %lld, %lld)",
+                     static_cast<long long>(*maxQ), static_cast<long long>(*maxK));
+    request.batch = sq.GetDim(0) - 1;
+    request.seqlenQ = *maxQ;
+    request.seqlenK = *maxK;
+    request.tokensQ = q.GetDim(0);
+    request.tokensK = k.GetDim(0);
+    return ge::GRAPH_SUCCESS;
 }
 
 // The attention problem of a node: attributes scale/causal/layout, sizes from the query
-// and key inputs (instance indices), dtype from the query. The key padding mask, whose
-// presence the caller knows, is left to it.
+// and key inputs (instance indices) -- with layout TND, from cu_seqlens' shape and
+// max_seqlen_q/k -- dtype from the query. The key padding mask, whose presence the
+// caller knows, is left to it.
 inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryIndex,
-                                   size_t keyIndex, flash_cann::PlanRequest& request)
+                                   size_t keyIndex, const PackedIndices& packing,
+                                   flash_cann::PlanRequest& request)
 {
     const gert::RuntimeAttrs* attrs = context->GetAttrs();
     FLASH_CANN_CHECK(context, attrs != nullptr, "no attributes");
@@ -90,15 +159,16 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     const char* layoutText = attrs->GetStr(kLayout);
     FLASH_CANN_CHECK(context, scale != nullptr && causal != nullptr, "scale/causal missing");
     FLASH_CANN_CHECK(context, ParseLayout(layoutText, request.layout),
-                     "layout must be BNSD or BSND (got %s)", layoutText ? layoutText : "null");
+                     "layout must be BNSD, BSND or TND (got %s)", layoutText ? layoutText : "null");
     const gert::StorageShape* query = context->GetInputShape(queryIndex);
     const gert::StorageShape* key = context->GetInputShape(keyIndex);
     FLASH_CANN_CHECK(context, query != nullptr && key != nullptr, "query/key shape missing");
     const gert::Shape& q = query->GetStorageShape();
     const gert::Shape& k = key->GetStorageShape();
-    FLASH_CANN_CHECK(context, q.GetDimNum() == kRank && k.GetDimNum() == kRank,
-                     "query and key must be 4-D (got %zu-D and %zu-D)", q.GetDimNum(),
-                     k.GetDimNum());
+    const size_t rank = RankOf(request.layout);
+    FLASH_CANN_CHECK(context, q.GetDimNum() == rank && k.GetDimNum() == rank,
+                     "query and key must be %zu-D with layout %s (got %zu-D and %zu-D)", rank,
+                     layoutText, q.GetDimNum(), k.GetDimNum());
     const Axes axes = AxesOf(request.layout);
     request.batch = q.GetDim(axes.batch);
     request.headsQ = q.GetDim(axes.heads);
@@ -106,9 +176,12 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     request.headDim = q.GetDim(axes.headDim);
     request.headsKv = k.GetDim(axes.heads);
     request.seqlenK = k.GetDim(axes.seqlen);
-    FLASH_CANN_CHECK(context, k.GetDim(axes.batch) == request.batch &&
+    FLASH_CANN_CHECK(context, (rank == kPackedRank || k.GetDim(axes.batch) == request.batch) &&
                                   k.GetDim(axes.headDim) == request.headDim,
                      "key must match query in batch and head_dim");
+    if (ReadPacking(context, packing, q, k, request) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(queryIndex);
     FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
     const ge::DataType dtype = queryDesc->GetDataType();
@@ -118,16 +191,6 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     request.causal = *causal;
     request.scale = *scale;
     return ge::GRAPH_SUCCESS;
-}
-
-// "(2, 8)", "(8,)": a shape as error messages show it.
-inline std::string ShapeText(const gert::Shape& shape)
-{
-    std::string text = "(";
-    for (size_t i = 0; i < shape.GetDimNum(); ++i) {
-        text += (i ? ", " : "") + std::to_string(shape.GetDim(i));
-    }
-    return text + (shape.GetDimNum() == 1 ? ",)" : ")");
 }
 
 // Where a node keeps the arguments of the features (flash_cann_variant.h): the IR indices
@@ -246,6 +309,7 @@ inline const std::vector<ge::DataType> kInputTypes = {ge::DT_FLOAT16, ge::DT_BF1
 inline const std::vector<ge::DataType> kFloatTypes = {ge::DT_FLOAT, ge::DT_FLOAT};
 inline const std::vector<ge::DataType> kBoolTypes = {ge::DT_BOOL, ge::DT_BOOL};
 inline const std::vector<ge::DataType> kInt64Types = {ge::DT_INT64, ge::DT_INT64};
+inline const std::vector<ge::DataType> kInt32Types = {ge::DT_INT32, ge::DT_INT32};
 inline const std::vector<ge::Format> kFormats = {ge::FORMAT_ND, ge::FORMAT_ND};
 
 inline void DeclareInput(ops::OpParamDef& param, ops::Option presence,
@@ -272,6 +336,9 @@ inline void SharedAttributes(ops::OpDef& op)
 // The features' optional inputs, in spec order (after each op's own optional inputs).
 inline void FeatureInputs(ops::OpDef& op)
 {
+    // Layout TND: (batch + 1,) offsets of the packed sequences, read by the kernel.
+    DeclareInput(op.Input("cu_seqlens_q"), ops::OPTIONAL, kInt32Types);
+    DeclareInput(op.Input("cu_seqlens_k"), ops::OPTIONAL, kInt32Types);
     // (heads_q,) or (batch, heads_q): the bias is generated in the kernel.
     DeclareInput(op.Input("alibi_slopes"), ops::OPTIONAL, kFloatTypes);
     // (seed, offset) of the Philox dropout draw, read by the kernel.
@@ -283,6 +350,9 @@ inline void FeatureInputs(ops::OpDef& op)
 // The features' attributes, in spec order (each op's last).
 inline void FeatureAttributes(ops::OpDef& op)
 {
+    // Layout TND: bounds of the sequences' lengths (0: not packed).
+    op.Attr("max_seqlen_q").AttrType(ops::OPTIONAL).Int(0);
+    op.Attr("max_seqlen_k").AttrType(ops::OPTIONAL).Int(0);
     // -1: unbounded on that side.
     op.Attr("window_left").AttrType(ops::OPTIONAL).Int(-1);
     op.Attr("window_right").AttrType(ops::OPTIONAL).Int(-1);

@@ -8,6 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_tiling.h"
+#include "flash_attention_seqlens.h"
 
 namespace flash_cann {
 
@@ -51,6 +52,39 @@ private:
     AscendC::GlobalTensor<float> scores_, output_;
     AscendC::GlobalTensor<T> probs_;
     uint64_t scoreSlot_ = 0, probSlot_ = 0, outputSlot_ = 0;
+};
+
+// The query tiles of one AI core, in order: the planner's row range (dense layouts) or
+// the device-side walk over cu_seqlens (TND, flash_cann_packed.h). Both halves of the AI
+// core start it with the same arguments, so they walk the same tiles.
+template <bool CAUSAL>
+class CoreTiles {
+public:
+    __aicore__ inline void Start(const TilingData& t, const DeviceSeqlens& cu, uint32_t core)
+    {
+        t_ = &t;
+        packed_ = t.layout == static_cast<uint32_t>(Layout::TND);
+        if (core >= t.usedCores) {
+            cursor_ = end_ = 0;
+            packed_ = false;
+        } else if (packed_) {
+            walk_.Start(t, cu, core, t.usedCores);
+        } else {
+            cursor_ = t.rowStart[core];
+            end_ = t.rowStart[core + 1];
+        }
+    }
+    __aicore__ inline bool Next(QueryTile& tile)
+    {
+        return packed_ ? walk_.Next(tile) : NextTile(*t_, cursor_, end_, tile);
+    }
+
+private:
+    const TilingData* t_ = nullptr;
+    bool packed_ = false;
+    uint64_t cursor_ = 0;
+    uint64_t end_ = 0;
+    PackedTileWalk<CAUSAL, DeviceSeqlens> walk_;
 };
 
 }  // namespace flash_cann

@@ -112,10 +112,14 @@ class FlashAttentionCube {
     using L0cRing = EventRing<float, AscendC::HardEvent::M_FIX, AscendC::HardEvent::FIX_M>;
 
 public:
-    __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR userWorkspace,
-                                const TilingData& tiling, AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR cuSeqlensQ,
+                                GM_ADDR cuSeqlensK, GM_ADDR userWorkspace, const TilingData& tiling,
+                                AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        if (t_.layout == static_cast<uint32_t>(Layout::TND)) {
+            seqlens_.Init(cuSeqlensQ, cuSeqlensK);
+        }
         core_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
         q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key));
@@ -146,29 +150,11 @@ public:
 
     __aicore__ inline void Process()
     {
-        if (core_ < t_.usedCores) {
-            uint64_t cursor = t_.rowStart[core_];
-            QueryTile tile;
-            while (NextTile(t_, cursor, t_.rowStart[core_ + 1], tile)) {
-                const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
-                const uint32_t rounds = RoundCount(t_, keys);
-                if (rounds == 0) {
-                    continue;  // no key to attend to: the vector cores write the empty rows
-                }
-                BeginTile(tile, keys);
-                // S runs kScoresAhead rounds ahead of P.V: while the cube waits for P(r),
-                // the Fixpipe still has S(r+1) and S(r+2) to write out.
-                for (uint32_t round = 0; round < MinU32(kScoresAhead, rounds); ++round) {
-                    ComputeScores(round);
-                }
-                for (uint32_t round = 0; round < rounds; ++round) {
-                    if (round + kScoresAhead < rounds) {
-                        ComputeScores(round + kScoresAhead);
-                    }
-                    ComputeOutput(round);
-                }
-                qL0a_.EndUse();  // the last S product of the tile has read Q
-            }
+        CoreTiles<CAUSAL> tiles;
+        tiles.Start(t_, seqlens_, core_);
+        QueryTile tile;
+        while (tiles.Next(tile)) {
+            ProcessTile(tile);
         }
         qL1_.Drain();
         kL1_.Drain();
@@ -182,6 +168,28 @@ public:
     }
 
 private:
+    __aicore__ inline void ProcessTile(const QueryTile& tile)
+    {
+        const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
+        const uint32_t rounds = RoundCount(t_, keys);
+        if (rounds == 0) {
+            return;  // no key to attend to: the vector cores write the empty rows
+        }
+        BeginTile(tile, keys);
+        // S runs kScoresAhead rounds ahead of P.V: while the cube waits for P(r), the
+        // Fixpipe still has S(r+1) and S(r+2) to write out.
+        for (uint32_t round = 0; round < MinU32(kScoresAhead, rounds); ++round) {
+            ComputeScores(round);
+        }
+        for (uint32_t round = 0; round < rounds; ++round) {
+            if (round + kScoresAhead < rounds) {
+                ComputeScores(round + kScoresAhead);
+            }
+            ComputeOutput(round);
+        }
+        qL0a_.EndUse();  // the last S product of the tile has read Q
+    }
+
     // `rows` rows of Q, K or V (ND in GM, row pitch `pitch`) -> Nz in L1 with `padRows`
     // rows per 16-column block. With zeroTail, rows [rows, padRows) of every column
     // block are zeroed (their own addresses, so no ordering against the copy is needed):
@@ -212,8 +220,7 @@ private:
         blocks_ = (keys.end - keys.begin + t_.blockK - 1) / t_.blockK;
         keysIssued_ = valuesIssued_ = 0;
         rows16_ = AlignUp(tile.rows, kCubeBlock);
-        const uint64_t offset = uint64_t{tile.batch} * t_.qStrideBatch +
-                                uint64_t{tile.headQ} * t_.qStrideHead + uint64_t{tile.row0} * t_.qStrideRow;
+        const uint64_t offset = tile.qBase + uint64_t{tile.row0} * t_.qStrideRow;
         // Q: GM -> L1 (MTE2) -> L0A (MTE1), where it stays until the tile's last S product.
         // Rows past tile.rows are stale: they only reach S and O rows nobody reads.
         LoadRows(qL1_.BeginFill(), q_[offset], tile.rows, rows16_, t_.qStrideRow, false);
@@ -228,8 +235,7 @@ private:
     // Sub-block `block` of the tile holds keys keys_.begin + block * blockK onwards.
     __aicore__ inline uint64_t KeyOffset(uint32_t block) const
     {
-        return uint64_t{tile_.batch} * t_.kvStrideBatch + uint64_t{tile_.headKv} * t_.kvStrideHead +
-               (uint64_t{keys_.begin} + uint64_t{block} * t_.blockK) * t_.kvStrideRow;
+        return tile_.kvBase + (uint64_t{keys_.begin} + uint64_t{block} * t_.blockK) * t_.kvStrideRow;
     }
 
     __aicore__ inline uint32_t Columns(uint32_t block) const
@@ -362,6 +368,7 @@ private:
     uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
     uint32_t outputSeq_ = 0;
     ExchangeBuffers<T> exchange_;
+    DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> q_, k_, v_;
     AscendC::TBuf<AscendC::TPosition::A1> qL1Buf_, pL1Buf_;
     AscendC::TBuf<AscendC::TPosition::B1> kL1Buf_, vL1Buf_;

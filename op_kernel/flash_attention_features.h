@@ -52,11 +52,10 @@ public:
     // `rows` x `width`: the largest tile; slopes (fp32, GM) per head (mode kPerHead) or per
     // (batch, head) (kPerBatchHead).
     __aicore__ inline void Init(AscendC::TPipe* pipe, GM_ADDR slopes, const VariantTiling& v, uint32_t headsQ,
-                                int64_t causalOffset, uint32_t rows, uint32_t width)
+                                uint32_t rows, uint32_t width)
     {
         perBatch_ = v.alibi == static_cast<uint32_t>(Alibi::kPerBatchHead);
         headsQ_ = headsQ;
-        causalOffset_ = causalOffset;
         width_ = width;
         slopes_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slopes));
         pipe->InitBuffer(templateBuf_, rows * width * sizeof(float));
@@ -74,12 +73,14 @@ public:
         return slopes_.GetValue(perBatch_ ? uint64_t{batch} * headsQ_ + head : head);
     }
 
-    // s: `rows` rows of width_ scores, row r = query row firstRow + r, columns keys key0 + c.
+    // s: `rows` rows of width_ scores, row r = query row firstRow + r, columns keys key0 + c;
+    // causalOffset: the sequence's seqlen_k - seqlen_q (its own, with packed sequences).
     __aicore__ inline void Apply(const AscendC::LocalTensor<float>& s, const AscendC::LocalTensor<float>& scratch,
-                                 uint32_t rows, uint32_t firstRow, uint32_t key0, float slope)
+                                 uint32_t rows, int64_t causalOffset, uint32_t firstRow, uint32_t key0,
+                                 float slope)
     {
         const int32_t n = static_cast<int32_t>(rows * width_);
-        const int64_t base = static_cast<int64_t>(firstRow) + causalOffset_ - key0;
+        const int64_t base = static_cast<int64_t>(firstRow) + causalOffset - key0;
         AscendC::Adds(scratch, columnMinusRow_, -static_cast<float>(base), n);  // j - i - offset
         AscendC::PipeBarrier<PIPE_V>();
         AscendC::Abs(scratch, scratch, n);
@@ -94,7 +95,6 @@ private:
     bool perBatch_ = false;
     uint32_t headsQ_ = 0;
     uint32_t width_ = 0;
-    int64_t causalOffset_ = 0;
     AscendC::GlobalTensor<float> slopes_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> templateBuf_;
     AscendC::LocalTensor<float> columnMinusRow_;
@@ -107,12 +107,11 @@ class BandMasking {
 public:
     // keyUbBytes: one per-key row of the tile (kKeyLanes-padded); bitsUbBytes: a
     // comparison bit mask over it.
-    __aicore__ inline void Init(AscendC::TPipe* pipe, const VariantTiling& v, int64_t causalOffset,
-                                uint32_t width, uint32_t keyUbBytes, uint32_t bitsUbBytes)
+    __aicore__ inline void Init(AscendC::TPipe* pipe, const VariantTiling& v, uint32_t width,
+                                uint32_t keyUbBytes, uint32_t bitsUbBytes)
     {
         left_ = v.windowLeft;
         right_ = v.windowRight;
-        causalOffset_ = causalOffset;
         width_ = width;
         lanes_ = keyUbBytes / sizeof(float);
         negInf_ = -__builtin_inff();
@@ -124,12 +123,13 @@ public:
     }
 
     // s: `rows` rows of width_ scores (row i = firstRow + r); the block holds keys key0 ..
-    // key0 + columns - 1 (columns past them are masked already).
-    __aicore__ inline void Apply(const AscendC::LocalTensor<float>& s, uint32_t rows, uint32_t firstRow,
-                                 uint32_t key0, uint32_t columns)
+    // key0 + columns - 1 (columns past them are masked already); causalOffset: the
+    // sequence's seqlen_k - seqlen_q.
+    __aicore__ inline void Apply(const AscendC::LocalTensor<float>& s, uint32_t rows, int64_t causalOffset,
+                                 uint32_t firstRow, uint32_t key0, uint32_t columns)
     {
         for (uint32_t r = 0; r < rows; ++r) {
-            const int64_t diagonal = static_cast<int64_t>(firstRow) + r + causalOffset_ - key0;
+            const int64_t diagonal = static_cast<int64_t>(firstRow) + r + causalOffset - key0;
             const AscendC::LocalTensor<float> row = s[r * width_];
             if (left_ >= 0 && diagonal - left_ > 0) {  // keys left of the band
                 Clip(row, diagonal - left_, AscendC::CMPMODE::GE, columns);
@@ -158,7 +158,6 @@ private:
 
     int64_t left_ = -1;
     int64_t right_ = -1;
-    int64_t causalOffset_ = 0;
     uint32_t width_ = 0;
     uint32_t lanes_ = 0;
     float negInf_ = 0;

@@ -8,6 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_grad_tiling.h"
+#include "flash_attention_seqlens.h"
 
 namespace flash_cann {
 
@@ -24,6 +25,8 @@ struct GradTensors {
     GM_ADDR softmaxLse;
     GM_ADDR gradSoftmaxLse;
     GM_ADDR keyPaddingMask;
+    GM_ADDR cuSeqlensQ;
+    GM_ADDR cuSeqlensK;
     GM_ADDR alibiSlopes;
     GM_ADDR rngState;
     GM_ADDR sinks;
@@ -91,6 +94,47 @@ private:
     AscendC::GlobalTensor<T> probs_, gradScores_;
     uint64_t scoreSlot_ = 0, probSlot_ = 0, dqSlot_ = 0;
     uint32_t pad_ = 0;
+};
+
+// The steps of one AI core, in order: the planner's unit range (dense layouts) or the
+// device-side walk over cu_seqlens (TND, flash_cann_packed.h), chunks kept whole for the
+// deterministic dQ. Both halves start it with the same arguments, so they walk the same
+// steps.
+template <bool CAUSAL, bool DETERMINISTIC>
+class GradCoreSteps {
+public:
+    __aicore__ inline GradCoreSteps(const GradTilingData& t, const DeviceSeqlens& cu, uint32_t core)
+        : dense_(t, core), packed_(IsPacked(t))
+    {
+        if (packed_) {
+            walk_.Start(t, cu, core, t.usedCores, DETERMINISTIC ? t.dqChunkBlocks : 1);
+        }
+    }
+    __aicore__ inline bool Next()
+    {
+        if (packed_) {
+            if (!walk_.Next()) {
+                return false;
+            }
+            unit = walk_.unit;
+            step = walk_.step;
+            return true;
+        }
+        if (!dense_.template Next<CAUSAL>()) {
+            return false;
+        }
+        unit = dense_.unit;
+        step = dense_.step;
+        return true;
+    }
+
+    GradUnit unit{};
+    GradStep step{};
+
+private:
+    GradStepCursor dense_;
+    bool packed_;
+    PackedStepCursor<CAUSAL, DeviceSeqlens> walk_;
 };
 
 }  // namespace flash_cann

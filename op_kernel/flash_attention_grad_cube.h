@@ -34,9 +34,13 @@ template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
 class FlashAttentionGradCube {
 public:
     __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR gradOut,
-                                GM_ADDR userWorkspace, const GradTilingData& tiling, AscendC::TPipe* pipe)
+                                GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK, GM_ADDR userWorkspace,
+                                const GradTilingData& tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        if (IsPacked(t_)) {
+            seqlens_.Init(cuSeqlensQ, cuSeqlensK);
+        }
         pipe_ = pipe;
         core_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
         q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
@@ -70,8 +74,8 @@ public:
 
     __aicore__ inline void Process()
     {
-        GradStepCursor cursor(t_, core_);
-        while (cursor.Next<CAUSAL>()) {
+        GradCoreSteps<CAUSAL, DETERMINISTIC> cursor(t_, seqlens_, core_);
+        while (cursor.Next()) {
             InFlight& step = flight_[issued_ % kGradStepsInFlight];
             step.unit = cursor.unit;
             step.step = cursor.step;
@@ -107,8 +111,7 @@ private:
     __aicore__ inline void LoadKeyValue(InFlight& step)
     {
         const GradUnit& unit = step.unit;
-        const uint64_t offset = uint64_t{unit.batch} * t_.kvStrideBatch +
-                                uint64_t{unit.headKv} * t_.kvStrideHead + uint64_t{unit.key0} * t_.kvStrideRow;
+        const uint64_t offset = KeyElement(t_, unit, unit.key0);
         AscendC::LocalTensor<T> kv = kvQue_.template AllocTensor<T>();
         LoadNz(kv, k_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
         LoadNz(kv[vOffset_], v_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
@@ -168,8 +171,7 @@ private:
         const uint32_t bk = t_.blockK;
         const GradStep& step = in.step;
         const uint32_t rows16 = AlignUp(step.rows, kCubeBlock);
-        const uint64_t offset = uint64_t{in.unit.batch} * t_.qStrideBatch +
-                                uint64_t{step.headQ} * t_.qStrideHead + uint64_t{step.row0} * t_.qStrideRow;
+        const uint64_t offset = QueryElement(t_, in.unit, step.headQ, step.row0);
         AscendC::LocalTensor<T> qdo = qdoQue_.template AllocTensor<T>();
         LoadNz(qdo, q_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
         LoadNz(qdo[doOffset_], do_[offset], step.rows, rows16, t_.headDim, d, t_.qStrideRow);
@@ -240,7 +242,7 @@ private:
         LoadLeft(a, dsL1_, rows16_, bk);
         AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
         LoadRight(b, in.kL1, bk, d);
-        const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + step.row0;
+        const uint64_t row = QueryRowIndex(t_, unit, step.headQ, step.row0);
         MultiplyOut(buffers_.QueryGrad(DETERMINISTIC ? unit.dqSlot : 0, row), a, b, rows16_, d, bk,
                     step.rows, d, true);
     }
@@ -249,7 +251,7 @@ private:
     __aicore__ inline void WriteKeyValueGrad(const GradUnit& unit)
     {
         const uint32_t d = t_.headDimPad;
-        const uint64_t row = (uint64_t{unit.batch} * t_.headsKv + unit.headKv) * t_.seqlenK + unit.key0;
+        const uint64_t row = KeyRowIndex(t_, unit, unit.key0);
         const AscendC::FixpipeParamsV220 params(static_cast<uint16_t>(d), static_cast<uint16_t>(unit.keys),
                                                 static_cast<uint16_t>(t_.blockK), d, false);
         // The accumulators are not queue buffers: order their Mmads and Fixpipes explicitly
@@ -272,6 +274,7 @@ private:
     }
 
     GradTilingData t_;
+    DeviceSeqlens seqlens_;  // layout TND only
     AscendC::TPipe* pipe_ = nullptr;
     uint32_t core_ = 0;
     uint32_t rows16_ = 0;  // rows of the step being finished, padded to 16

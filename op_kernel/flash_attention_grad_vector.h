@@ -64,6 +64,9 @@ public:
             sinks_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(gm.sinks));
         }
         buffers_.Init(userWorkspace, core_, t_);
+        if (IsPacked(t_)) {
+            seqlens_.Init(gm.cuSeqlensQ, gm.cuSeqlensK);
+        }
 
         const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
         pipe->InitBuffer(sQue_, 1, bytes.sUb);
@@ -94,8 +97,8 @@ public:
         // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
         // this core's P/dS flags, so the cube need not join this barrier.
         AscendC::SyncAll<true>();
-        GradStepCursor cursor(t_, core_);
-        for (uint32_t seq = 0; cursor.Next<CAUSAL>(); ++seq) {
+        GradCoreSteps<CAUSAL, DETERMINISTIC> cursor(t_, seqlens_, core_);
+        for (uint32_t seq = 0; cursor.Next(); ++seq) {
             SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
         }
         AscendC::SyncAll<false>();
@@ -122,10 +125,10 @@ private:
             tanh_ = tanhBuf_.template Get<float>();
         }
         if (alibi_) {
-            alibiBias_.Init(pipe_, gm.alibiSlopes, v, t_.headsQ, t_.causalOffset, t_.blockQ / 2, t_.blockK);
+            alibiBias_.Init(pipe_, gm.alibiSlopes, v, t_.headsQ, t_.blockQ / 2, t_.blockK);
         }
         if (windowed_) {
-            band_.Init(pipe_, v, t_.causalOffset, t_.blockK, bytes.bandKeyUb, bytes.bandBitsUb);
+            band_.Init(pipe_, v, t_.blockK, bytes.bandKeyUb, bytes.bandBitsUb);
         }
         dropout_ = v.dropoutP > 0.0f;
         if (dropout_) {
@@ -146,7 +149,11 @@ private:
     {
         const GradWorkspace ws(t_, sizeof(T));
         uint64_t begin, end;
-        PassRange(t_.dqSlots * ws.dqSlotBytes / kGradWorkspaceAlign, aiv_, Aivs(), begin, end);
+        // Packed sequences: which key blocks no query sees is known only on the device,
+        // and tokens outside every sequence have no unit; dK and dV (which follow the dQ
+        // slots) are zeroed whole, so every key row without a step has gradient 0.
+        const uint64_t zeroBytes = IsPacked(t_) ? ws.exchange - ws.dq : t_.dqSlots * ws.dqSlotBytes;
+        PassRange(zeroBytes / kGradWorkspaceAlign, aiv_, Aivs(), begin, end);
         const uint32_t chunk = acc_.GetSize() / kZeroUnitFloats * kZeroUnitFloats;
         AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk));
         // V_MTE3 and MTE3_V are the VECOUT queues' EnQue and FreeTensor events: their ids
@@ -162,7 +169,7 @@ private:
             const uint64_t left = end * kZeroUnitFloats - at;
             AscendC::DataCopy(dq[at], acc_, static_cast<uint32_t>(left < chunk ? left : chunk));
         }
-        if (windowed_) {
+        if (windowed_ && !IsPacked(t_)) {
             PassRange(t_.units, aiv_, Aivs(), begin, end);
             for (uint64_t unit = begin; unit < end; ++unit) {
                 const GradUnit u = UnitAt<CAUSAL>(t_, unit);
@@ -222,11 +229,12 @@ private:
     {
         const uint32_t d = t_.headDimPad;
         uint64_t cursor, end;
-        PassRange(uint64_t{t_.batch} * t_.headsQ * t_.seqlenQ, aiv_, Aivs(), cursor, end);
+        PassRange(GradQueryRows(t_), aiv_, Aivs(), cursor, end);
         PassChunk chunk;
-        while (NextPassChunk(t_, t_.seqlenQ, cursor, end, chunk)) {
+        const uint32_t perPair = GradQueryRowsPerPair(t_);
+        while (NextPassChunk(t_, perPair, cursor, end, chunk)) {
             const uint64_t offset = QueryOffset(chunk);
-            const uint64_t row = chunk.pair * t_.seqlenQ + chunk.row0;
+            const uint64_t row = chunk.pair * perPair + chunk.row0;
             const uint32_t count = chunk.rows * d;
             AscendC::LocalTensor<T> gradOut = passInQue_.template AllocTensor<T>();
             LoadRows(gradOut, do_[offset], chunk.rows, t_.qStrideRow);
@@ -308,7 +316,7 @@ private:
         AscendC::CrossCoreWaitFlag(kFlagGradScores);
         if (rows_ > 0) {
             const uint32_t firstRow = step.row0 + rowOffset;
-            const uint64_t row = (uint64_t{unit.batch} * t_.headsQ + step.headQ) * t_.seqlenQ + firstRow;
+            const uint64_t row = QueryRowIndex(t_, unit, step.headQ, firstRow);
             // A scalar read of GM, issued before the tile's loads are waited for.
             const float slope = alibi_ ? alibiBias_.Slope(unit.batch, step.headQ) : 0.0f;
             AscendC::LocalTensor<float> lse = LoadRowValues(lseQue_, lse_[row]);
@@ -323,11 +331,11 @@ private:
                 Softcap(s, tanh_, feature_, softcap_, count);
             }
             if (alibi_) {
-                alibiBias_.Apply(s, feature_, rows_, firstRow, unit.key0, slope);
+                alibiBias_.Apply(s, feature_, rows_, unit.causalOffset, firstRow, unit.key0, slope);
             }
-            masking_.Apply(s, rows_, unit.batch, firstRow, unit.key0, unit.keys);
+            masking_.Apply(s, rows_, unit.batch, unit.causalOffset, firstRow, unit.key0, unit.keys);
             if (windowed_) {
-                band_.Apply(s, rows_, firstRow, unit.key0, unit.keys);
+                band_.Apply(s, rows_, unit.causalOffset, firstRow, unit.key0, unit.keys);
             }
             RowBroadcast<RowOp::kSubtract>(s, lse, broadcast_, rows_, bk);
             AscendC::Exp(s, s, static_cast<int32_t>(count));
@@ -423,9 +431,10 @@ private:
         const uint32_t slots = DETERMINISTIC ? t_.dqSlots : 1;
         uint64_t cursor, end;
         PassChunk chunk;
-        PassRange(uint64_t{t_.batch} * t_.headsQ * t_.seqlenQ, aiv_, Aivs(), cursor, end);
-        while (NextPassChunk(t_, t_.seqlenQ, cursor, end, chunk)) {
-            const uint64_t row = chunk.pair * t_.seqlenQ + chunk.row0;
+        const uint32_t queryPerPair = GradQueryRowsPerPair(t_);
+        PassRange(GradQueryRows(t_), aiv_, Aivs(), cursor, end);
+        while (NextPassChunk(t_, queryPerPair, cursor, end, chunk)) {
+            const uint64_t row = chunk.pair * queryPerPair + chunk.row0;
             AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
             AscendC::PipeBarrier<PIPE_V>();
             for (uint32_t slot = 0; slot < slots; ++slot) {  // fixed order: deterministic
@@ -434,9 +443,10 @@ private:
             StoreRows(dq_[QueryOffset(chunk)], chunk.rows, t_.scale, t_.qStrideRow);
         }
         for (uint32_t value = 0; value < 2; ++value) {  // dK (scaled), then dV
-            PassRange(uint64_t{t_.batch} * t_.headsKv * t_.seqlenK, aiv_, Aivs(), cursor, end);
-            while (NextPassChunk(t_, t_.seqlenK, cursor, end, chunk)) {
-                const uint64_t row = chunk.pair * t_.seqlenK + chunk.row0;
+            const uint32_t keyPerPair = GradKeyRowsPerPair(t_);
+            PassRange(GradKeyRows(t_), aiv_, Aivs(), cursor, end);
+            while (NextPassChunk(t_, keyPerPair, cursor, end, chunk)) {
+                const uint64_t row = chunk.pair * keyPerPair + chunk.row0;
                 AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
                 AscendC::PipeBarrier<PIPE_V>();
                 AddRows(value == 0 ? buffers_.KeyGrad(row) : buffers_.ValueGrad(row), chunk.rows);
@@ -458,8 +468,11 @@ private:
             AscendC::Duplicate(total, 0.0f, static_cast<int32_t>(kFloatsPerBlock));
             if (hasSinks_) {
                 const float sink = sinks_.GetValue(h);
-                for (uint32_t b = 0; b < t_.batch; ++b) {
-                    SumSinkTerms((uint64_t{b} * t_.headsQ + h) * t_.seqlenQ, sink);
+                // Packed sequences: a head's tokens of every sequence, as one run.
+                const uint32_t runs = IsPacked(t_) ? 1 : t_.batch;
+                const uint32_t perRun = GradQueryRowsPerPair(t_);
+                for (uint32_t b = 0; b < runs; ++b) {
+                    SumSinkTerms((uint64_t{b} * t_.headsQ + h) * perRun, perRun, sink);
                     AscendC::PipeBarrier<PIPE_V>();
                     AscendC::Add(total, total, rowPartial_, 1);
                 }
@@ -473,13 +486,13 @@ private:
         }
     }
 
-    // rowPartial_[0] = sum over the seqlenQ rows from flattened row `first` of
+    // rowPartial_[0] = sum over the `count` rows from flattened row `first` of
     // exp(sink - lse) D.
-    __aicore__ inline void SumSinkTerms(uint64_t first, float sink)
+    __aicore__ inline void SumSinkTerms(uint64_t first, uint32_t count, float sink)
     {
         AscendC::Duplicate(operand_, 0.0f, static_cast<int32_t>(kFloatsPerRepeat));
-        for (uint32_t row0 = 0; row0 < t_.seqlenQ; row0 += t_.passRows) {
-            const uint32_t rows = MinU32(t_.passRows, t_.seqlenQ - row0);
+        for (uint32_t row0 = 0; row0 < count; row0 += t_.passRows) {
+            const uint32_t rows = MinU32(t_.passRows, count - row0);
             const AscendC::DataCopyExtParams copy(1, rows * sizeof(float), 0, 0, 0);
             const AscendC::DataCopyPadExtParams<float> noPad(false, 0, 0, 0.0f);
             AscendC::LocalTensor<float> lse = passLoadQue_.template AllocTensor<float>();
@@ -513,6 +526,7 @@ private:
     }
 
     GradTilingData t_;
+    DeviceSeqlens seqlens_;  // layout TND only
     AscendC::TPipe* pipe_ = nullptr;
     uint32_t aiv_ = 0;
     uint32_t core_ = 0;

@@ -49,12 +49,15 @@ namespace flash_cann {
 template <typename T, bool CAUSAL, bool MASK, bool FEATURES>
 class FlashAttentionVector {
 public:
-    __aicore__ inline void Init(GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
-                                GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
-                                GM_ADDR userWorkspace, const TilingData& tiling,
+    __aicore__ inline void Init(GM_ADDR keyPaddingMask, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
+                                GM_ADDR alibiSlopes, GM_ADDR rngState, GM_ADDR sinks, GM_ADDR out,
+                                GM_ADDR softmaxLse, GM_ADDR userWorkspace, const TilingData& tiling,
                                 AscendC::TPipe* pipe)
     {
         t_ = tiling;
+        if (t_.layout == static_cast<uint32_t>(Layout::TND)) {
+            seqlens_.Init(cuSeqlensQ, cuSeqlensK);
+        }
         const VariantTiling& v = t_.variant;
         // The band's bounds in diagonals (-1: open); causal is the right bound 0.
         rightBound_ = CAUSAL ? 0 : (FEATURES ? v.windowRight : -1);
@@ -137,12 +140,10 @@ public:
 
     __aicore__ inline void Process()
     {
-        if (core_ >= t_.usedCores) {
-            return;
-        }
-        uint64_t cursor = t_.rowStart[core_];
+        CoreTiles<CAUSAL> tiles;
+        tiles.Start(t_, seqlens_, core_);
         QueryTile tile;
-        while (NextTile(t_, cursor, t_.rowStart[core_ + 1], tile)) {
+        while (tiles.Next(tile)) {
             // This vector core's rows of the tile: the first or the second half.
             const uint32_t firstHalf = (tile.rows + 1) / 2;
             rows_ = sub_ == 0 ? firstHalf : tile.rows - firstHalf;
@@ -301,7 +302,7 @@ private:
     __aicore__ inline int64_t SliceDiagonal(const QueryTile& tile, const KeyRound& round,
                                             uint32_t first) const
     {
-        return static_cast<int64_t>(tile.row0) + rowOffset_ + first + t_.causalOffset -
+        return static_cast<int64_t>(tile.row0) + rowOffset_ + first + tile.causalOffset -
                static_cast<int64_t>(round.key0);
     }
 
@@ -514,8 +515,7 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // Maxs, Duplicate -> Div
         AscendC::Div(reciprocal, reciprocal, sliceSum_, rows_);
         AscendC::PipeBarrier<PIPE_V>();  // Div -> Brcb
-        const uint64_t outOffset = uint64_t{tile.batch} * t_.qStrideBatch +
-                                   uint64_t{tile.headQ} * t_.qStrideHead + uint64_t{row} * t_.qStrideRow;
+        const uint64_t outOffset = tile.qBase + uint64_t{row} * t_.qStrideRow;
         for (uint32_t first = 0; first < rows_; first += t_.vecRows) {
             const uint32_t rows = SliceRows(first);
             RowBroadcast<RowOp::kMultiply>(acc_[first * d], reciprocal[first], broadcast_, rows, d);
@@ -535,7 +535,7 @@ private:
         AscendC::Add(lse, lse, rowMax_, rows_);
         lseQue_.EnQue(lse);
         lse = lseQue_.template DeQue<float>();
-        const uint64_t lseOffset = (uint64_t{tile.batch} * t_.headsQ + tile.headQ) * t_.seqlenQ + row;
+        const uint64_t lseOffset = tile.lseBase + row;
         AscendC::DataCopyPad(lse_[lseOffset], lse,
                              AscendC::DataCopyExtParams(1, rows_ * sizeof(float), 0, 0, 0));
         lseQue_.FreeTensor(lse);
@@ -560,6 +560,7 @@ private:
     float outScale_ = 1.0f;    // 1 / (1 - dropout_p): the kept probabilities' rescale
     float slope_ = 0;          // the current tile's ALiBi slope
     ExchangeBuffers<T> exchange_;
+    DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> out_;
     AscendC::GlobalTensor<float> lse_, slopes_, sinkLogits_;
     AscendC::GlobalTensor<uint8_t> mask_;

@@ -60,7 +60,6 @@ public:
         blockK_ = t.blockK;
         lanes_ = keyUbBytes / sizeof(float);
         seqlenK_ = t.seqlenK;
-        causalOffset_ = t.causalOffset;
         negInf_ = -__builtin_inff();
         if (MASK) {
             mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(keyPaddingMask));
@@ -79,9 +78,11 @@ public:
 
     // s: `rows` rows of blockK scaled scores (row pitch blockK); its row r is query row
     // firstRow + r of batch `batch`; the block's columns are keys key0 .. key0 + columns.
+    // causalOffset: the sequence's seqlen_k - seqlen_q (its own, with packed sequences).
     __aicore__ inline void Apply(const AscendC::LocalTensor<float>& s, uint32_t rows, uint32_t batch,
-                                 uint32_t firstRow, uint32_t key0, uint32_t columns)
+                                 int64_t causalOffset, uint32_t firstRow, uint32_t key0, uint32_t columns)
     {
+        causalOffset_ = causalOffset;
         if (MASK || columns < blockK_) {
             BuildKeyBias(batch, key0, columns);
             const uint8_t pitch = static_cast<uint8_t>(blockK_ / kFloatsPerBlock);

@@ -8,7 +8,9 @@
 // (blocks, strides, the split over cores, double buffering), comes from the planner's
 // tiling data.
 //
-// GM arguments, in the op's input then output order: alibi_slopes (fp32, (heads_q,) or
+// GM arguments, in the op's input then output order: cu_seqlens_q/k (int32 (batch + 1,),
+// layout TND only: the packed sequences' offsets, read on the device, flash_cann_packed.h),
+// alibi_slopes (fp32, (heads_q,) or
 // (batch, heads_q)), rng_state (int64 (seed, offset)) and sinks (fp32, (heads_q,)) are
 // read only when the tiling data says so; null otherwise.
 #include "kernel_operator.h"
@@ -23,6 +25,8 @@ struct ForwardArgs {  // GM_ADDR is a pointer macro: one declarator per member
     GM_ADDR key;
     GM_ADDR value;
     GM_ADDR keyPaddingMask;
+    GM_ADDR cuSeqlensQ;
+    GM_ADDR cuSeqlensK;
     GM_ADDR alibiSlopes;
     GM_ADDR rngState;
     GM_ADDR sinks;
@@ -37,13 +41,13 @@ __aicore__ inline void RunForward(const ForwardArgs& a, const flash_cann::Tiling
     AscendC::TPipe pipe;
     if ASCEND_IS_AIC {
         flash_cann::FlashAttentionCube<T, CAUSAL, MASK> cube;
-        cube.Init(a.query, a.key, a.value, a.userWorkspace, tiling, &pipe);
+        cube.Init(a.query, a.key, a.value, a.cuSeqlensQ, a.cuSeqlensK, a.userWorkspace, tiling, &pipe);
         cube.Process();
     }
     if ASCEND_IS_AIV {
         flash_cann::FlashAttentionVector<T, CAUSAL, MASK, FEATURES> vector;
-        vector.Init(a.keyPaddingMask, a.alibiSlopes, a.rngState, a.sinks, a.out, a.softmaxLse,
-                    a.userWorkspace, tiling, &pipe);
+        vector.Init(a.keyPaddingMask, a.cuSeqlensQ, a.cuSeqlensK, a.alibiSlopes, a.rngState, a.sinks,
+                    a.out, a.softmaxLse, a.userWorkspace, tiling, &pipe);
         vector.Process();
     }
 }
@@ -51,7 +55,8 @@ __aicore__ inline void RunForward(const ForwardArgs& a, const flash_cann::Tiling
 }  // namespace
 
 extern "C" __global__ __aicore__ void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                                           GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes,
+                                                           GM_ADDR keyPaddingMask, GM_ADDR cuSeqlensQ,
+                                                           GM_ADDR cuSeqlensK, GM_ADDR alibiSlopes,
                                                            GM_ADDR rngState, GM_ADDR sinks, GM_ADDR out,
                                                            GM_ADDR softmaxLse, GM_ADDR workspace,
                                                            GM_ADDR tiling)
@@ -59,8 +64,9 @@ extern "C" __global__ __aicore__ void flash_cann_attention(GM_ADDR query, GM_ADD
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     REGISTER_TILING_DEFAULT(flash_cann::TilingData);
     GET_TILING_DATA_WITH_STRUCT(flash_cann::TilingData, tilingData, tiling);
-    const ForwardArgs a{query, key, value, keyPaddingMask, alibiSlopes, rngState, sinks, out, softmaxLse,
-                        AscendC::GetUserWorkspace(workspace)};
+    const ForwardArgs a{query,      key,        value,       keyPaddingMask, cuSeqlensQ,
+                        cuSeqlensK, alibiSlopes, rngState,   sinks,          out,
+                        softmaxLse, AscendC::GetUserWorkspace(workspace)};
     // Keys: flash_cann::TilingKey(isBf16, causal, hasMask, features) = FDCM, F = 1 + features.
     if (TILING_KEY_IS(1000)) {
         RunForward<half, false, false, false>(a, tilingData);

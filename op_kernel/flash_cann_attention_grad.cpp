@@ -22,7 +22,7 @@ __aicore__ inline void RunBackward(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM
     AscendC::TPipe pipe;
     if ASCEND_IS_AIC {
         flash_cann::FlashAttentionGradCube<T, CAUSAL, MASK, DETERMINISTIC> cube;
-        cube.Init(query, key, value, gradOut, userWorkspace, tiling, &pipe);
+        cube.Init(query, key, value, gradOut, gm.cuSeqlensQ, gm.cuSeqlensK, userWorkspace, tiling, &pipe);
         cube.Process();
     }
     if ASCEND_IS_AIV {
@@ -36,7 +36,8 @@ __aicore__ inline void RunBackward(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM
 
 extern "C" __global__ __aicore__ void flash_cann_attention_grad(
     GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR out, GM_ADDR softmaxLse,
-    GM_ADDR keyPaddingMask, GM_ADDR gradSoftmaxLse, GM_ADDR alibiSlopes, GM_ADDR rngState,
+    GM_ADDR keyPaddingMask, GM_ADDR gradSoftmaxLse, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
+    GM_ADDR alibiSlopes, GM_ADDR rngState,
     GM_ADDR sinks, GM_ADDR gradQuery, GM_ADDR gradKey, GM_ADDR gradValue, GM_ADDR gradSinks,
     GM_ADDR workspace, GM_ADDR tiling)
 {
@@ -44,9 +45,9 @@ extern "C" __global__ __aicore__ void flash_cann_attention_grad(
     REGISTER_TILING_DEFAULT(flash_cann::GradTilingData);
     GET_TILING_DATA_WITH_STRUCT(flash_cann::GradTilingData, tilingData, tiling);
     GM_ADDR user = AscendC::GetUserWorkspace(workspace);
-    const flash_cann::GradTensors gm{out,         gradOut,  softmaxLse, gradSoftmaxLse,
-                                     keyPaddingMask, alibiSlopes, rngState, sinks,
-                                     gradQuery,   gradKey,  gradValue,  gradSinks};
+    const flash_cann::GradTensors gm{out,       gradOut,     softmaxLse, gradSoftmaxLse, keyPaddingMask,
+                                     cuSeqlensQ, cuSeqlensK, alibiSlopes, rngState,       sinks,
+                                     gradQuery, gradKey,     gradValue,  gradSinks};
     // Keys: flash_cann::GradTilingKey(isBf16, causal, hasMask, deterministic)
     //     = 20000 + 1000 x + 100 b + 10 c + m.
     if (TILING_KEY_IS(20000)) {

@@ -89,6 +89,11 @@ struct GradTilingData {
     // Added with the features (additive): what the call computes beyond plain attention
     // (flash_cann_variant.h), as the forward had it.
     VariantTiling variant;
+    // Added with packed sequences (additive). Layout TND: the packed query and key tokens;
+    // the units are then walked and split on the device (flash_cann_packed.h) and
+    // unitStart is unused.
+    uint64_t tokensQ;
+    uint64_t tokensK;
 };
 
 // The most L0C product scratch copies the planner gives the kernel.
@@ -207,10 +212,39 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     return b;
 }
 
+// The flattened query rows (the lse / D / dQ row space) and key rows (dK, dV): (batch,
+// head, seqlen), or with layout TND (head, token), as softmax_lse (heads_q, tokens_q).
+__aicore__ inline bool IsPacked(const GradTilingData& t)
+{
+    return t.layout == static_cast<uint32_t>(Layout::TND);
+}
+
+__aicore__ inline uint64_t GradQueryRows(const GradTilingData& t)
+{
+    return IsPacked(t) ? uint64_t{t.headsQ} * t.tokensQ : uint64_t{t.batch} * t.headsQ * t.seqlenQ;
+}
+
+__aicore__ inline uint64_t GradKeyRows(const GradTilingData& t)
+{
+    return IsPacked(t) ? uint64_t{t.headsKv} * t.tokensK : uint64_t{t.batch} * t.headsKv * t.seqlenK;
+}
+
+// Rows of one (batch, head) pair of those row spaces, as the pre- and post-passes cut
+// them (NextPassChunk): with TND a pair is a head and its rows are all its tokens.
+__aicore__ inline uint32_t GradQueryRowsPerPair(const GradTilingData& t)
+{
+    return IsPacked(t) ? static_cast<uint32_t>(t.tokensQ) : t.seqlenQ;
+}
+
+__aicore__ inline uint32_t GradKeyRowsPerPair(const GradTilingData& t)
+{
+    return IsPacked(t) ? static_cast<uint32_t>(t.tokensK) : t.seqlenK;
+}
+
 // The user workspace (GM), byte offsets from its start; every region 512-byte aligned.
-//   delta     D = rowsum(dO * O) - dLSE, fp32 [batch][headsQ][seqlenQ]
-//   dq        dqSlots fp32 accumulators [slot][batch][headsQ][seqlenQ][headDimPad]
-//   dk, dv    fp32 [batch][headsKv][seqlenK][headDimPad], unscaled
+//   delta     D = rowsum(dO * O) - dLSE, fp32, one per query row (GradQueryRows)
+//   dq        dqSlots fp32 accumulators [slot][query row][headDimPad]
+//   dk, dv    fp32 [key row][headDimPad] (GradKeyRows), unscaled
 //   exchange  per AI core, kGradExchangeSlots slots of S and dP (fp32) and P and dS
 //             (input dtype), blockQ x blockK each, row-major
 struct GradWorkspace {
@@ -232,8 +266,8 @@ struct GradWorkspace {
 
     __aicore__ GradWorkspace(const GradTilingData& t, uint32_t elemBytes)
     {
-        const uint64_t queryRows = uint64_t{t.batch} * t.headsQ * t.seqlenQ;
-        const uint64_t keyRows = uint64_t{t.batch} * t.headsKv * t.seqlenK;
+        const uint64_t queryRows = GradQueryRows(t);
+        const uint64_t keyRows = GradKeyRows(t);
         delta = 0;
         dq = Align(queryRows * 4);
         dqSlotBytes = Align(queryRows * t.headDimPad * 4);
@@ -250,6 +284,8 @@ struct GradWorkspace {
 // ---- The main loop's work walk ------------------------------------------------------
 
 // One work unit: a key block of one (batch, kv head), with the query blocks that see it.
+// With layout TND, of one (sequence, kv head): `batch` is the sequence's index, and the
+// sequence's lengths and first tokens come with the unit (dense: the problem's, and 0).
 struct GradUnit {
     uint32_t batch;
     uint32_t headKv;
@@ -259,6 +295,11 @@ struct GradUnit {
     uint32_t firstQueryBlock;  // query blocks [firstQueryBlock, endQueryBlock) see a key
     uint32_t endQueryBlock;    // of it; none (first == end) when a window hides the block
     uint32_t dqSlot;           // the deterministic dQ slot of its chunk (0 when fast)
+    uint32_t seqlenQ;          // the sequence's query rows and keys
+    uint32_t seqlenK;
+    int64_t causalOffset;      // seqlenK - seqlenQ of the sequence
+    uint64_t q0;               // its first query token and key token (TND; 0 dense)
+    uint64_t k0;
 };
 
 // The query rows [first, end) that see a key of [key0, key0 + keys). Query row i sees
@@ -269,17 +310,16 @@ struct GradUnit {
 // band, not the square.
 template <bool CAUSAL>
 __aicore__ inline void QueryRowRange(const GradTilingData& t, uint32_t key0, uint32_t keys,
-                                     uint32_t& first, uint32_t& end)
+                                     uint32_t& first, uint32_t& end, int64_t seqlenQ, int64_t causalOffset)
 {
-    const int64_t seqlenQ = t.seqlenQ;
     int64_t lo = 0;
     int64_t hi = seqlenQ;  // exclusive
     const int64_t right = CAUSAL ? 0 : t.variant.windowRight;
     if (right >= 0) {
-        lo = static_cast<int64_t>(key0) - t.causalOffset - right;
+        lo = static_cast<int64_t>(key0) - causalOffset - right;
     }
     if (t.variant.windowLeft >= 0) {
-        hi = static_cast<int64_t>(key0) + keys - 1 - t.causalOffset + t.variant.windowLeft + 1;
+        hi = static_cast<int64_t>(key0) + keys - 1 - causalOffset + t.variant.windowLeft + 1;
     }
     lo = lo < 0 ? 0 : (lo > seqlenQ ? seqlenQ : lo);
     hi = hi < lo ? lo : (hi > seqlenQ ? seqlenQ : hi);
@@ -287,22 +327,72 @@ __aicore__ inline void QueryRowRange(const GradTilingData& t, uint32_t key0, uin
     end = static_cast<uint32_t>(hi);
 }
 
+// The dense problem's rows (every batch has seqlenQ query rows).
+template <bool CAUSAL>
+__aicore__ inline void QueryRowRange(const GradTilingData& t, uint32_t key0, uint32_t keys,
+                                     uint32_t& first, uint32_t& end)
+{
+    QueryRowRange<CAUSAL>(t, key0, keys, first, end, t.seqlenQ, t.causalOffset);
+}
+
+// Key block `keyBlock` of (batch, headKv), a sequence of seqlenQ query rows and seqlenK
+// keys starting at tokens q0 and k0 (dense: the problem's lengths, 0 and 0).
+template <bool CAUSAL>
+__aicore__ inline GradUnit MakeUnit(const GradTilingData& t, uint32_t batch, uint32_t headKv,
+                                    uint32_t keyBlock, uint32_t seqlenQ, uint32_t seqlenK, uint64_t q0,
+                                    uint64_t k0)
+{
+    GradUnit u{};
+    u.batch = batch;
+    u.headKv = headKv;
+    u.keyBlock = keyBlock;
+    u.seqlenQ = seqlenQ;
+    u.seqlenK = seqlenK;
+    u.causalOffset = static_cast<int64_t>(seqlenK) - seqlenQ;
+    u.q0 = q0;
+    u.k0 = k0;
+    u.key0 = keyBlock * t.blockK;
+    u.keys = MinU32(t.blockK, seqlenK - u.key0);
+    uint32_t firstRow, endRow;
+    QueryRowRange<CAUSAL>(t, u.key0, u.keys, firstRow, endRow, seqlenQ, u.causalOffset);
+    u.firstQueryBlock = firstRow / t.blockQ;
+    u.endQueryBlock = endRow > firstRow ? (endRow + t.blockQ - 1) / t.blockQ : u.firstQueryBlock;
+    u.dqSlot = keyBlock / t.dqChunkBlocks;
+    return u;
+}
+
 template <bool CAUSAL>
 __aicore__ inline GradUnit UnitAt(const GradTilingData& t, uint64_t unit)
 {
-    GradUnit u{};
     const uint64_t pair = unit / t.keyBlocks;  // batch * headsKv + head
-    u.keyBlock = static_cast<uint32_t>(unit - pair * t.keyBlocks);
-    u.batch = static_cast<uint32_t>(pair / t.headsKv);
-    u.headKv = static_cast<uint32_t>(pair - uint64_t{u.batch} * t.headsKv);
-    u.key0 = u.keyBlock * t.blockK;
-    u.keys = MinU32(t.blockK, t.seqlenK - u.key0);
-    uint32_t firstRow, endRow;
-    QueryRowRange<CAUSAL>(t, u.key0, u.keys, firstRow, endRow);
-    u.firstQueryBlock = firstRow / t.blockQ;
-    u.endQueryBlock = endRow > firstRow ? (endRow + t.blockQ - 1) / t.blockQ : u.firstQueryBlock;
-    u.dqSlot = u.keyBlock / t.dqChunkBlocks;
-    return u;
+    const uint32_t batch = static_cast<uint32_t>(pair / t.headsKv);
+    return MakeUnit<CAUSAL>(t, batch, static_cast<uint32_t>(pair - uint64_t{batch} * t.headsKv),
+                            static_cast<uint32_t>(unit - pair * t.keyBlocks), t.seqlenQ, t.seqlenK, 0, 0);
+}
+
+// Where a unit's rows live: query row `row` of query head headQ (element offset in
+// query / out / grad_out / grad_query, and index in the lse / D / dQ row space), and key
+// `key` of the unit's sequence (element offset in key / value, and dK / dV row).
+__aicore__ inline uint64_t QueryElement(const GradTilingData& t, const GradUnit& u, uint32_t headQ, uint32_t row)
+{
+    return uint64_t{u.batch} * t.qStrideBatch + uint64_t{headQ} * t.qStrideHead + (u.q0 + row) * t.qStrideRow;
+}
+
+__aicore__ inline uint64_t QueryRowIndex(const GradTilingData& t, const GradUnit& u, uint32_t headQ, uint32_t row)
+{
+    return IsPacked(t) ? uint64_t{headQ} * t.tokensQ + u.q0 + row
+                       : (uint64_t{u.batch} * t.headsQ + headQ) * t.seqlenQ + row;
+}
+
+__aicore__ inline uint64_t KeyElement(const GradTilingData& t, const GradUnit& u, uint32_t key)
+{
+    return uint64_t{u.batch} * t.kvStrideBatch + uint64_t{u.headKv} * t.kvStrideHead + (u.k0 + key) * t.kvStrideRow;
+}
+
+__aicore__ inline uint64_t KeyRowIndex(const GradTilingData& t, const GradUnit& u, uint32_t key)
+{
+    return IsPacked(t) ? uint64_t{u.headKv} * t.tokensK + u.k0 + key
+                       : (uint64_t{u.batch} * t.headsKv + u.headKv) * t.seqlenK + key;
 }
 
 // The cube work of a unit, in query blocks (the planner balances unitStart on it).
@@ -336,7 +426,7 @@ __aicore__ inline bool StepAt(const GradTilingData& t, const GradUnit& u, uint32
     const uint32_t block = u.firstQueryBlock + (index - g * perHead);
     step.headQ = u.headKv * t.group + g;
     step.row0 = block * t.blockQ;
-    step.rows = MinU32(t.blockQ, t.seqlenQ - step.row0);
+    step.rows = MinU32(t.blockQ, u.seqlenQ - step.row0);
     step.first = index == 0;
     step.last = index + 1 == steps;
     return true;

@@ -27,7 +27,9 @@ constexpr uint32_t kMaxCores = 48;
 constexpr uint32_t kCubeBlock = 16;
 constexpr uint32_t kByteBlock = 32;  // UB/L1 alignment and DataCopy unit
 
-enum class Layout : uint32_t { BNSD = 0, BSND = 1 };
+// TND: packed sequences (tokens, heads, head_dim), delimited by cu_seqlens_q/k in GM
+// (flash_cann_packed.h); seqlenQ/seqlenK are then max_seqlen_q/k, bounds for sizing.
+enum class Layout : uint32_t { BNSD = 0, BSND = 1, TND = 2 };
 
 // The tiling key selects one kernel instantiation: element type, causal, key mask, and
 // whether the features of VariantTiling are compiled in. Decimal fields so a key reads as
@@ -85,7 +87,8 @@ struct TilingData {
     uint32_t causal;       // 1: the causal mask is compiled in (also in the tiling key);
     uint32_t hasMask;      // 1: a key padding mask is (ditto). Both decide UB buffers.
     // Work split: AI core c owns the rows [rowStart[c], rowStart[c + 1]) of the
-    // flattened (batch, head_q, seqlen_q) row space.
+    // flattened (batch, head_q, seqlen_q) row space (dense layouts; TND: all 0, the
+    // kernel splits on the device, flash_cann_packed.h).
     uint32_t usedCores;
     uint32_t features;     // 1: the FEATURES kernel (tiling key); 0 iff IsPlain(variant)
     uint64_t rowStart[kMaxCores + 1];
@@ -93,6 +96,10 @@ struct TilingData {
     uint64_t workspacePerCore;
     // The features beyond plain attention (flash_cann_variant.h).
     VariantTiling variant;
+    // Layout TND: the packed query and key tokens (the tensors' first dimension). The
+    // work split is then made on the device (flash_cann_packed.h), not in rowStart.
+    uint64_t tokensQ;
+    uint64_t tokensK;
 };
 
 __aicore__ inline uint32_t AlignUp(uint32_t value, uint32_t unit)
@@ -248,17 +255,60 @@ struct Workspace {
     }
 };
 
-// A query tile: `rows` consecutive query rows of one (batch, head) pair.
+// A query tile: `rows` consecutive query rows of one (batch, head) pair -- with layout
+// TND, of one (sequence, head) pair, `batch` then being the sequence's index. The
+// sequence's own lengths and its offsets in GM travel with the tile, so the kernel
+// addresses dense and packed layouts alike: query row r of the tile is element
+// qBase + (row0 + r) * qStrideRow, its lse entry lseBase + row0 + r, key j of the
+// sequence element kvBase + j * kvStrideRow.
 struct QueryTile {
     uint32_t batch;
     uint32_t headQ;
     uint32_t headKv;
     uint32_t row0;
     uint32_t rows;
+    uint32_t seqlenQ;      // this sequence's query rows
+    uint32_t seqlenK;      // and keys
+    int64_t causalOffset;  // seqlenK - seqlenQ of this sequence (bottom-right alignment)
+    uint64_t qBase;
+    uint64_t kvBase;
+    uint64_t lseBase;
 };
 
+// The sequence-level fields of a tile of (batch, headQ) with the given lengths, whose
+// first query row and first key are tokens q0 and k0 of a packed (TND) tensor, or rows
+// 0 of batch `batch` of a dense one (q0 = k0 = 0).
+__aicore__ inline void PlaceTile(const TilingData& t, uint32_t batch, uint32_t headQ, uint32_t seqlenQ,
+                                 uint32_t seqlenK, uint64_t q0, uint64_t k0, QueryTile& tile)
+{
+    tile.batch = batch;
+    tile.headQ = headQ;
+    tile.headKv = headQ / t.group;
+    tile.seqlenQ = seqlenQ;
+    tile.seqlenK = seqlenK;
+    tile.causalOffset = static_cast<int64_t>(seqlenK) - seqlenQ;
+    tile.qBase = uint64_t{batch} * t.qStrideBatch + uint64_t{headQ} * t.qStrideHead + q0 * t.qStrideRow;
+    tile.kvBase = uint64_t{batch} * t.kvStrideBatch + uint64_t{tile.headKv} * t.kvStrideHead +
+                  k0 * t.kvStrideRow;
+    tile.lseBase = t.layout == static_cast<uint32_t>(Layout::TND)
+                       ? uint64_t{headQ} * t.tokensQ + q0
+                       : (uint64_t{batch} * t.headsQ + headQ) * t.seqlenQ;
+}
+
+// A dense layout's tile of rows [row0, row0 + rows) of (batch, headQ).
+__aicore__ inline QueryTile DenseTile(const TilingData& t, uint32_t batch, uint32_t headQ, uint32_t row0,
+                                      uint32_t rows)
+{
+    QueryTile tile{};
+    PlaceTile(t, batch, headQ, t.seqlenQ, t.seqlenK, 0, 0, tile);
+    tile.row0 = row0;
+    tile.rows = rows;
+    return tile;
+}
+
 // The tiles of one core, in order: its row range is cut at (batch, head) boundaries
-// and every blockQ rows. `cursor` starts at rowStart[core].
+// and every blockQ rows. `cursor` starts at rowStart[core]. Dense layouts only (TND:
+// PackedTileWalk, flash_cann_packed.h).
 __aicore__ inline bool NextTile(const TilingData& t, uint64_t& cursor, uint64_t end,
                                 QueryTile& tile)
 {
@@ -274,11 +324,9 @@ __aicore__ inline bool NextTile(const TilingData& t, uint64_t& cursor, uint64_t 
     if (rows > end - cursor) {
         rows = end - cursor;
     }
-    tile.batch = static_cast<uint32_t>(pair / t.headsQ);
-    tile.headQ = static_cast<uint32_t>(pair - static_cast<uint64_t>(tile.batch) * t.headsQ);
-    tile.headKv = tile.headQ / t.group;
-    tile.row0 = row;
-    tile.rows = static_cast<uint32_t>(rows);
+    const uint32_t batch = static_cast<uint32_t>(pair / t.headsQ);
+    tile = DenseTile(t, batch, static_cast<uint32_t>(pair - static_cast<uint64_t>(batch) * t.headsQ), row,
+                     static_cast<uint32_t>(rows));
     cursor += rows;
     return true;
 }
@@ -295,9 +343,9 @@ struct KeyRange {
 template <bool CAUSAL>
 __aicore__ inline KeyRange TileKeys(const TilingData& t, const QueryTile& tile)
 {
-    const int64_t firstDiagonal = static_cast<int64_t>(tile.row0) + t.causalOffset;
+    const int64_t firstDiagonal = static_cast<int64_t>(tile.row0) + tile.causalOffset;
     const int64_t lastDiagonal = firstDiagonal + tile.rows - 1;
-    int64_t end = t.seqlenK;
+    int64_t end = tile.seqlenK;
     if (CAUSAL) {
         end = lastDiagonal + 1 < end ? lastDiagonal + 1 : end;
     } else if (t.variant.windowRight >= 0) {

@@ -31,18 +31,22 @@ ATTR_CTYPES = {"float": "double", "bool": "bool", "int": "int64_t", "str": "char
 EXPECTED_PROTOTYPES = {
     "fwd": "aclnnStatus aclnnFlashCannAttentionGetWorkspaceSize(const aclTensor *query, "
            "const aclTensor *key, const aclTensor *value, "
-           "const aclTensor *keyPaddingMaskOptional, const aclTensor *alibiSlopesOptional, "
+           "const aclTensor *keyPaddingMaskOptional, const aclTensor *cuSeqlensQOptional, "
+           "const aclTensor *cuSeqlensKOptional, const aclTensor *alibiSlopesOptional, "
            "const aclTensor *rngStateOptional, const aclTensor *sinksOptional, double scale, "
-           "bool causal, char *layoutOptional, int64_t windowLeft, int64_t windowRight, "
+           "bool causal, char *layoutOptional, int64_t maxSeqlenQ, int64_t maxSeqlenK, "
+           "int64_t windowLeft, int64_t windowRight, "
            "double softcap, double dropoutP, const aclTensor *outOut, "
            "const aclTensor *softmaxLseOut, uint64_t *workspaceSize, aclOpExecutor **executor)",
     "bwd": "aclnnStatus aclnnFlashCannAttentionGradGetWorkspaceSize(const aclTensor *gradOut, "
            "const aclTensor *query, const aclTensor *key, const aclTensor *value, "
            "const aclTensor *out, const aclTensor *softmaxLse, "
            "const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional, "
+           "const aclTensor *cuSeqlensQOptional, const aclTensor *cuSeqlensKOptional, "
            "const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional, "
            "const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional, "
-           "bool deterministic, int64_t windowLeft, int64_t windowRight, double softcap, "
+           "bool deterministic, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_t windowLeft, "
+           "int64_t windowRight, double softcap, "
            "double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, "
            "const aclTensor *gradValueOut, const aclTensor *gradSinksOut, "
            "uint64_t *workspaceSize, aclOpExecutor **executor)",
@@ -99,7 +103,11 @@ def test_launcher_schema_types_follow_the_yaml(entry):
     launch = header[header.index(f"struct {entry['cann_op_type']} {{"):]
     launch = launch[launch.index("static void Launch("):launch.index(") {")]
     cann = {x["name"] for x in contract.cann_inputs(entry) + contract.cann_attrs(entry)}
-    for name, declaration in (("alibi_slopes", "const c10::optional<at::Tensor> &alibi_slopes"),
+    for name, declaration in (("cu_seqlens_q", "const c10::optional<at::Tensor> &cu_seqlens_q"),
+                              ("cu_seqlens_k", "const c10::optional<at::Tensor> &cu_seqlens_k"),
+                              ("max_seqlen_q", "int64_t max_seqlen_q"),
+                              ("max_seqlen_k", "int64_t max_seqlen_k"),
+                              ("alibi_slopes", "const c10::optional<at::Tensor> &alibi_slopes"),
                               ("rng_state", "const c10::optional<at::Tensor> &rng_state"),
                               ("sinks", "const c10::optional<at::Tensor> &sinks"),
                               ("window_left", "int64_t window_left"),

@@ -4,6 +4,7 @@ checks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import flash_cann
+from flash_cann.contract import checks, spec
 
 from conftest import make_qkv
 
@@ -125,22 +127,25 @@ def test_public_api_rejects_bad_layout_arguments():
         flash_cann.attention(q, k, v, num_heads=3)
 
 
-def _varlen_on(q, k, v):
-    cu_seqlens = torch.tensor([0, 3, 8], dtype=torch.int32)
-    return flash_cann.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, 5, 5)
-
-
-@pytest.mark.parametrize("call, feature, shown", [
-    (_varlen_on, "varlen", "layout='TND'"),
-])
-def test_a_backend_without_a_feature_names_itself_and_the_argument(call, feature, shown):
-    """The twin (the Ascend C kernels) has no packed sequences yet (its KV cache is the
-    decode kernel, tests/test_twin_kvcache.py): the error names the backend, the feature and the argument, and which backends have it."""
+@pytest.mark.parametrize("feature", ["varlen", "kvcache"])
+def test_a_backend_without_a_feature_names_itself_and_the_argument(feature):
+    """Every backend has every feature today, so a twin without one stands in: the error
+    names the backend, the feature and the argument, and which backends have it."""
+    twin = spec.load().backends["twin"]
+    lacking = dataclasses.replace(twin, features=tuple(f for f in twin.features if f != feature))
     q, k, v = (t.half() for t in _qkv(layout="BSND"))
-    with flash_cann.use_backend("twin"), pytest.raises(
-            NotImplementedError, match=f"backend 'twin' .* does not support {feature} yet "
-                                       f"\\({re.escape(shown)}.*backends that do: cpu, triton"):
-        call(q, k, v)
+    match = (f"backend 'twin' .* does not support {feature} yet \\(%s.*backends that do: "
+             f"cpu, twin, triton, npu")
+    if feature == "varlen":
+        cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+        with pytest.raises(NotImplementedError, match=match % re.escape("layout='TND'")):
+            checks.check_fwd(q[0], k[0], v[0], None, 0.25, False, "TND", lacking,
+                             cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
+    else:
+        with pytest.raises(NotImplementedError,
+                           match=match % re.escape("torch.ops.flash_cann.fwd_kvcache")):
+            checks.check_kvcache(q, k, v, None, None, None, None, None, 0.25, False,
+                                 backend=lacking)
 
 
 def test_packed_shapes_are_checked():

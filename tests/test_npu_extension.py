@@ -161,12 +161,30 @@ def test_the_decode_op_reaches_aclnn_with_the_appended_lengths(results):
         assert call[name] == value, name
 
 
+def test_packed_sequences_reach_both_kernels_as_device_tensors(results):
+    """flash_attn_varlen_func (TND): cu_seqlens_q/k reach aclnn as the caller's int32
+    tensors (no copy, so no host round trip), max_seqlen_q/k as int64_t attributes, lse
+    (heads_q, tokens_q); loss.backward() hands the Grad kernel the same tensors."""
+    result = results["fwd_varlen"]
+    stage1 = _forward_stage1(result)
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+    assert stage1["softmax_lse"]["dims"] == [4, 9]
+    result = results["bwd_varlen"]
+    stage1 = _calls(result["log"], "aclnnFlashCannAttentionGradGetWorkspaceSize")[0]
+    assert {k: stage1[k] for k in result["attrs"]} == result["attrs"]
+    for name, given in result["tensors"].items():
+        _check_tensor(stage1[name], given, name)
+    assert stage1["softmax_lse"]["dims"] == [4, 9]
+
+
 def test_plain_calls_pass_the_features_defaults(results):
     stage1 = _calls(results["fwd_bnsd_gqa"]["log"], "aclnnFlashCannAttentionGetWorkspaceSize")[0]
     assert {k: stage1[k] for k in FEATURE_ATTRS} == dict(window_left=-1, window_right=-1,
                                                          softcap=0.0, dropout_p=0.0)
     assert stage1["alibi_slopes"] is None and stage1["rng_state"] is None
     assert stage1["sinks"] is None
+    assert stage1["cu_seqlens_q"] is None and stage1["cu_seqlens_k"] is None
+    assert (stage1["max_seqlen_q"], stage1["max_seqlen_k"]) == (0, 0)
 
 
 def test_the_grad_kernel_always_gets_a_grad_sinks_output(results):
@@ -251,8 +269,9 @@ def test_a_failing_grad_call_is_explained_like_the_forwards(results, case, stage
     error, log = results[case]["error"], results[case]["log"]
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::bwd on NPU: {stage} "
                             f"returned aclnn status {status} (")
-    assert ("layout=BNSD, deterministic=False, window_left=-1, window_right=-1, softcap=0, "
-            "dropout_p=0, grad_query=Half[1, 2, 4, 8], grad_key=Half[1, 2, 6, 8], "
+    assert ("layout=BNSD, deterministic=False, max_seqlen_q=0, max_seqlen_k=0, window_left=-1, "
+            "window_right=-1, softcap=0, dropout_p=0, grad_query=Half[1, 2, 4, 8], "
+            "grad_key=Half[1, 2, 6, 8], "
             "grad_value=Half[1, 2, 6, 8], grad_sinks=Float[2]") in error
     assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))
 
@@ -297,8 +316,9 @@ def test_every_failing_status_is_an_exception_that_explains_it(results, case, st
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::fwd on NPU: {stage} "
                             f"returned aclnn status {status} ({meaning}")
     assert ("arguments: query=Half[2, 4, 8, 16], key=Half[2, 2, 12, 16], "
-            "value=Half[2, 2, 12, 16], key_padding_mask=None, alibi_slopes=None, "
-            "rng_state=None, sinks=None, scale=0.25, causal=False, layout=BNSD, window_left=-1, "
+            "value=Half[2, 2, 12, 16], key_padding_mask=None, cu_seqlens_q=None, "
+            "cu_seqlens_k=None, alibi_slopes=None, rng_state=None, sinks=None, scale=0.25, "
+            "causal=False, layout=BNSD, max_seqlen_q=0, max_seqlen_k=0, window_left=-1, "
             "window_right=-1, softcap=0, dropout_p=0, out=Half[2, 4, 8, 16], "
             "softmax_lse=Float[2, 4, 8]") in error
     assert error.rstrip().endswith("CANN: fake CANN: the op rejected its arguments")

@@ -294,6 +294,87 @@ def test_tiling_func_refuses_bad_feature_arguments_by_name(op, features, message
         assert got["request"] is None
 
 
+# Layout TND: query (tokens, heads, head_dim); the problem's batch is cu_seqlens' length
+# - 1 (its shape, never its values) and seqlen_q/k are max_seqlen_q/k.
+TND_Q, TND_K = ("300", "4", "64", "_"), ("500", "2", "64", "_")
+TND_FEATURES = {"cu_seqlens_q": "4", "cu_seqlens_k": "4", "max_seqlen_q": 120,
+                "max_seqlen_k": 260}
+
+
+def _packed_call(op, causal=False, mask=False, **changes):
+    features = {k: v for k, v in {**TND_FEATURES, **changes}.items() if v is not None}
+    named = [f"{k}={v}" for k, v in features.items()]
+    if op == "fwd":
+        args = ["tiling", "FlashCannAttention", "TND", "bf16", str(int(causal)), str(int(mask)),
+                "0.125", *TND_Q, *TND_K]
+    else:
+        args = ["grad-tiling", "TND", "bf16", str(int(causal)), str(int(mask)), "1", "1", "0.125",
+                *TND_Q, *TND_K, "0"]
+    result = run(DRIVER, *args, *named)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiling_func_plans_packed_sequences_from_shapes(op, causal):
+    """TND: the request holds batch = len(cu_seqlens) - 1, max_seqlen_q/k and the token
+    counts (no value of cu_seqlens is read on the host), and the TilingFunc writes what the
+    planner makes of it."""
+    got, stderr = _packed_call(op, causal)
+    request = got["request"]
+    assert (request["layout"], request["batch"], request["heads_q"]) == (2, 3, 4)
+    assert (request["seqlen_q"], request["seqlen_k"]) == (120, 260)
+    assert (request["tokens_q"], request["tokens_k"]) == (300, 500)
+    features = planner.variant(tokens=(300, 500))
+    if op == "fwd":
+        p = planner.plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, dtype="bfloat16",
+                         layout="TND", causal=causal, scale=0.125, features=features)
+    else:
+        p = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260,
+                              dtype="bfloat16", layout="TND", causal=causal, deterministic=True,
+                              scale=0.125, features=features)
+    assert got["status"] == "ok", stderr
+    assert got["tiling_key"] == p["tiling_key"] and got["block_dim"] == p["block_dim"]
+    assert got["workspace"] == p["user_workspace_bytes"] + 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("changes, message", [
+    ({"cu_seqlens_k": None}, "layout TND needs cu_seqlens_q and cu_seqlens_k (int32, batch + 1)"),
+    ({"cu_seqlens_q": "1", "cu_seqlens_k": "1"},
+     "cu_seqlens_q must have shape (batch + 1,) with batch >= 1 (got (1,))"),
+    ({"cu_seqlens_k": "5"}, "cu_seqlens_k must have the shape of cu_seqlens_q, (4,) (got (5,))"),
+    ({"max_seqlen_q": 0}, "max_seqlen_q and max_seqlen_k must be >= 1 with layout TND (got 0, 260)"),
+    ({"mask": True}, "key_padding_mask is not taken with layout TND"),
+], ids=str)
+def test_tiling_func_refuses_bad_packed_arguments_by_name(op, changes, message):
+    changes = dict(changes)
+    mask = changes.pop("mask", False)
+    got, stderr = _packed_call(op, mask=mask, **changes)
+    assert got["status"] == "failed"
+    assert message in stderr
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+def test_dense_layouts_refuse_packed_arguments(op):
+    got, stderr = _feature_call(op, {"cu_seqlens_q": "3", "cu_seqlens_k": "3"})
+    assert got["status"] == "failed" and got["request"] is None
+    assert "cu_seqlens_q/k and max_seqlen_q/k are only taken with layout TND" in stderr
+
+
+def test_infer_shape_of_packed_sequences():
+    """TND: out like query, softmax_lse (heads_q, tokens_q); the gradients like their inputs."""
+    got = json.loads(run(DRIVER, "infer", "FlashCannAttention", "TND", "fp16", *TND_Q,
+                         *TND_K).stdout)
+    assert got == {"status": "ok", "outputs": [{"dtype": "float16", "shape": [300, 4, 64]},
+                                                 {"dtype": "float32", "shape": [4, 300]}]}
+    got = json.loads(run(DRIVER, "infer", "FlashCannAttentionGrad", "TND", "fp16", *TND_Q,
+                         *TND_K).stdout)
+    assert got["status"] == "ok"
+    assert [o["shape"] for o in got["outputs"]] == [[300, 4, 64], [500, 2, 64], [500, 2, 64], [4]]
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -89,11 +89,65 @@ def test_refusals_raise(kwargs, message):
         planner.plan(**args)
 
 
+def test_cpp_packed_walk_tests(capsys):
+    """Runs op_host/planner/tests/packed_walk_tests.cpp: the kernels' device-side walk and
+    split of packed sequences (flash_cann_packed.h) covers every tile and step once, in
+    contiguous per-core runs, keeps dQ chunks whole and balances the work."""
+    result = run("planner/packed_walk_tests")
+    with capsys.disabled():
+        print("\n" + result.stdout.strip())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all packed walk tests passed" in result.stdout
+
+
+def test_packed_plans_take_shapes_and_refuse_by_name():
+    """Layout TND: the plan depends on shapes and max_seqlen only; the tokens are needed,
+    a key padding mask is refused, and dense layouts take no tokens."""
+    built("planner/libflash_cann_planner.so")
+    tokens = planner.variant(tokens=(300, 500))
+    p = planner.plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                     causal=True, features=tokens)
+    assert p["tiling"]["used_cores"] == 24 and p["tiling_key"] == 1010
+    g = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                          deterministic=True, features=tokens)
+    # at most one unit per (kv head, key block) of the tokens, plus one partial per sequence
+    block_k = g["tiling"]["block_k"]
+    assert g["tiling"]["used_cores"] == min(24, 2 * (-(-500 // block_k) + 3))
+    for call, features, message in [
+            (planner.plan, None, "tokens_q must be in 1..2147483647 with layout TND (got 0)"),
+            (planner.grad_plan, planner.variant(tokens=(300, 0)),
+             "tokens_k must be in 1..2147483647 with layout TND (got 0)")]:
+        with pytest.raises(planner.PlanRefused, match=re.escape(message)):
+            call("Ascend910B2", 3, 4, 120, 64, layout="TND", features=features)
+    with pytest.raises(planner.PlanRefused, match="key_padding_mask is not taken with layout TND"):
+        planner.plan("Ascend910B2", 3, 4, 120, 64, layout="TND", has_mask=True, features=tokens)
+    with pytest.raises(planner.PlanRefused, match="tokens_q/tokens_k are only taken with layout TND"):
+        planner.plan("Ascend910B2", 3, 4, 120, 64, layout="BSND", features=tokens)
+
+
+def test_cli_plans_packed_sequences(capsys):
+    """`flash-cann plan --layout TND --tokens N`: the device split is said, the prediction
+    names its assumption, the backward has no prediction (not a wrong one)."""
+    from flash_cann.tools import cli
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "7,16,5120,128", "--layout", "TND", "--tokens", "16384",
+             "--causal"]
+    assert cli.main(shape) == 0
+    out = capsys.readouterr().out
+    assert "split on the device from cu_seqlens" in out
+    assert "assumes    the tokens in batch sequences of equal length" in out
+    assert "incumbent's design" not in out
+    assert cli.main([*shape, "--backward"]) == 0
+    assert "PREDICTION: none for packed sequences" in capsys.readouterr().out
+    assert cli.main(["plan", "--shape", "1,8,128,64", "--tokens", "5"]) == 2
+    assert "--tokens applies to --layout TND only" in capsys.readouterr().err
+
+
 def test_dtypes_and_layouts_are_the_specs():
     with pytest.raises(ValueError, match="dtype must be one of float16, bfloat16 "
                                          "\\(got 'float32'\\)"):
         planner.plan("ascend910b2", 1, 8, 128, 64, dtype="float32")
-    assert list(planner.LAYOUTS) == ["BNSD", "BSND"]
+    assert list(planner.LAYOUTS) == ["BNSD", "BSND", "TND"]
 
 
 def test_grad_refusals_raise():

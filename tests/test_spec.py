@@ -60,25 +60,29 @@ def test_contract_header_follows_the_spec():
     bwd = header[header.index("namespace bwd {"):]
     attrs = bwd[bwd.index("namespace attr {"):bwd.index("}  // namespace attr")]
     assert "kLayout = 2," in attrs and "kDeterministic = 3," in attrs
-    # the npu backend's features' attributes, in spec order; varlen's are not the CANN op's
-    assert ("kWindowLeft = 4,\n    kWindowRight = 5,\n    kSoftcap = 6,\n    kDropoutP = 7,"
+    # the npu backend's features' attributes, in spec order (varlen's first)
+    assert "kMaxSeqlenQ = 4,\n    kMaxSeqlenK = 5," in attrs
+    assert ("kWindowLeft = 6,\n    kWindowRight = 7,\n    kSoftcap = 8,\n    kDropoutP = 9,"
             in attrs)
-    assert "kWindowSize = 8," in attrs and "kCount = 9;" in attrs
-    assert "kMaxSeqlenQ" not in header and "kCuSeqlensQ" not in header
+    assert "kWindowSize = 10," in attrs and "kCount = 11;" in attrs
     fwd = header[header.index("namespace fwd {"):header.index("namespace bwd {")]
     assert "kDeterministic" not in fwd  # autograd-only: the CANN op does not have it
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
     assert "kGradOut = 0," in inputs and "kGradSoftmaxLse = 7," in inputs
-    assert "kAlibiSlopes = 8," in inputs and "kRngState = 9," in inputs
-    assert "kSinks = 10," in inputs and "kCount = 11;" in inputs
+    assert "kCuSeqlensQ = 8," in inputs and "kCuSeqlensK = 9," in inputs
+    assert "kAlibiSlopes = 10," in inputs and "kRngState = 11," in inputs
+    assert "kSinks = 12," in inputs and "kCount = 13;" in inputs
     outputs = bwd[bwd.index("namespace output {"):bwd.index("}  // namespace output")]
     assert "kGradValue = 2,\n    kGradSinks = 3," in outputs and "kCount = 4;" in outputs
     # a feature the npu backend does not list leaves the CANN op: its attributes, inputs
     # and outputs
     doc["backends"]["npu"]["features"].remove("softcap")
     doc["backends"]["npu"]["features"].remove("sinks")
+    doc["backends"]["npu"]["features"].remove("varlen")
     header = contract_header.render(spec.parse(doc))
     assert "kSoftcap" not in header and "kSinks" not in header and "kGradSinks" not in header
+    assert "kMaxSeqlenQ" not in header and "kCuSeqlensQ" not in header
+    assert "kLayoutTND" not in header and "kLayoutCount = 2;" in header
 
 
 @pytest.mark.parametrize("op", [o["name"] for o in RAW["ops"]])
@@ -119,7 +123,8 @@ def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
     s = spec.load()
     assert [a.name for a in s.ops["fwd"].attrs if not a.feature] == ["scale", "causal", "layout",
                                                                     "deterministic"]
-    features = ["window_left", "window_right", "softcap", "dropout_p"]
+    features = ["max_seqlen_q", "max_seqlen_k", "window_left", "window_right", "softcap",
+                "dropout_p"]
     assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout", *features]
     assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
                                                          "deterministic", *features]

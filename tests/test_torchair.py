@@ -70,8 +70,11 @@ def _meta_outputs(torchair, op, *args):
 
 
 # The features' attributes of a plain call: the schema's defaults, as GE attrs.
-PLAIN_FEATURE_ATTRS = {"window_left": ("Int", -1), "window_right": ("Int", -1),
+PLAIN_FEATURE_ATTRS = {"max_seqlen_q": ("Int", 0), "max_seqlen_k": ("Int", 0),
+                       "window_left": ("Int", -1), "window_right": ("Int", -1),
                        "softcap": ("Float", 0.0), "dropout_p": ("Float", 0.0)}
+PLAIN_FEATURE_INPUTS = {"cu_seqlens_q": None, "cu_seqlens_k": None, "alibi_slopes": None,
+                        "rng_state": None, "sinks": None}
 
 FWD_CASES = [  # layout, heads_q, heads_kv, masked, causal, how the FX node passes attributes
     ("BNSD", 4, 4, False, False, "positional"),
@@ -102,7 +105,7 @@ def test_fwd_converter_emits_the_spec_op(registered, layout, hq, hk, masked, cau
     node = ge.GRAPH.nodes[-1]
     assert node.type == "FlashCannAttention"
     assert node.inputs == {"query": ge_q, "key": ge_k, "value": ge_v, "key_padding_mask": ge_mask,
-                           "alibi_slopes": None, "rng_state": None, "sinks": None}
+                           **PLAIN_FEATURE_INPUTS}
     assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", causal),
                           "layout": ("Str", layout), **PLAIN_FEATURE_ATTRS}
     assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]
@@ -131,7 +134,7 @@ def test_bwd_converter_emits_the_spec_op(registered, layout, with_mask, with_gra
         dict(scale=0.5, causal=True, layout=layout, deterministic=deterministic), meta)
 
     node = next(n for n in ge.GRAPH.nodes[::-1] if n.type == "FlashCannAttentionGrad")
-    assert node.inputs == {**tensors, "alibi_slopes": None, "rng_state": None, "sinks": None}
+    assert node.inputs == {**tensors, **PLAIN_FEATURE_INPUTS}
     assert node.attrs == {"scale": ("Float", 0.5), "causal": ("Bool", True),
                           "layout": ("Str", layout), "deterministic": ("Bool", deterministic),
                           **PLAIN_FEATURE_ATTRS}
@@ -166,9 +169,10 @@ def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
                             dict(**optional, **features), meta)
     node = ge.GRAPH.nodes[-1]
     assert node.inputs == {**{n: ge_in[n] for n in names[:3]}, "key_padding_mask": None,
-                           **optional}
+                           "cu_seqlens_q": None, "cu_seqlens_k": None, **optional}
     assert node.attrs == {"scale": ("Float", 0.25), "causal": ("Bool", False),
-                          "layout": ("Str", "BNSD"), "window_left": ("Int", 3),
+                          "layout": ("Str", "BNSD"), "max_seqlen_q": ("Int", 0),
+                          "max_seqlen_k": ("Int", 0), "window_left": ("Int", 3),
                           "window_right": ("Int", 1), "softcap": ("Float", 30.0),
                           "dropout_p": ("Float", 0.125)}
 
@@ -344,11 +348,12 @@ def test_standin_rejects_what_ge_would(registered, break_it, message):
     ge = registered.ge
     kw = {"ge": ge, "inputs": dict(zip(["query", "key", "value"], _ge_inputs(registered, "qkv"))),
           "attrs": {"scale": ge.attr.Float(0.5), "causal": ge.attr.Bool(False),
-                    "layout": ge.attr.Str("BNSD"), "window_left": ge.attr.Int(-1),
+                    "layout": ge.attr.Str("BNSD"), "max_seqlen_q": ge.attr.Int(0),
+                    "max_seqlen_k": ge.attr.Int(0), "window_left": ge.attr.Int(-1),
                     "window_right": ge.attr.Int(-1), "softcap": ge.attr.Float(0.0),
                     "dropout_p": ge.attr.Float(0.0)},
           "outputs": ["out", "softmax_lse"]}
-    kw["inputs"].update(key_padding_mask=None, alibi_slopes=None, rng_state=None, sinks=None)
+    kw["inputs"].update(key_padding_mask=None, **PLAIN_FEATURE_INPUTS)
     ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
                  attrs=kw["attrs"])  # as given: accepted
     break_it(kw)
@@ -379,15 +384,74 @@ def test_enable_torchair_registers_every_spec_op(torchair):
         assert converter.require_meta
 
 
+def test_packed_sequences_reach_both_nodes(registered, gen):
+    """Layout TND: cu_seqlens_q/k as the nodes' optional inputs (tensors the kernel reads on
+    the device), max_seqlen_q/k as ge.attr.Int, the layout passed through; the Grad node's
+    softmax_lse is (heads_q, tokens_q)."""
+    ge = registered.ge
+    q, k, v = (torch.randn(t, h, 16, generator=gen).half() for t, h in ((9, 4), (12, 2), (12, 2)))
+    cu_q, cu_k = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([0, 5, 12],
+                                                                         dtype=torch.int32)
+    packed = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=7)
+    names = ["query", "key", "value", "cu_seqlens_q", "cu_seqlens_k"]
+    ge_in = dict(zip(names, _ge_inputs(registered, names)))
+    fwd = torch.ops.flash_cann.fwd.default
+    meta = [registered.ge.TensorSpec(t) for t in fwd(*(x.to("meta") for x in (q, k, v)), None,
+                                                     0.25, True, "TND",
+                                                     cu_seqlens_q=cu_q.to("meta"),
+                                                     cu_seqlens_k=cu_k.to("meta"),
+                                                     max_seqlen_q=5, max_seqlen_k=7)]
+    registered.convert_node(fwd, (ge_in["query"], ge_in["key"], ge_in["value"], None, 0.25, True,
+                                  "TND"),
+                            dict(cu_seqlens_q=ge_in["cu_seqlens_q"],
+                                 cu_seqlens_k=ge_in["cu_seqlens_k"], max_seqlen_q=5,
+                                 max_seqlen_k=7), meta)
+    node = ge.GRAPH.nodes[-1]
+    assert node.type == "FlashCannAttention"
+    assert {n: node.inputs[n] for n in names} == ge_in
+    assert {n: node.attrs[n] for n in ("layout", "max_seqlen_q", "max_seqlen_k")} == {
+        "layout": ("Str", "TND"), "max_seqlen_q": ("Int", 5), "max_seqlen_k": ("Int", 7)}
+    assert list(meta[1].size) == [4, 9]  # softmax_lse (heads_q, tokens_q)
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, True, "TND", **packed)
+    bwd = torch.ops.flash_cann.bwd.default
+    grads = ["grad_out", "out", "softmax_lse"]
+    ge_in.update(zip(grads, _ge_inputs(registered, grads)))
+    meta = _meta_outputs(registered, bwd, out, q, k, v, out, lse, None, None, 0.25, True, "TND",
+                         False, cu_q, cu_k, None, None, None, 5, 7)
+    registered.convert_node(
+        bwd, tuple(ge_in[n] for n in ["grad_out", "query", "key", "value", "out",
+                                      "softmax_lse"]) + (None, None, 0.25, True, "TND"),
+        dict(cu_seqlens_q=ge_in["cu_seqlens_q"], cu_seqlens_k=ge_in["cu_seqlens_k"],
+             max_seqlen_q=5, max_seqlen_k=7), meta)
+    node = next(n for n in ge.GRAPH.nodes[::-1] if n.type == "FlashCannAttentionGrad")
+    assert {n: node.inputs[n] for n in ("cu_seqlens_q", "cu_seqlens_k")} == {
+        n: ge_in[n] for n in ("cu_seqlens_q", "cu_seqlens_k")}
+    assert node.attrs["max_seqlen_k"] == ("Int", 7) and node.attrs["layout"] == ("Str", "TND")
+
+
+@pytest.fixture
+def no_npu_varlen(monkeypatch):
+    """The spec as it read before the Ascend kernels had packed sequences (the CANN ops'
+    arguments follow the npu backend's features)."""
+    spec = load()
+    features = tuple(f for f in spec.backends["npu"].features if f != "varlen")
+    monkeypatch.setitem(spec.backends, "npu",
+                        dataclasses.replace(spec.backends["npu"], features=features))
+    for name, op in list(spec.ops.items()):
+        monkeypatch.setitem(spec.ops, name, dataclasses.replace(op, cann_features=frozenset(features)))
+
+
 @pytest.mark.parametrize("feature, kwargs", [("varlen", dict(max_seqlen_q=8))])
-def test_features_the_ascend_op_lacks_are_refused_at_conversion(registered, feature, kwargs):
-    """The CANN op has only the npu backend's features (window, softcap, alibi, dropout):
-    a graph that uses another must not be converted into an op that silently drops it."""
+def test_features_the_ascend_op_lacks_are_refused_at_conversion(no_npu_varlen, registered,
+                                                                 feature, kwargs):
+    """The CANN op has only the npu backend's features: a graph that uses another must not
+    be converted into an op that silently drops it (here varlen, as before the Ascend
+    kernels had it)."""
     ge = registered.ge
     args = (*_ge_inputs(registered, ["q", "k", "v"]), None, 0.25)
     converter = torch.ops.flash_cann.fwd.default._ge_converter
     with pytest.raises(NotImplementedError, match=f"does not support {feature} yet .* backends "
-                                                  f"with it: cpu, triton"):
+                                                  f"with it: cpu, twin, triton"):
         converter(*args, **kwargs, meta_outputs=[None, None])
     assert not any(n.type == "FlashCannAttention" for n in ge.GRAPH.nodes)
 
@@ -416,9 +480,11 @@ def test_kvcache_converter_emits_the_decode_op_for_vllms_call(registered):
     assert node.type == "FlashCannAttentionKVCache"
     assert node.inputs == {"query": q, "k_cache": kc, "v_cache": vc, "key": None, "value": None,
                            "cache_seqlens": lengths, "cache_batch_idx": None, "block_table": table,
-                           "cache_leftpad": None, "alibi_slopes": None, "sinks": None}
+                           "cache_leftpad": None, "cu_seqlens_q": None, "alibi_slopes": None,
+                           "sinks": None}
     assert node.attrs == {"scale": ("Float", 0.125), "causal": ("Bool", True),
-                          "layout": ("Str", "BSND"), "window_left": ("Int", 64),
+                          "layout": ("Str", "BSND"), "max_seqlen_q": ("Int", 0),
+                          "window_left": ("Int", 64),
                           "window_right": ("Int", -1), "softcap": ("Float", 30.0),
                           "num_splits": ("Int", 0)}
     assert [(o.node, o.index) for o in outputs] == [(node, 0), (node, 1)]

@@ -25,7 +25,7 @@ aclDataType AclDataType(at::ScalarType dtype, const char *name) {
       return ACL_BOOL;
     case at::kLong:  // rng_state: (seed, offset), read by the kernel
       return ACL_INT64;
-    case at::kInt:  // the KV cache's lengths, block table, batch index, leftpad
+    case at::kInt:  // cu_seqlens, the KV cache's lengths, block table, batch index, leftpad
       return ACL_INT32;
     default:
       TORCH_CHECK(false, "flash_cann: ", name, " has dtype ", dtype,

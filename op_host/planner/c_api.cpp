@@ -29,8 +29,8 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
     if (known == nullptr) {
         return ErrorJson(std::string("unknown SoC '") + (soc ? soc : "") + "'");
     }
-    if (dtype < 0 || dtype > 2 || layout < 0 || layout > 1) {
-        return ErrorJson("dtype must be 0..2 and layout 0..1");
+    if (dtype < 0 || dtype > 2 || layout < 0 || layout > 2) {
+        return ErrorJson("dtype must be 0..2 and layout 0..2");
     }
     platform = WithAiCores(*known, aicCores > 0 ? static_cast<uint32_t>(aicCores) : 0);
     request = PlanRequest{batch, headsQ, headsKv, seqlenQ, seqlenK, headDim,
@@ -43,6 +43,8 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
         request.variant = MakeVariant(variant->window_left, variant->window_right,
                                       variant->softcap, variant->dropout_p,
                                       static_cast<Alibi>(variant->alibi), variant->sinks != 0);
+        request.tokensQ = variant->tokens_q;
+        request.tokensK = variant->tokens_k;
     }
     return "";
 }

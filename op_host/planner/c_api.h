@@ -10,7 +10,9 @@ extern "C" {
 
 // The features beyond plain attention (flash_cann_variant.h): window bounds (-1 unbounded),
 // softcap (0 off), dropout_p (0 off), alibi (0 none, 1 per head, 2 per batch and head),
-// sinks (0/1).
+// sinks (0/1); with layout 2 (TND, packed sequences) tokens_q/tokens_k, the packed
+// tensors' first dimension (0 otherwise): batch is then the number of sequences and
+// seqlen_q/k are max_seqlen_q/k.
 struct flash_cann_variant {
     int64_t window_left;
     int64_t window_right;
@@ -18,10 +20,12 @@ struct flash_cann_variant {
     double dropout_p;
     int32_t alibi;
     int32_t sinks;
+    int64_t tokens_q;
+    int64_t tokens_k;
 };
 
 // Plan a forward call on SoC `soc` (see flash_cann_platforms_json). dtype: 0 float16,
-// 1 bfloat16, 2 float32; layout: 0 BNSD, 1 BSND; `variant` may be null (plain attention);
+// 1 bfloat16, 2 float32; layout: 0 BNSD, 1 BSND, 2 TND (needs `variant`'s tokens); `variant` may be null (plain attention);
 // aic_cores > 0 overrides the SoC's AI core count. Writes JSON ({"error": ...} on refusal) to `out`; returns its length, or
 // minus the size needed when `capacity` is too small.
 int64_t flash_cann_plan_json(const char* soc, int64_t batch, int64_t heads_q, int64_t heads_kv,

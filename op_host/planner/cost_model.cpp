@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "../../op_kernel/flash_cann_packed.h"
+
 
 namespace flash_cann {
 namespace {
@@ -21,22 +23,24 @@ uint64_t CeilDiv(uint64_t a, uint64_t b)
 // The tile of `rows` query rows starting at `row0`, visiting `range` in rounds of `keys`;
 // its band rounds hold keys visible to some of its rows but not all: past the first
 // row's right bound (causal diagonal or window) or before the last row's left bound.
-TileWork Tile(const TilingData& t, bool causal, uint32_t row0, uint32_t rows, const KeyRange& range,
+TileWork Tile(const TilingData& t, bool causal, const QueryTile& tile, const KeyRange& range,
               uint32_t keys)
 {
+    const uint32_t row0 = tile.row0;
+    const uint32_t rows = tile.rows;
     // Rounds on the grid of `keys` (MakeRound): the cells the range touches.
     const uint32_t rounds = static_cast<uint32_t>(CeilDiv(range.end, keys) - range.begin / keys);
     const int64_t rightBound = causal ? 0 : t.variant.windowRight;
     uint32_t band = 0;
     if (rightBound >= 0) {
-        const int64_t firstRowEnd = int64_t{row0} + t.causalOffset + rightBound + 1;
+        const int64_t firstRowEnd = int64_t{row0} + tile.causalOffset + rightBound + 1;
         if (firstRowEnd < range.end) {
             band += rounds - static_cast<uint32_t>(
                                  std::max<int64_t>(0, firstRowEnd / keys - range.begin / keys));
         }
     }
     if (t.variant.windowLeft >= 0) {
-        const int64_t lastRowBegin = int64_t{row0} + rows - 1 + t.causalOffset - t.variant.windowLeft;
+        const int64_t lastRowBegin = int64_t{row0} + rows - 1 + tile.causalOffset - t.variant.windowLeft;
         if (lastRowBegin > range.begin) {
             band += static_cast<uint32_t>(CeilDiv(lastRowBegin, keys) - range.begin / keys);
         }
@@ -54,7 +58,36 @@ std::vector<CoreWorkList> CoreTiles(const TilingData& t, bool causal, uint32_t k
         while (NextTile(t, cursor, t.rowStart[c + 1], tile)) {
             const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
             if (range.end > range.begin) {
-                AppendTile(cores[c], Tile(t, causal, tile.row0, tile.rows, range, keys));
+                AppendTile(cores[c], Tile(t, causal, tile, range, keys));
+            }
+        }
+    }
+    return cores;
+}
+
+// Host copies of cu_seqlens: the packed walk's Offsets reader, so the model walks the
+// tiles the kernel walks on the device.
+struct HostOffsets {
+    const std::vector<int32_t>* q;
+    const std::vector<int32_t>* k;
+    int64_t Query(uint32_t b) const { return (*q)[b]; }
+    int64_t Key(uint32_t b) const { return (*k)[b]; }
+};
+
+// Every used core's tiles under the device-side split of packed sequences
+// (flash_cann_packed.h), as the kernel walks them.
+template <bool CAUSAL>
+std::vector<CoreWorkList> PackedCoreTiles(const TilingData& t, const HostOffsets& cu, uint32_t keys)
+{
+    std::vector<CoreWorkList> cores(t.usedCores);
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        PackedTileWalk<CAUSAL, HostOffsets> walk;
+        walk.Start(t, cu, c, t.usedCores);
+        QueryTile tile{};
+        while (walk.Next(tile)) {
+            const KeyRange range = TileKeys<CAUSAL>(t, tile);
+            if (range.end > range.begin) {
+                AppendTile(cores[c], Tile(t, CAUSAL, tile, range, keys));
             }
         }
     }
@@ -80,11 +113,12 @@ std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
             const uint32_t row0 = static_cast<uint32_t>(last % blocksPerHead) *
                                   kIncumbentRowsPerVectorCore;
             const uint32_t rows = std::min(kIncumbentRowsPerVectorCore, t.seqlenQ - row0);
-            const QueryTile tile{0, 0, 0, row0, rows};
+            const QueryTile tile = DenseTile(t, 0, 0, row0, rows);
             const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
             if (range.end > range.begin) {
-                AppendTile(tiles, Tile(t, causal, row0, 2 * kIncumbentRowsPerVectorCore, range,
-                                       kIncumbentKeysPerRound));
+                QueryTile pair = tile;
+                pair.rows = 2 * kIncumbentRowsPerVectorCore;
+                AppendTile(tiles, Tile(t, causal, pair, range, kIncumbentKeysPerRound));
             }
         }
         cores.push_back(tiles);
@@ -95,6 +129,10 @@ std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
 double HbmBytes(const PlanRequest& r)
 {
     const double e = ElementBytes(r.dtype);
+    if (r.layout == Layout::TND) {  // every token once: q, out, k, v, lse
+        return 2.0 * r.tokensQ * r.headsQ * r.headDim * e + 2.0 * r.tokensK * r.headsKv * r.headDim * e +
+               4.0 * r.tokensQ * r.headsQ;
+    }
     const double qo = 2.0 * r.batch * r.headsQ * r.seqlenQ * r.headDim * e;
     const double kv = 2.0 * r.batch * r.headsKv * r.seqlenK * r.headDim * e;
     const double lse = 4.0 * r.batch * r.headsQ * r.seqlenQ;
@@ -217,6 +255,28 @@ Prediction PredictIncumbent(const PlanRequest& r, const Platform& p)
     t.blockK = kIncumbentKeysPerRound / kIncumbentSlicesPerRound;  // S2 base block: window skips
     return Finish(IncumbentDesign(t.headDimPad, ElementBytes(r.dtype)),
                   IncumbentTiles(t, r.causal, p.aivCores), r, p);
+}
+
+Prediction PredictPacked(const Plan& plan, const PlanRequest& r, const Platform& p,
+                         const std::vector<int32_t>& cuSeqlensQ, const std::vector<int32_t>& cuSeqlensK)
+{
+    const KernelDesign design = DesignFromTiling(plan.tiling, ElementBytes(r.dtype));
+    const HostOffsets cu{&cuSeqlensQ, &cuSeqlensK};
+    Prediction pr = Finish(design,
+                           r.causal ? PackedCoreTiles<true>(plan.tiling, cu, design.keysPerRound)
+                                    : PackedCoreTiles<false>(plan.tiling, cu, design.keysPerRound),
+                           r, p);
+    double pairs = 0;  // Finish counted batch x max_seqlen: the sequences' own pairs instead
+    for (size_t b = 0; b + 1 < cuSeqlensQ.size(); ++b) {
+        const int64_t lq = cuSeqlensQ[b + 1] - cuSeqlensQ[b];
+        const int64_t lk = cuSeqlensK[b + 1] - cuSeqlensK[b];
+        if (lq > 0 && lk > 0) {
+            pairs += VisiblePairs(lq, lk, r.causal, r.variant.windowLeft, r.variant.windowRight);
+        }
+    }
+    pr.usefulFlops = 4.0 * r.headDim * r.headsQ * pairs;
+    pr.cubeUtilization = pr.seconds > 0 ? pr.usefulFlops / (pr.seconds * CubePeakFlops(p)) : 0;
+    return pr;
 }
 
 Prediction PredictDesign(const KernelDesign& design, const TilingData& split,

@@ -20,6 +20,8 @@
 #ifndef FLASH_CANN_PLANNER_COST_MODEL_H
 #define FLASH_CANN_PLANNER_COST_MODEL_H
 
+#include <vector>
+
 #include "planner.h"
 #include "schedule_model.h"
 
@@ -30,6 +32,12 @@ KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes);
 
 // The prediction for a plan of our kernel.
 Prediction Predict(const Plan& plan, const PlanRequest& request, const Platform& platform);
+// The prediction for a packed (TND) plan, given the sequences' offsets: the plan does not
+// depend on them (the kernel reads them on the device), but its time does; the model walks
+// the tiles and the split the kernel computes from them (flash_cann_packed.h).
+Prediction PredictPacked(const Plan& plan, const PlanRequest& request, const Platform& platform,
+                         const std::vector<int32_t>& cuSeqlensQ,
+                         const std::vector<int32_t>& cuSeqlensK);
 // The incumbent's design on the same problem, with its own work split.
 Prediction PredictIncumbent(const PlanRequest& request, const Platform& platform);
 

@@ -310,8 +310,8 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
         return result;
     }
     ChooseDqChunks(t, request.deterministic);
-    const double queryRows = static_cast<double>(t.batch) * t.headsQ * t.seqlenQ;
-    const double keyRows = static_cast<double>(t.batch) * t.headsKv * t.seqlenK;
+    const double queryRows = static_cast<double>(GradQueryRows(t));
+    const double keyRows = static_cast<double>(GradKeyRows(t));
     const double fp32Bytes = (queryRows * t.dqSlots + 2 * keyRows) * t.headDimPad * 4.0;
     if (fp32Bytes > kMaxWorkspaceBytes) {
         result.error = Message("the backward's fp32 workspace (dQ x ", t.dqSlots, ", dK, dV: ",
@@ -319,9 +319,20 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
         return result;
     }
 
-    const SegmentProfile profile(t, r.causal, request.deterministic);
-    SplitUnits(t, profile, std::min(platform.aicCores, kMaxCores));
-    plan.cores = MeasureGradCores(t, profile);
+    const uint32_t cores = std::min(platform.aicCores, kMaxCores);
+    if (IsPacked(t)) {
+        // The units and their split are the kernel's, on the device (flash_cann_packed.h):
+        // every core it can use, no more than there can be units (each sequence adds at
+        // most one partial key block per kv head).
+        const uint64_t units = uint64_t{t.headsKv} * ((t.tokensK + t.blockK - 1) / t.blockK + t.batch);
+        t.units = 0;
+        t.usedCores = static_cast<uint32_t>(std::min<uint64_t>(cores, units));
+        std::fill(std::begin(t.unitStart), std::end(t.unitStart), 0);
+    } else {
+        const SegmentProfile profile(t, r.causal, request.deterministic);
+        SplitUnits(t, profile, cores);
+        plan.cores = MeasureGradCores(t, profile);
+    }
     double total = 0;
     double busiest = 0;
     for (const GradCoreWork& c : plan.cores) {

@@ -1,5 +1,8 @@
 #include "plan_json.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <iomanip>
 #include <sstream>
 
@@ -255,10 +258,27 @@ std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        o.Key("prediction");
-        WritePrediction(out, Predict(plan, request, platform), platform);
-        o.Key("incumbent_design_prediction");
-        WritePrediction(out, PredictIncumbent(request, platform), platform);
+        if (request.layout == Layout::TND) {
+            // The plan holds no lengths (the kernel reads cu_seqlens on the device): the
+            // prediction takes `batch` sequences of equal length (the tokens spread evenly,
+            // max_seqlen permitting); PredictPacked takes real offsets.
+            std::vector<int32_t> cuQ{0}, cuK{0};
+            for (int64_t b = 1; b <= request.batch; ++b) {
+                cuQ.push_back(static_cast<int32_t>(std::min(request.tokensQ * b / request.batch,
+                                                            cuQ.back() + request.seqlenQ)));
+                cuK.push_back(static_cast<int32_t>(std::min(request.tokensK * b / request.batch,
+                                                            cuK.back() + request.seqlenK)));
+            }
+            o.Key("prediction_assumes") << "\"the tokens in batch sequences of equal length\"";
+            o.Key("prediction");
+            WritePrediction(out, PredictPacked(plan, request, platform, cuQ, cuK), platform);
+            o.Key("incumbent_design_prediction") << "null";  // its TND takes host lists
+        } else {
+            o.Key("prediction");
+            WritePrediction(out, Predict(plan, request, platform), platform);
+            o.Key("incumbent_design_prediction");
+            WritePrediction(out, PredictIncumbent(request, platform), platform);
+        }
     }
     return out.str();
 }
@@ -304,25 +324,31 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
-        const BackwardPrediction p = PredictGradPlan(plan, request, platform);
-        o.Key("prediction");
-        Object op(out);
-        op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
-                                 "not a measurement");
-        op.Key("seconds") << p.seconds;
-        op.Key("pre_seconds") << p.preSeconds;
-        op.Key("main_seconds") << p.mainSeconds;
-        op.Key("post_seconds") << p.postSeconds;
-        op.Key("vector_step_seconds") << p.vectorStepSeconds;
-        op.Key("useful_flops") << p.usefulFlops;
-        op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
-        op.Key("cube_utilization") << p.cubeUtilization;
-        op.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
-        op.Key("bound") << Quote(p.bound);
-        op.Key("engine_busy_seconds");
-        Object busy(out);
-        for (const auto& [engine, seconds] : p.engineBusySeconds) {
-            busy.Key(engine.c_str()) << seconds;
+        if (IsPacked(plan.tiling)) {
+            // The backward model walks the planner's unit split; a packed plan has none (the
+            // kernel splits on the device): not modelled (null), rather than a wrong figure.
+            o.Key("prediction") << "null";
+        } else {
+            const BackwardPrediction p = PredictGradPlan(plan, request, platform);
+            o.Key("prediction");
+            Object op(out);
+            op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
+                                     "not a measurement");
+            op.Key("seconds") << p.seconds;
+            op.Key("pre_seconds") << p.preSeconds;
+            op.Key("main_seconds") << p.mainSeconds;
+            op.Key("post_seconds") << p.postSeconds;
+            op.Key("vector_step_seconds") << p.vectorStepSeconds;
+            op.Key("useful_flops") << p.usefulFlops;
+            op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);
+            op.Key("cube_utilization") << p.cubeUtilization;
+            op.Key("cube_peak_tflops") << CubePeakFlops(platform) / 1e12;
+            op.Key("bound") << Quote(p.bound);
+            op.Key("engine_busy_seconds");
+            Object busy(out);
+            for (const auto& [engine, seconds] : p.engineBusySeconds) {
+                busy.Key(engine.c_str()) << seconds;
+            }
         }
     }
     return out.str();

@@ -49,6 +49,15 @@ void SetProblem(Tiling& t, const PlanRequest& r)
         t.kvStrideRow = d;
         t.kvStrideHead = d * t.seqlenK;
         t.kvStrideBatch = t.kvStrideHead * t.headsKv;
+    } else if (r.layout == Layout::TND) {  // (tokens, heads, head_dim): rows are tokens
+        t.qStrideHead = d;
+        t.qStrideRow = d * t.headsQ;
+        t.qStrideBatch = 0;  // a sequence is placed by its cu_seqlens offset, not its index
+        t.kvStrideHead = d;
+        t.kvStrideRow = d * t.headsKv;
+        t.kvStrideBatch = 0;
+        t.tokensQ = static_cast<uint64_t>(r.tokensQ);
+        t.tokensK = static_cast<uint64_t>(r.tokensK);
     } else {  // BSND: (batch, seqlen, heads, head_dim)
         t.qStrideHead = d;
         t.qStrideRow = d * t.headsQ;

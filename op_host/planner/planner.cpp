@@ -17,7 +17,8 @@ namespace {
 // the TilingFunc pass layouts and dtypes by these numbers.
 static_assert(static_cast<uint32_t>(Layout::BNSD) == contract::kLayoutBNSD &&
                   static_cast<uint32_t>(Layout::BSND) == contract::kLayoutBSND &&
-                  contract::kLayoutCount == 2,
+                  static_cast<uint32_t>(Layout::TND) == contract::kLayoutTND &&
+                  contract::kLayoutCount == 3,
               "flash_cann::Layout must list the spec's layouts in spec order");
 static_assert(static_cast<uint32_t>(DType::Float16) == contract::kDTypeFloat16 &&
                   static_cast<uint32_t>(DType::BFloat16) == contract::kDTypeBfloat16,
@@ -97,14 +98,32 @@ std::string ValidateProblem(const PlanRequest& r)
         r.batch * r.headsKv > limit / r.seqlenK) {
         return "batch x heads x seqlen x head_dim overflows the kernel's 64-bit offsets";
     }
-    if (r.layout == Layout::BSND) {
+    const bool packed = r.layout == Layout::TND;
+    if (packed) {
+        for (const auto& [name, tokens] :
+             {std::pair<const char*, int64_t>{"tokens_q", r.tokensQ}, {"tokens_k", r.tokensK}}) {
+            if (tokens < 1 || tokens > kMaxIndex) {
+                return Message(name, " must be in 1..", kMaxIndex, " with layout TND (got ", tokens,
+                               ")");
+            }
+        }
+        if (r.tokensQ > limit / r.headsQ || r.tokensK > limit / r.headsKv) {
+            return "tokens x heads x head_dim overflows the kernel's 64-bit offsets";
+        }
+        if (r.hasMask) {
+            return "key_padding_mask is not taken with layout TND (cu_seqlens_k delimits the keys)";
+        }
+    } else if (r.tokensQ != 0 || r.tokensK != 0) {
+        return "tokens_q/tokens_k are only taken with layout TND";
+    }
+    if (r.layout == Layout::BSND || packed) {
         for (const auto& [name, heads] :
              {std::pair<const char*, int64_t>{"query", r.headsQ}, {"key/value", r.headsKv}}) {
             if (static_cast<uint64_t>(heads * r.headDim) > kMaxNd2NzPitch) {
                 return Message(name, " row stride ", heads * r.headDim, " elements (heads ",
                                heads, " x head_dim ", r.headDim, ", layout BSND) exceeds ",
                                kMaxNd2NzPitch, ", the limit of Nd2NzParams::srcDValue used to "
-                               "load rows into L1; use layout BNSD");
+                               "load rows into L1", packed ? "" : "; use layout BNSD");
             }
         }
     }
@@ -376,8 +395,18 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
         return result;
     }
 
-    SplitRows(t, request.causal, std::min(platform.aicCores, kMaxCores));
-    plan.cores = MeasureCores(t, request.causal);
+    const uint32_t cores = std::min(platform.aicCores, kMaxCores);
+    if (request.layout == Layout::TND) {
+        // The split is the kernel's, on the device (flash_cann_packed.h): every core it
+        // can use, no more than there can be tiles (each sequence adds at most one partial
+        // tile per head).
+        const uint64_t tiles = uint64_t{t.headsQ} * ((t.tokensQ + t.blockQ - 1) / t.blockQ + t.batch);
+        t.usedCores = static_cast<uint32_t>(std::min<uint64_t>(cores, tiles));
+        std::fill(std::begin(t.rowStart), std::end(t.rowStart), 0);
+    } else {
+        SplitRows(t, request.causal, cores);
+        plan.cores = MeasureCores(t, request.causal);
+    }
     double total = 0;
     double busiest = 0;
     for (const CoreWork& c : plan.cores) {

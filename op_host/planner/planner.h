@@ -33,6 +33,12 @@ struct PlanRequest {
     bool hasMask = false;
     double scale = 0;
     VariantTiling variant = kPlainVariant;  // features beyond plain attention
+    // Layout TND (packed sequences): the query and key tokens (the tensors' first
+    // dimension); batch is then the number of sequences (cu_seqlens' length - 1) and
+    // seqlenQ/K are max_seqlen_q/k. The plan depends on these shapes only: cu_seqlens
+    // are read by the kernel on the device (flash_cann_packed.h).
+    int64_t tokensQ = 0;
+    int64_t tokensK = 0;
 };
 
 enum class MemLevel : uint32_t { L1, L0A, L0B, L0C, UB };

@@ -104,8 +104,8 @@ void SplitRows(TilingData& t, bool causal, uint32_t cores)
     std::vector<double> prefix(units + 1, 0.0);
     for (uint64_t k = 0; k < units; ++k) {
         const uint64_t row0 = k * unit;
-        const QueryTile piece{0, 0, 0, static_cast<uint32_t>(row0),
-                              static_cast<uint32_t>(std::min(unit, sq - row0))};
+        const QueryTile piece = DenseTile(t, 0, 0, static_cast<uint32_t>(row0),
+                                          static_cast<uint32_t>(std::min(unit, sq - row0)));
         prefix[k + 1] = prefix[k] + static_cast<double>(AlignUp(piece.rows, kCubeBlock)) *
                                         static_cast<double>(VisitedColumns(t, piece, causal));
     }

@@ -102,11 +102,14 @@ int OpDefs()
     return 0;
 }
 
+// Four dimension arguments; "_" leaves one out (layout TND's tensors are 3-D).
 gert::Shape ShapeOf(char** dims)
 {
     gert::Shape shape;
     for (int i = 0; i < 4; ++i) {
-        shape.AppendDim(std::atoll(dims[i]));
+        if (std::strcmp(dims[i], "_") != 0) {
+            shape.AppendDim(std::atoll(dims[i]));
+        }
     }
     return shape;
 }
@@ -123,12 +126,15 @@ void AddAbsentInput(gert::StubNode& node)
     node.inputDescs.push_back({ge::DT_UNDEFINED});
 }
 
-// The features' optional inputs (alibi_slopes, rng_state, sinks) and attributes
-// (window_left, window_right, softcap, dropout_p), in spec order, from the NAME=VALUE
-// arguments; an attribute not given has the OpDef's default, as CANN fills it in.
+// The features' optional inputs (cu_seqlens_q/k, alibi_slopes, rng_state, sinks) and
+// attributes (max_seqlen_q/k, window_left, window_right, softcap, dropout_p), in spec
+// order, from the NAME=VALUE arguments (an input's value: its dimensions, "2x8"); an
+// attribute not given has the OpDef's default, as CANN fills it in.
 void AddFeatures(gert::StubNode& node)
 {
-    for (const auto& [name, dtype] : {std::pair{"alibi_slopes", ge::DT_FLOAT},
+    for (const auto& [name, dtype] : {std::pair{"cu_seqlens_q", ge::DT_INT32},
+                                      {"cu_seqlens_k", ge::DT_INT32},
+                                      {"alibi_slopes", ge::DT_FLOAT},
                                       {"rng_state", ge::DT_INT64}, {"sinks", ge::DT_FLOAT}}) {
         const std::string dims = Feature(name, "");
         if (dims.empty()) {
@@ -144,6 +150,9 @@ void AddFeatures(gert::StubNode& node)
         AddInput(node, shape, dtype);
     }
     using V = gert::RuntimeAttrs::Value;
+    for (const char* name : {"max_seqlen_q", "max_seqlen_k"}) {
+        node.attrs.values.push_back(V{V::kInt, 0, false, "", std::atoll(Feature(name, "0").c_str())});
+    }
     for (const char* name : {"window_left", "window_right"}) {
         const int64_t value = std::atoll(Feature(name, "-1").c_str());
         node.attrs.values.push_back(V{V::kInt, 0, false, "", value});
@@ -158,11 +167,14 @@ void AddFeatures(gert::StubNode& node)
 void PrintRequest(const flash_cann::PlanRequest& r)
 {
     const flash_cann::VariantTiling& v = r.variant;
-    std::printf("{\"batch\":%lld,\"heads_q\":%lld,\"seqlen_k\":%lld,\"causal\":%s,"
+    std::printf("{\"batch\":%lld,\"heads_q\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,"
+                "\"tokens_q\":%lld,\"tokens_k\":%lld,\"layout\":%u,\"causal\":%s,"
                 "\"window_left\":%lld,\"window_right\":%lld,\"softcap\":%.9g,"
                 "\"dropout_p\":%.9g,\"dropout_threshold\":%u,\"alibi\":%u,\"sinks\":%u}",
                 static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
-                static_cast<long long>(r.seqlenK), r.causal ? "true" : "false",
+                static_cast<long long>(r.seqlenQ), static_cast<long long>(r.seqlenK),
+                static_cast<long long>(r.tokensQ), static_cast<long long>(r.tokensK),
+                static_cast<uint32_t>(r.layout), r.causal ? "true" : "false",
                 static_cast<long long>(v.windowLeft), static_cast<long long>(v.windowRight),
                 static_cast<double>(v.softcap), static_cast<double>(v.dropoutP),
                 v.dropoutThreshold, v.alibi, v.sinks);
@@ -211,7 +223,11 @@ gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool
     const gert::Shape qs = ShapeOf(q);
     const gert::Shape ks = ShapeOf(k);
     gert::Shape rows;
-    rows.AppendDim(qs.GetDim(0)).AppendDim(qs.GetDim(bnsd ? 1 : 2)).AppendDim(qs.GetDim(bnsd ? 2 : 1));
+    if (std::strcmp(layout, "TND") == 0) {  // (heads_q, tokens_q)
+        rows.AppendDim(qs.GetDim(1)).AppendDim(qs.GetDim(0));
+    } else {
+        rows.AppendDim(qs.GetDim(0)).AppendDim(qs.GetDim(bnsd ? 1 : 2)).AppendDim(qs.GetDim(bnsd ? 2 : 1));
+    }
     gert::Shape keys;
     keys.AppendDim(ks.GetDim(0)).AppendDim(ks.GetDim(bnsd ? 2 : 1));
     auto shape = [&](const char* name, gert::Shape s) {

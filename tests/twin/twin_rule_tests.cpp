@@ -17,7 +17,8 @@
 #include "twin/launch.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                     GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                     GM_ADDR keyPaddingMask, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
+                                     GM_ADDR alibiSlopes, GM_ADDR rngState,
                                      GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
 
@@ -1275,7 +1276,7 @@ struct Problem {
         return twin::Launch(config, [&] {
             flash_cann_attention(reinterpret_cast<GM_ADDR>(q.data()), reinterpret_cast<GM_ADDR>(k.data()),
                                  reinterpret_cast<GM_ADDR>(v.data()), nullptr, nullptr, nullptr,
-                                 nullptr, reinterpret_cast<GM_ADDR>(out.data()),
+                                 nullptr, nullptr, nullptr, reinterpret_cast<GM_ADDR>(out.data()),
                                  reinterpret_cast<GM_ADDR>(lse.data()), workspace.data(), tiling.data());
         });
     }

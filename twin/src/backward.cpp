@@ -16,7 +16,8 @@
 
 extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                           GM_ADDR out, GM_ADDR softmaxLse, GM_ADDR keyPaddingMask,
-                                          GM_ADDR gradSoftmaxLse, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                          GM_ADDR gradSoftmaxLse, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
+                                          GM_ADDR alibiSlopes, GM_ADDR rngState,
                                           GM_ADDR sinks, GM_ADDR gradQuery, GM_ADDR gradKey,
                                           GM_ADDR gradValue, GM_ADDR gradSinks, GM_ADDR workspace,
                                           GM_ADDR tiling);
@@ -25,9 +26,12 @@ extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADD
 // them, softcap, dropout_p, the ALiBi mode (0 none, 1 per head: alibiSlopes (heads_q,), 2
 // per (batch, head): (batch, heads_q)); sinks (fp32, heads_q) when not null. rngState
 // (int64 seed, offset) with dropout. gradSinks (fp32, heads_q) is always written.
+// Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
+// number of sequences and seqlen_q/k are max_seqlen_q/k.
 extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, void* value, void* out,
                                         void* softmaxLse, void* keyPaddingMask, void* gradSoftmaxLse,
-                                        void* alibiSlopes, void* rngState, void* sinks, void* gradQuery,
+                                        void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
+                                        int64_t tokensK, void* alibiSlopes, void* rngState, void* sinks, void* gradQuery,
                                         void* gradKey, void* gradValue, void* gradSinks, int64_t batch,
                                         int64_t headsQ, int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                         int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
@@ -50,6 +54,14 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                             deterministic != 0};
     request.problem.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
                                           static_cast<Alibi>(alibi), sinks != nullptr);
+    const bool packed = layout == static_cast<int32_t>(Layout::TND);
+    if (packed) {
+        request.problem.tokensQ = tokensQ;
+        request.problem.tokensK = tokensK;
+    }
+    if (packed != (cuSeqlensQ != nullptr && cuSeqlensK != nullptr)) {
+        return twin::Report("cu_seqlens go with layout TND", error, errorCapacity);
+    }
     const GradPlanResult result = MakeGradPlan(request, platform);
     if (!result.ok()) {
         return twin::Report("the planner refused: " + result.error, error, errorCapacity);
@@ -59,9 +71,11 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     std::vector<uint8_t> workspace(AscendC::kSystemWorkspaceBytes + plan.userWorkspaceBytes, 0xFF);
     std::vector<uint8_t> tiling(sizeof(GradTilingData));
     std::memcpy(tiling.data(), &plan.tiling, sizeof(GradTilingData));
-    const size_t qBytes = size_t(batch) * headsQ * seqlenQ * headDim * e;
-    const size_t kvBytes = size_t(batch) * headsKv * seqlenK * headDim * e;
-    const size_t lseBytes = size_t(batch) * headsQ * seqlenQ * sizeof(float);
+    const size_t rowsQ = packed ? size_t(tokensQ) : size_t(batch) * seqlenQ;
+    const size_t rowsK = packed ? size_t(tokensK) : size_t(batch) * seqlenK;
+    const size_t qBytes = rowsQ * headsQ * headDim * e;
+    const size_t kvBytes = rowsK * headsKv * headDim * e;
+    const size_t lseBytes = rowsQ * headsQ * sizeof(float);
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
@@ -70,6 +84,10 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                  {gradQuery, qBytes, "grad_query"}, {gradKey, kvBytes, "grad_key"},
                  {gradValue, kvBytes, "grad_value"}, {gradSinks, size_t(headsQ) * sizeof(float), "grad_sinks"},
                  {workspace.data(), workspace.size(), "workspace"}, {tiling.data(), tiling.size(), "tiling"}};
+    if (packed) {
+        config.gm.push_back({cuSeqlensQ, size_t(batch + 1) * sizeof(int32_t), "cu_seqlens_q"});
+        config.gm.push_back({cuSeqlensK, size_t(batch + 1) * sizeof(int32_t), "cu_seqlens_k"});
+    }
     if (alibi != 0) {
         config.gm.push_back({alibiSlopes, size_t(alibi == 2 ? batch : 1) * headsQ * sizeof(float), "alibi_slopes"});
     }
@@ -89,7 +107,8 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     twin::LaunchReport report;
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention_grad(gm(gradOut), gm(query), gm(key), gm(value), gm(out), gm(softmaxLse),
-                                  gm(keyPaddingMask), gm(gradSoftmaxLse), gm(alibiSlopes), gm(rngState),
+                                  gm(keyPaddingMask), gm(gradSoftmaxLse), gm(cuSeqlensQ), gm(cuSeqlensK),
+                                  gm(alibiSlopes), gm(rngState),
                                   gm(sinks), gm(gradQuery), gm(gradKey), gm(gradValue), gm(gradSinks),
                                   workspace.data(), tiling.data());
     }, &report);

@@ -13,15 +13,19 @@
 #include "twin/race.h"
 
 extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                     GM_ADDR keyPaddingMask, GM_ADDR alibiSlopes, GM_ADDR rngState,
+                                     GM_ADDR keyPaddingMask, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
+                                     GM_ADDR alibiSlopes, GM_ADDR rngState,
                                      GM_ADDR sinks, GM_ADDR out, GM_ADDR softmaxLse,
                                      GM_ADDR workspace, GM_ADDR tiling);
 
 // The features (flash_cann_variant.h) as the op's arguments give them: window bounds as
 // contract.variant normalised them, softcap and dropout_p (0: off), alibi 0/1/2 (none,
 // slopes (heads_q,), slopes (batch, heads_q)); the tensors are null when unused.
+// Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
+// number of sequences and seqlen_q/k are max_seqlen_q/k.
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
-                                       void* alibiSlopes, void* rngState, void* sinks,
+                                       void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
+                                       int64_t tokensK, void* alibiSlopes, void* rngState, void* sinks,
                                        void* out, void* softmaxLse, int64_t batch, int64_t headsQ,
                                        int64_t headsKv, int64_t seqlenQ, int64_t seqlenK,
                                        int64_t headDim, int32_t dtype, int32_t layout,
@@ -39,9 +43,15 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                         causal != 0, keyPaddingMask != nullptr, scale};
     request.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
                                   static_cast<Alibi>(alibi), sinks != nullptr);
-    if ((alibi != 0) != (alibiSlopes != nullptr) || (dropoutP > 0) != (rngState != nullptr)) {
-        return twin::Report("alibi_slopes and rng_state go with alibi and dropout_p", error,
-                            errorCapacity);
+    const bool packed = layout == static_cast<int32_t>(Layout::TND);
+    if (packed) {
+        request.tokensQ = tokensQ;
+        request.tokensK = tokensK;
+    }
+    if ((alibi != 0) != (alibiSlopes != nullptr) || (dropoutP > 0) != (rngState != nullptr) ||
+        packed != (cuSeqlensQ != nullptr && cuSeqlensK != nullptr)) {
+        return twin::Report("alibi_slopes, rng_state and cu_seqlens go with alibi, dropout_p and "
+                            "layout TND", error, errorCapacity);
     }
     const PlanResult result = MakePlan(request, platform);
     if (!result.ok()) {
@@ -52,19 +62,25 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     std::vector<uint8_t> workspace(AscendC::kSystemWorkspaceBytes + plan.userWorkspaceBytes, 0xFF);
     std::vector<uint8_t> tiling(sizeof(TilingData));
     std::memcpy(tiling.data(), &plan.tiling, sizeof(TilingData));
-    const size_t qBytes = size_t(batch) * headsQ * seqlenQ * headDim * e;
-    const size_t kvBytes = size_t(batch) * headsKv * seqlenK * headDim * e;
+    const size_t rowsQ = packed ? size_t(tokensQ) : size_t(batch) * seqlenQ;
+    const size_t rowsK = packed ? size_t(tokensK) : size_t(batch) * seqlenK;
+    const size_t qBytes = rowsQ * headsQ * headDim * e;
+    const size_t kvBytes = rowsK * headsKv * headDim * e;
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
     // The race detector checks what the kernel writes: the outputs and the workspace.
     config.gm = {{query, qBytes, "query", false}, {key, kvBytes, "key", false},
                  {value, kvBytes, "value", false}, {out, qBytes, "out"},
-                 {softmaxLse, size_t(batch) * headsQ * seqlenQ * sizeof(float), "softmax_lse"},
+                 {softmaxLse, rowsQ * headsQ * sizeof(float), "softmax_lse"},
                  {workspace.data(), workspace.size(), "workspace"},
                  {tiling.data(), tiling.size(), "tiling", false}};
     if (keyPaddingMask != nullptr) {
         config.gm.push_back({keyPaddingMask, size_t(batch) * seqlenK, "key_padding_mask", false});
+    }
+    if (packed) {
+        config.gm.push_back({cuSeqlensQ, size_t(batch + 1) * sizeof(int32_t), "cu_seqlens_q", false});
+        config.gm.push_back({cuSeqlensK, size_t(batch + 1) * sizeof(int32_t), "cu_seqlens_k", false});
     }
     if (alibiSlopes != nullptr) {
         const size_t rows = alibi == static_cast<int32_t>(Alibi::kPerHead) ? 1 : size_t(batch);
@@ -80,6 +96,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     const std::string violation = twin::Launch(config, [&] {
         flash_cann_attention(static_cast<GM_ADDR>(query), static_cast<GM_ADDR>(key),
                              static_cast<GM_ADDR>(value), static_cast<GM_ADDR>(keyPaddingMask),
+                             static_cast<GM_ADDR>(cuSeqlensQ), static_cast<GM_ADDR>(cuSeqlensK),
                              static_cast<GM_ADDR>(alibiSlopes), static_cast<GM_ADDR>(rngState),
                              static_cast<GM_ADDR>(sinks), static_cast<GM_ADDR>(out),
                              static_cast<GM_ADDR>(softmaxLse), workspace.data(), tiling.data());

@@ -45,9 +45,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seqlen-k", type=int, help="key/value sequence length (default: seqlen)")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "float16", "bfloat16"],
                         help="input dtype (default: %(default)s)")
-    parser.add_argument("--layout", default="BNSD", choices=["BNSD", "BSND"],
+    parser.add_argument("--layout", default="BNSD", choices=["BNSD", "BSND", "TND"],
                         help="BNSD = (batch, heads, seqlen, head_dim), BSND = (batch, seqlen, "
-                             "heads, head_dim) (default: %(default)s)")
+                             "heads, head_dim), TND = packed sequences (tokens, heads, head_dim): "
+                             "--shape then gives the number of sequences and max_seqlen, "
+                             "--tokens the packed tokens (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, nargs="+", metavar="N",
+                        help="layout TND: the packed query tokens (and key tokens; default "
+                             "batch x seqlen); the prediction takes sequences of equal length")
     parser.add_argument("--causal", action="store_true",
                         help="bottom-right aligned causal mask (default: off)")
     parser.add_argument("--mask", action="store_true", help="a key padding mask is passed")
@@ -142,9 +147,13 @@ def _forward_report(p: dict) -> None:
     cores = p["cores"]
     macs = [c["macs"] for c in cores]
     mean = sum(macs) / plat["aic_cores"]
-    print(f"\nwork per AI core (rows of the flattened batch x heads x seqlen_q space; "
-          f"max/mean = {p['imbalance']:.4f})")
-    print(f"  {'core':>4} {'rows':>23} {'tiles':>7} {'work/mean':>10}")
+    if "prediction_assumes" in p:  # TND
+        print("\nwork per AI core: split on the device from cu_seqlens (docs/kernel.md, "
+              "\"Packed sequences\")")
+    else:
+        print(f"\nwork per AI core (rows of the flattened batch x heads x seqlen_q space; "
+              f"max/mean = {p['imbalance']:.4f})")
+        print(f"  {'core':>4} {'rows':>23} {'tiles':>7} {'work/mean':>10}")
     for i, c in enumerate(cores):
         print(f"  {i:>4} {c['rows'][0]:>11}-{c['rows'][1]:<11} {c['tiles']:>7} "
               f"{c['macs'] / mean if mean else 0:>10.3f}")
@@ -153,9 +162,12 @@ def _forward_report(p: dict) -> None:
           f"exchange (+ the API's system workspace)")
     print()
     _print_prediction(pred, plat)
+    if "prediction_assumes" in p:
+        print(f"  assumes    {p['prediction_assumes']}")
     inc = p["incumbent_design_prediction"]
-    print(f"  same model, incumbent's design ({inc['design']}): {inc['tflops']:.1f} TFLOP/s = "
-          f"{100 * inc['cube_utilization']:.1f}% of cube peak, bound: {inc['bound']}")
+    if inc is not None:  # none for TND: the incumbent's takes host lists of lengths
+        print(f"  same model, incumbent's design ({inc['design']}): {inc['tflops']:.1f} TFLOP/s = "
+              f"{100 * inc['cube_utilization']:.1f}% of cube peak, bound: {inc['bound']}")
 
 
 def _backward_report(p: dict, deterministic: bool) -> None:
@@ -182,6 +194,10 @@ def _backward_report(p: dict, deterministic: bool) -> None:
           f"workspace): D {ws['delta'] / mib:.2f}, dQ fp32 {ws['dq'] / mib:.2f}, dK/dV fp32 "
           f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}")
     pred = p["prediction"]
+    if pred is None:
+        print("\nPREDICTION: none for packed sequences (the backward model walks the planner's "
+              "split; the kernel's is on the device)")
+        return
     print("\nPREDICTION (backward schedule model of docs/planner.md; not a measurement, nothing "
           "here ran on an NPU)")
     print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
@@ -253,8 +269,14 @@ def run(args) -> int:
         window = tuple(args.window) if args.window is not None else (-1, -1)
         if args.causal and window[1] != -1:
             raise Refused("--causal is the window's right bound 0: give --window LEFT -1")
+        tokens = (0, 0)
+        if args.layout == "TND":
+            given = args.tokens or [batch * seqlen]
+            tokens = (given[0], given[1] if len(given) > 1 else given[0])
+        elif args.tokens:
+            raise Refused("--tokens applies to --layout TND only")
         features = planner.variant(window=window, softcap=args.softcap, dropout_p=args.dropout,
-                                   alibi=args.alibi, sinks=args.sinks)
+                                   alibi=args.alibi, sinks=args.sinks, tokens=tokens)
         options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
                        layout=args.layout, causal=args.causal, has_mask=args.mask,
                        aic_cores=_cores(args.soc, args.cores), features=features)

@@ -234,31 +234,36 @@ static void Attrs(FILE *f, double scale, bool causal, const char *layout) {
 }
 
 /* The features' attributes: Int -> int64_t, Float -> double. */
-static void FeatureAttrs(FILE *f, int64_t windowLeft, int64_t windowRight, double softcap,
-                         double dropoutP) {
-  fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld, \"softcap\": %.17g, "
-          "\"dropout_p\": %.17g", (long long)windowLeft, (long long)windowRight, softcap,
-          dropoutP);
+static void FeatureAttrs(FILE *f, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_t windowLeft,
+                         int64_t windowRight, double softcap, double dropoutP) {
+  fprintf(f, ", \"max_seqlen_q\": %lld, \"max_seqlen_k\": %lld, \"window_left\": %lld, "
+          "\"window_right\": %lld, \"softcap\": %.17g, \"dropout_p\": %.17g",
+          (long long)maxSeqlenQ, (long long)maxSeqlenK, (long long)windowLeft,
+          (long long)windowRight, softcap, dropoutP);
 }
 
 int aclnnFlashCannAttentionGetWorkspaceSize(
     const aclTensor *query, const aclTensor *key, const aclTensor *value,
-    const aclTensor *keyPaddingMaskOptional, const aclTensor *alibiSlopesOptional,
+    const aclTensor *keyPaddingMaskOptional, const aclTensor *cuSeqlensQOptional,
+    const aclTensor *cuSeqlensKOptional, const aclTensor *alibiSlopesOptional,
     const aclTensor *rngStateOptional, const aclTensor *sinksOptional, double scale,
-    bool causal, char *layoutOptional, int64_t windowLeft, int64_t windowRight,
-    double softcap, double dropoutP, const aclTensor *outOut, const aclTensor *softmaxLseOut,
-    uint64_t *workspaceSize, aclOpExecutor **executor) {
+    bool causal, char *layoutOptional, int64_t maxSeqlenQ, int64_t maxSeqlenK,
+    int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP,
+    const aclTensor *outOut, const aclTensor *softmaxLseOut, uint64_t *workspaceSize,
+    aclOpExecutor **executor) {
   FILE *f = Log();
   fputs("{\"call\": \"aclnnFlashCannAttentionGetWorkspaceSize\"", f);
   Tensor(f, "query", query);
   Tensor(f, "key", key);
   Tensor(f, "value", value);
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
+  Tensor(f, "cu_seqlens_q", cuSeqlensQOptional);
+  Tensor(f, "cu_seqlens_k", cuSeqlensKOptional);
   Tensor(f, "alibi_slopes", alibiSlopesOptional);
   Tensor(f, "rng_state", rngStateOptional);
   Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
-  FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
+  FeatureAttrs(f, maxSeqlenQ, maxSeqlenK, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "out", outOut);
   Tensor(f, "softmax_lse", softmaxLseOut);
   return Stage1("aclnnFlashCannAttentionGetWorkspaceSize", workspaceSize, executor);
@@ -273,10 +278,11 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
     const aclTensor *gradOut, const aclTensor *query, const aclTensor *key,
     const aclTensor *value, const aclTensor *out, const aclTensor *softmaxLse,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *gradSoftmaxLseOptional,
+    const aclTensor *cuSeqlensQOptional, const aclTensor *cuSeqlensKOptional,
     const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional,
     const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional,
-    bool deterministic, int64_t windowLeft, int64_t windowRight, double softcap,
-    double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut,
+    bool deterministic, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_t windowLeft,
+    int64_t windowRight, double softcap, double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut,
     const aclTensor *gradValueOut, const aclTensor *gradSinksOut, uint64_t *workspaceSize,
     aclOpExecutor **executor) {
   FILE *f = Log();
@@ -289,12 +295,14 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
   Tensor(f, "softmax_lse", softmaxLse);
   Tensor(f, "key_padding_mask", keyPaddingMaskOptional);
   Tensor(f, "grad_softmax_lse", gradSoftmaxLseOptional);
+  Tensor(f, "cu_seqlens_q", cuSeqlensQOptional);
+  Tensor(f, "cu_seqlens_k", cuSeqlensKOptional);
   Tensor(f, "alibi_slopes", alibiSlopesOptional);
   Tensor(f, "rng_state", rngStateOptional);
   Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
   fprintf(f, ", \"deterministic\": %s", deterministic ? "true" : "false");
-  FeatureAttrs(f, windowLeft, windowRight, softcap, dropoutP);
+  FeatureAttrs(f, maxSeqlenQ, maxSeqlenK, windowLeft, windowRight, softcap, dropoutP);
   Tensor(f, "grad_query", gradQueryOut);
   Tensor(f, "grad_key", gradKeyOut);
   Tensor(f, "grad_value", gradValueOut);
@@ -312,8 +320,9 @@ int aclnnFlashCannAttentionKVCacheGetWorkspaceSize(
     const aclTensor *keyOptional, const aclTensor *valueOptional,
     const aclTensor *cacheSeqlensOptional, const aclTensor *cacheBatchIdxOptional,
     const aclTensor *blockTableOptional, const aclTensor *cacheLeftpadOptional,
-    const aclTensor *alibiSlopesOptional, const aclTensor *sinksOptional, double scale,
-    bool causal, char *layoutOptional, int64_t windowLeft, int64_t windowRight, double softcap,
+    const aclTensor *cuSeqlensQOptional, const aclTensor *alibiSlopesOptional,
+    const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional,
+    int64_t maxSeqlenQ, int64_t windowLeft, int64_t windowRight, double softcap,
     int64_t numSplits, const aclTensor *outOut, const aclTensor *softmaxLseOut,
     uint64_t *workspaceSize, aclOpExecutor **executor) {
   FILE *f = Log();
@@ -327,12 +336,13 @@ int aclnnFlashCannAttentionKVCacheGetWorkspaceSize(
   Tensor(f, "cache_batch_idx", cacheBatchIdxOptional);
   Tensor(f, "block_table", blockTableOptional);
   Tensor(f, "cache_leftpad", cacheLeftpadOptional);
+  Tensor(f, "cu_seqlens_q", cuSeqlensQOptional);
   Tensor(f, "alibi_slopes", alibiSlopesOptional);
   Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
-  fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld, \"softcap\": %.17g, "
-          "\"num_splits\": %lld", (long long)windowLeft, (long long)windowRight, softcap,
-          (long long)numSplits);
+  fprintf(f, ", \"max_seqlen_q\": %lld, \"window_left\": %lld, \"window_right\": %lld, "
+          "\"softcap\": %.17g, \"num_splits\": %lld", (long long)maxSeqlenQ,
+          (long long)windowLeft, (long long)windowRight, softcap, (long long)numSplits);
   Tensor(f, "out", outOut);
   Tensor(f, "softmax_lse", softmaxLseOut);
   return Stage1("aclnnFlashCannAttentionKVCacheGetWorkspaceSize", workspaceSize, executor);

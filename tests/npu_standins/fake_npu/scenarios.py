@@ -140,6 +140,22 @@ record("kvcache_paged", {"attrs": {"scale": 0.25, "causal": True, "layout": "BSN
        block_table=table, cache_leftpad=None, alibi_slopes=None, sinks=None, out=out,
        softmax_lse=lse)
 
+# Packed sequences (vLLM's prefill: flash_attn_varlen_func, TND): cu_seqlens_q/k reach
+# aclnn as the caller's int32 device tensors, max_seqlen_q/k as attributes, lse (heads_q,
+# tokens_q); the backward gets the same tensors. Nothing is read on the host.
+q = on_npu(9, 4, 16).requires_grad_()
+k, v = on_npu(12, 2, 16).requires_grad_(), on_npu(12, 2, 16).requires_grad_()
+cu_q = torch.tensor([0, 4, 4, 9], dtype=torch.int32).to("npu")
+cu_k = torch.tensor([0, 5, 6, 12], dtype=torch.int32).to("npu")
+out = flash_cann.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, softmax_scale=0.25,
+                                        causal=True)
+record("fwd_varlen", {"attrs": {"scale": 0.25, "causal": True, "layout": "TND",
+                                "max_seqlen_q": 5, "max_seqlen_k": 6}},
+       query=q, key=k, value=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+out.sum().backward()
+record("bwd_varlen", {"attrs": {"layout": "TND", "max_seqlen_q": 5, "max_seqlen_k": 6}},
+       cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
 # Backward through autograd: torch.ops.flash_cann.bwd on NPU tensors reaches the Grad
 # kernel's aclnn API. First loss.backward() through flash_attn_func (BSND, GQA,
 # deterministic=True carried from the forward call to the Grad op).
@@ -230,7 +246,7 @@ for name, fail in [("stage1_161002", "aclnnFlashCannAttentionGetWorkspaceSize=16
                      "log": log_lines()}
 os.environ.pop("FAKE_ACLNN_FAIL")
 results["strided_output"] = {"error": error_of(lambda: torch.ops.flash_cann_npu.fwd(
-    q, k, v, None, None, None, None, 0.25, False, "BNSD", -1, -1, 0.0, 0.0,
+    q, k, v, None, None, None, None, None, None, 0.25, False, "BNSD", 0, 0, -1, -1, 0.0, 0.0,
     on_npu(2, 16, 8, 4).transpose(1, 3), on_npu(2, 4, 8, dtype=torch.float32)))}
 
 print(json.dumps(results))

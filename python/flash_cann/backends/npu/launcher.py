@@ -134,14 +134,25 @@ def _features(variant: Variant) -> dict:
     (heads_q,) argument to (batch, heads_q) with batch stride 0 (with batch 1, torch keeps
     the row stride: one row is shared all the same), so row 0 is that argument (a view, no
     copy), and the kernel indexes by head only; real (batch, heads_q) slopes go as they
-    are. Nothing here reads a device tensor on the host: the kernel reads the slopes,
-    rng_state and the sink logits from GM."""
+    are. Packed sequences (layout TND) pass cu_seqlens_q/k as tensors and max_seqlen_q/k
+    as the caller gave them. Nothing here reads a device tensor on the host: the kernel
+    reads cu_seqlens, the slopes, rng_state and the sink logits from GM."""
     slopes = variant.alibi_slopes
     if slopes is not None and shared_alibi_slopes(slopes) is not None:
         slopes = shared_alibi_slopes(slopes)
-    return dict(alibi_slopes=slopes, rng_state=variant.rng_state, sinks=variant.sinks,
+    return dict(cu_seqlens_q=variant.cu_seqlens_q, cu_seqlens_k=variant.cu_seqlens_k,
+                max_seqlen_q=variant.max_seqlen_q, max_seqlen_k=variant.max_seqlen_k,
+                alibi_slopes=slopes, rng_state=variant.rng_state, sinks=variant.sinks,
                 window_left=variant.window_left, window_right=variant.window_right,
                 softcap=float(variant.softcap), dropout_p=float(variant.dropout_p))
+
+
+def _lse_shape(query, layout: str) -> tuple:
+    """softmax_lse's shape: (batch, heads_q, seqlen_q), or (heads_q, tokens_q) for TND."""
+    if layout == "TND":
+        return query.shape[1], query.shape[0]
+    batch, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
+    return batch, heads_q, seqlen_q
 
 
 # The launchers are called with keywords, the spec's names: an argument the extension's
@@ -149,9 +160,8 @@ def _features(variant: Variant) -> dict:
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
             variant: Variant = PLAIN):
     launchers = _launcher_ops()
-    batch, heads_q, seqlen_q, _ = layouts.sizes(query, layout)
     out = _empty(query.shape, query.dtype, query)
-    lse = _empty((batch, heads_q, seqlen_q), accumulator_dtype(query.dtype), query)
+    lse = _empty(_lse_shape(query, layout), accumulator_dtype(query.dtype), query)
     launchers.fwd(query=query, key=key, value=value, key_padding_mask=key_padding_mask,
                   scale=scale, causal=causal, layout=layout, **_features(variant),
                   out=out, softmax_lse=lse)
@@ -169,7 +179,7 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     grad_query, grad_key, grad_value = (_empty(t.shape, t.dtype, t) for t in (query, key, value))
     # Always an output of the CANN op (fp32 (heads_q,), zeros without sinks); handed back
     # only with sinks, as the backend protocol says.
-    grad_sinks = _empty((layouts.sizes(query, layout)[1],), torch.float32, query)
+    grad_sinks = _empty((_lse_shape(query, layout)[-2],), torch.float32, query)
     launchers.bwd(grad_out=grad_out, query=query, key=key, value=value, out=out,
                   softmax_lse=softmax_lse, key_padding_mask=key_padding_mask,
                   grad_softmax_lse=grad_softmax_lse, scale=scale, causal=causal, layout=layout,
@@ -185,22 +195,18 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     the new keys and values already (contract.kvcache.append: device ops, with the capacity
     guard), so the CANN op gets key = value = None and cache_seqlens = seqlens_k, the keys
     each sequence attends to; block_table, cache_batch_idx, cache_leftpad and the lengths
-    are read by the kernel in GM, never here."""
-    if layout == "TND":
-        # The kernel takes TND queries (the twin runs them); the CANN op gains cu_seqlens_q
-        # and max_seqlen_q when the npu backend lists varlen (the spec's conventions).
-        raise NotImplementedError(
-            "flash_cann: backend 'npu' does not support varlen yet for fwd_kvcache "
-            "(cu_seqlens_q, layout='TND'); backends that do: cpu, triton")
+    are read by the kernel in GM, never here. TND: vLLM's packed query rows, sequence b's
+    from variant.cu_seqlens_q (read by the kernel), max_seqlen_q sizing the plan."""
     launchers = _launcher_ops()
-    batch, seqlen_q, heads_q, _ = query.shape
     out = _empty(query.shape, query.dtype, query)
-    lse = _empty((batch, heads_q, seqlen_q), accumulator_dtype(query.dtype), query)
+    lse = _empty(_lse_shape(query, layout), accumulator_dtype(query.dtype), query)
     features = _features(variant)
-    del features["rng_state"], features["dropout_p"]  # not features of fwd_kvcache
+    # Not arguments of fwd_kvcache (its keys are the cache's; no dropout).
+    for name in ("cu_seqlens_k", "max_seqlen_k", "rng_state", "dropout_p"):
+        del features[name]
     launchers.fwd_kvcache(query=query, k_cache=k_cache, v_cache=v_cache, key=None, value=None,
                           cache_seqlens=seqlens_k, cache_batch_idx=cache_batch_idx,
                           block_table=block_table, cache_leftpad=cache_leftpad, scale=scale,
-                          causal=causal, layout="BSND", num_splits=num_splits, **features,
+                          causal=causal, layout=layout, num_splits=num_splits, **features,
                           out=out, softmax_lse=lse)
     return out, lse
