@@ -196,6 +196,34 @@ def test_the_next_larger_tile_overflows(ascend_env, tmp_path):
     assert "overflow, requires" in r["log"], _describe(r)
 
 
+@pytest.mark.parametrize("returncodes, lowered", [
+    ([-11, 0], True),      # one crash by a signal: retried, lowered
+    ([-11, -11], False),   # a crash on every try fails
+    ([1], False),          # an error exit is never retried
+])
+def test_the_adapter_is_retried_once_after_a_crash_by_a_signal(returncodes, lowered, capsys):
+    from flash_cann.backends.triton import ascend_lowering
+
+    class Ascend:  # triton-ascend's compiler module: ttir_to_linalg runs the adapter
+        calls = 0
+
+        def ttir_to_linalg(self, module, metadata, options, named_ops):
+            code = returncodes[self.calls]
+            self.calls += 1
+            if code:
+                raise subprocess.CalledProcessError(code, ["triton-adapter-opt"])
+            return "linalg"
+
+    ascend = Ascend()
+    if lowered:
+        assert ascend_lowering.adapt(ascend, "ttir", {}, None) == "linalg"
+        assert "died by signal 11; retrying (1 of 1)" in capsys.readouterr().err
+    else:
+        with pytest.raises(subprocess.CalledProcessError):
+            ascend_lowering.adapt(ascend, "ttir", {}, None)
+    assert ascend.calls == len(returncodes)
+
+
 def test_units_reads_the_core_type_of_each_call():
     """units() and misplaced() on a HIVM module in the form bishengir-compile writes, and
     on mutations: the matmul in the vector half, a forward without its row max and sum."""

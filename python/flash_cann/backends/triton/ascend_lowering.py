@@ -243,8 +243,29 @@ def to_linalg(step) -> str:
     module = _source(step, backend).make_ir(options, backend.get_codegen_implementation(), {},
                                             context)
     module = ascend.make_ttir(module, metadata, options)
-    linalg = ascend.ttir_to_linalg(module, metadata, options, named_ops=True)
+    linalg = adapt(ascend, module, metadata, options)
     return ascend._parse_linalg_metadata(linalg, metadata)[0]
+
+
+# triton-adapter-opt (triton-ascend 3.2.0) once died by SIGSEGV in CI on a grid whose every
+# launch then lowered on a rerun of the same inputs: a crash by a signal is retried this many
+# times (and said on stderr); an error exit, or a crash on every try, fails as before.
+ADAPTER_RETRIES = 1
+
+
+def adapt(ascend, module, metadata, options) -> str:
+    """``triton-adapter-opt`` over the Triton IR (ascend.ttir_to_linalg), retried after a
+    crash by a signal (ADAPTER_RETRIES)."""
+    retries = 0
+    while True:
+        try:
+            return ascend.ttir_to_linalg(module, metadata, options, named_ops=True)
+        except subprocess.CalledProcessError as err:
+            if err.returncode >= 0 or retries == ADAPTER_RETRIES:
+                raise
+            retries += 1
+            print(f"flash_cann: triton-adapter-opt died by signal {-err.returncode}; "
+                  f"retrying ({retries} of {ADAPTER_RETRIES})", file=sys.stderr)
 
 
 def plan(step, linalg: str, arch: str, workdir: Path) -> Lowering:
