@@ -61,7 +61,7 @@ public:
         pipe->InitBuffer(outQue_, kVecBuffers, bytes.outUb);
         pipe->InitBuffer(partialQue_, kVecBuffers, bytes.oUb);
         pipe->InitBuffer(accBuf_, bytes.accUb);
-        pipe->InitBuffer(rowBuf_, bytes.rowUb * kDecodeRowStats);
+        pipe->InitBuffer(rowBuf_, bytes.rowUb * kRowStats);
         pipe->InitBuffer(lseQue_, 1, bytes.rowUb);
         pipe->InitBuffer(brcBuf_, bytes.brcUb);
         pipe->InitBuffer(lseOutQue_, 1, bytes.brcUb);

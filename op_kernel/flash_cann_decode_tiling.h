@@ -119,9 +119,6 @@ struct DecodeBufferBytes {
     uint32_t splitUb;  // the combine's lse of every split (+ the sink) for vecRows rows
 };
 
-// Per-row statistics of the online softmax: m, l, the kAlphaRing rescale factors, and a
-// slice's max and sum (as the forward: the O update runs one round behind).
-constexpr uint32_t kDecodeRowStats = 4 + kAlphaRing;
 // Per-key rows: column index, ALiBi distance, scratch.
 constexpr uint32_t kDecodeKeyRows = 3;
 

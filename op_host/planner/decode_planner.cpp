@@ -81,7 +81,7 @@ std::vector<BufferUse> ListDecodeBuffers(const DecodeTiling& t, uint32_t elemByt
         {"combine", "out_ub", MemLevel::UB, b.outUb, kVecBuffers},
         {"partial", "partial_ub", MemLevel::UB, b.oUb, kVecBuffers},
         {"update", "acc_ub", MemLevel::UB, b.accUb, 1},
-        {"softmax", "row_stats_ub", MemLevel::UB, b.rowUb, kDecodeRowStats},
+        {"softmax", "row_stats_ub", MemLevel::UB, b.rowUb, kRowStats},
         {"partial", "lse_ub", MemLevel::UB, b.rowUb, 1},
         {"softmax", "broadcast_ub", MemLevel::UB, b.brcUb, 1},
         {"combine", "lse_out_ub", MemLevel::UB, b.brcUb, 1},
