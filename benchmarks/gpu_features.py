@@ -140,21 +140,28 @@ def _window_impls():
 DECODE_BATCH, DECODE_HEADS_Q, PAGE = 64, 32, 256
 
 
-def _decode_impls(heads_kv, cache):
-    """(inputs, impls) of one decode shape: q (batch, 1, heads_q, d) and the caches, dense
-    (batch, cache, heads_kv, d) and paged; every impl is a closure over them."""
-    dtype = torch.bfloat16
-    q = torch.randn(DECODE_BATCH, 1, DECODE_HEADS_Q, HEAD_DIM, device="cuda", dtype=dtype)
-    k, v = (torch.randn(DECODE_BATCH, cache, heads_kv, HEAD_DIM, device="cuda", dtype=dtype)
+def decode_inputs(batch, heads_q, heads_kv, cache, page, dtype=torch.bfloat16):
+    """One decode shape's inputs: q (batch, 1, heads_q, d); the caches dense (batch, cache,
+    heads_kv, d) and the same entries paged (page entries a block, blocks shuffled by the
+    block table); every sequence's cache full. Returns (q, k, v, paged_k, paged_v, table,
+    lengths)."""
+    q = torch.randn(batch, 1, heads_q, HEAD_DIM, device="cuda", dtype=dtype)
+    k, v = (torch.randn(batch, cache, heads_kv, HEAD_DIM, device="cuda", dtype=dtype)
             for _ in range(2))
-    blocks = cache // PAGE
-    order = torch.randperm(DECODE_BATCH * blocks, device="cuda")
-    table = order.view(DECODE_BATCH, blocks).to(torch.int32)
-    paged_k, paged_v = (torch.empty_like(t).view(-1, PAGE, heads_kv, HEAD_DIM) for t in (k, v))
-    paged_k[order] = k.view(-1, PAGE, heads_kv, HEAD_DIM)
-    paged_v[order] = v.view(-1, PAGE, heads_kv, HEAD_DIM)
-    lengths = torch.full((DECODE_BATCH,), cache, dtype=torch.int32, device="cuda")
-    q_h, k_h, v_h = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, d)
+    blocks = cache // page
+    order = torch.randperm(batch * blocks, device="cuda")
+    table = order.view(batch, blocks).to(torch.int32)
+    paged_k, paged_v = (torch.empty_like(t).view(-1, page, heads_kv, HEAD_DIM) for t in (k, v))
+    paged_k[order] = k.view(-1, page, heads_kv, HEAD_DIM)
+    paged_v[order] = v.view(-1, page, heads_kv, HEAD_DIM)
+    lengths = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
+    return q, k, v, paged_k, paged_v, table, lengths
+
+
+def decode_peers(q, k, v, cache):
+    """The peers of a decode step on the dense cache (enable_gqa): SDPA FLASH, cuDNN and
+    EFFICIENT, FlexAttention; each a closure over the (batch, heads, seqlen, d) views."""
+    q_h, k_h, v_h = (t.transpose(1, 2) for t in (q, k, v))
 
     def sdpa(backend_name):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -168,12 +175,19 @@ def _decode_impls(heads_kv, cache):
         common._flex(False, cache)
         return common._flex_compiled(q_h, k_h, v_h, enable_gqa=True)
 
+    return {"sdpa-flash": sdpa("FLASH_ATTENTION"), "sdpa-cudnn": sdpa("CUDNN_ATTENTION"),
+            "sdpa-effic": sdpa("EFFICIENT_ATTENTION"), "flex": flex}
+
+
+def _decode_impls(heads_kv, cache):
+    """flash_cann on the dense and the paged cache, and the peers, for one decode shape."""
+    q, k, v, paged_k, paged_v, table, lengths = decode_inputs(
+        DECODE_BATCH, DECODE_HEADS_Q, heads_kv, cache, PAGE)
     return {
         OURS: lambda: flash_cann.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths),
         OURS + "-paged": lambda: flash_cann.flash_attn_with_kvcache(
             q, paged_k, paged_v, cache_seqlens=lengths, block_table=table),
-        "sdpa-flash": sdpa("FLASH_ATTENTION"), "sdpa-cudnn": sdpa("CUDNN_ATTENTION"),
-        "sdpa-effic": sdpa("EFFICIENT_ATTENTION"), "flex": flex}
+        **decode_peers(q, k, v, cache)}
 
 
 def measure_decode(heads_kv, cache, rounds):

@@ -130,17 +130,8 @@ def varlen_impls(lengths, variants):
 
 def decode_impls(batch, cache, long=False):
     """flash_cann contiguous and paged (and unsplit for the batch-1 case), the peers."""
-    q = torch.randn(batch, 1, HEADS_Q, HEAD_DIM, device="cuda", dtype=DTYPE)
-    k, v = (torch.randn(batch, cache, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
-            for _ in range(2))
-    blocks = cache // PAGE
-    order = torch.randperm(batch * blocks, device="cuda")
-    table = order.view(batch, blocks).to(torch.int32)
-    paged_k, paged_v = (torch.empty_like(t).view(-1, PAGE, HEADS_KV, HEAD_DIM) for t in (k, v))
-    paged_k[order] = k.view(-1, PAGE, HEADS_KV, HEAD_DIM)
-    paged_v[order] = v.view(-1, PAGE, HEADS_KV, HEAD_DIM)
-    lengths = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
-    q_h, k_h, v_h = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, d)
+    q, k, v, paged_k, paged_v, table, lengths = gpu_features.decode_inputs(
+        batch, HEADS_Q, HEADS_KV, cache, PAGE, DTYPE)
 
     def ours(splits=0, paged=False):
         caches = (paged_k, paged_v) if paged else (k, v)
@@ -148,23 +139,10 @@ def decode_impls(batch, cache, long=False):
         return lambda: flash_cann.flash_attn_with_kvcache(
             q, *caches, cache_seqlens=lengths, num_splits=splits, **extra)
 
-    def sdpa(backend_name):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def run():
-            with sdpa_kernel(getattr(SDPBackend, backend_name)):
-                return F.scaled_dot_product_attention(q_h, k_h, v_h, enable_gqa=True)
-        return run
-
-    def flex():
-        common._flex(False, cache)
-        return common._flex_compiled(q_h, k_h, v_h, enable_gqa=True)
-
     impls = {OURS: ours(), OURS + "-paged": ours(paged=True)}
     if long:
         impls[OURS + "-nosplit"] = ours(splits=1)
-    impls.update({"sdpa-flash": sdpa("FLASH_ATTENTION"), "sdpa-cudnn": sdpa("CUDNN_ATTENTION"),
-                  "sdpa-effic": sdpa("EFFICIENT_ATTENTION"), "flex": flex})
+    impls.update(gpu_features.decode_peers(q, k, v, cache))
     fa2 = _flash_attn()
     if fa2 is not None:
         impls["fa2"] = lambda: fa2.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths)
