@@ -112,12 +112,9 @@ ge::graphStatus FlashCannAttentionKVCacheRequest(gert::TilingContext* context,
     request.hasLeftpad = Shape(context, kCacheLeftpad, true) != nullptr;
     FLASH_CANN_CHECK(context, !(request.paged && request.hasBatchIdx),
                      "cache_batch_idx is not taken with a paged cache (block_table)");
-    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(kQuery);
-    FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
-    const ge::DataType dtype = queryDesc->GetDataType();
-    FLASH_CANN_CHECK(context, dtype == ge::DT_FLOAT16 || dtype == ge::DT_BF16,
-                     "query dtype must be float16 or bfloat16");
-    request.dtype = dtype == ge::DT_BF16 ? flash_cann::DType::BFloat16 : flash_cann::DType::Float16;
+    if (ReadQueryDType(context, kQuery, request.dtype) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     request.causal = *causal;
     request.scale = *scale;
     // flash-attn's num_splits hint: 0 lets the planner split the keys over cores, n > 0

@@ -144,6 +144,20 @@ inline ge::graphStatus ReadPacking(gert::TilingContext* context, const PackedInd
     return ge::GRAPH_SUCCESS;
 }
 
+// The query's dtype as the planner's DType: float16 or bfloat16, anything else refused by
+// name (every op's kernels are instantiated for those two).
+inline ge::graphStatus ReadQueryDType(gert::TilingContext* context, size_t queryIndex,
+                                      flash_cann::DType& dtype)
+{
+    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(queryIndex);
+    FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
+    const ge::DataType type = queryDesc->GetDataType();
+    FLASH_CANN_CHECK(context, type == ge::DT_FLOAT16 || type == ge::DT_BF16,
+                     "query dtype must be float16 or bfloat16");
+    dtype = type == ge::DT_BF16 ? flash_cann::DType::BFloat16 : flash_cann::DType::Float16;
+    return ge::GRAPH_SUCCESS;
+}
+
 // The attention problem of a node: attributes scale/causal/layout, sizes from the query
 // and key inputs (instance indices) -- with layout TND, from cu_seqlens' shape and
 // max_seqlen_q/k -- dtype from the query. The key padding mask, whose presence the
@@ -182,12 +196,9 @@ inline ge::graphStatus ReadProblem(gert::TilingContext* context, size_t queryInd
     if (ReadPacking(context, packing, q, k, request) != ge::GRAPH_SUCCESS) {
         return ge::GRAPH_FAILED;
     }
-    const gert::CompileTimeTensorDesc* queryDesc = context->GetInputDesc(queryIndex);
-    FLASH_CANN_CHECK(context, queryDesc != nullptr, "query description missing");
-    const ge::DataType dtype = queryDesc->GetDataType();
-    FLASH_CANN_CHECK(context, dtype == ge::DT_FLOAT16 || dtype == ge::DT_BF16,
-                     "query dtype must be float16 or bfloat16");
-    request.dtype = dtype == ge::DT_BF16 ? flash_cann::DType::BFloat16 : flash_cann::DType::Float16;
+    if (ReadQueryDType(context, queryIndex, request.dtype) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     request.causal = *causal;
     request.scale = *scale;
     return ge::GRAPH_SUCCESS;
