@@ -356,6 +356,64 @@ def test_tiling_func_refuses_bad_packed_arguments_by_name(op, changes, message):
     assert message in stderr
 
 
+def test_the_shells_refuse_a_query_that_is_not_16_bit():
+    got, stderr = _tiling("BNSD", "fp32", False, False, (1, 4, 128, 64), (1, 4, 128, 64))
+    assert got["status"] == "failed" and got["request"] is None
+    assert "query dtype must be float16 or bfloat16" in stderr
+    got, stderr = _kvcache_tiling("BSND", "fp32", (2, 1, 8, 64), (2, 256, 2, 64),
+                                  cache_seqlens="2")
+    assert got["status"] == "failed" and got["request"] is None
+    assert "query dtype must be float16 or bfloat16" in stderr
+
+
+def _kvcache_tiling(layout, dtype, q, cache, **named):
+    """FlashCannAttentionKVCache's TilingFunc on a node of these shapes; ``named``: its
+    optional int32 inputs (their dimensions, "2x3") and max_seqlen_q / num_splits."""
+    result = run(DRIVER, "kvcache-tiling", layout, dtype, "0.125", *map(str, q),
+                 *map(str, cache), *(f"{k}={v}" for k, v in named.items()))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+@pytest.mark.parametrize("layout, q, named, expected", [
+    # a paged cache (6 pages of 128 keys, 3 a sequence), GQA 8/2, num_splits forced
+    ("BSND", (2, 1, 8, 64), {"cache_seqlens": "2", "block_table": "2x3", "num_splits": 3},
+     {"batch": 2, "seqlen_q": 1, "tokens_q": 0, "tnd": False, "paged": True, "max_blocks": 3,
+      "leftpad": False, "splits": 3}),
+    # vLLM's packed rows: batch from cache_seqlens, seqlen_q = max_seqlen_q, tokens_q = rows
+    ("TND", (9, 8, 64, "_"), {"cache_seqlens": "3", "block_table": "3x2", "cu_seqlens_q": "4",
+                              "max_seqlen_q": 5, "cache_leftpad": "3"},
+     {"batch": 3, "seqlen_q": 5, "tokens_q": 9, "tnd": True, "paged": True, "max_blocks": 2,
+      "leftpad": True, "splits": 0}),
+], ids=["paged", "tnd"])
+def test_kvcache_tiling_func_plans_from_shapes(layout, q, named, expected):
+    """The decode op's request comes from shapes and attributes only (no value of
+    cache_seqlens, block_table or cu_seqlens_q is read), and the planner plans it."""
+    got, stderr = _kvcache_tiling(layout, "bf16", q, (6, 128, 2, 64), **named)
+    assert got["status"] == "ok", stderr
+    assert got["request"] == {"heads_q": 8, "heads_kv": 2, "head_dim": 64, **expected}
+
+
+@pytest.mark.parametrize("layout, q, named, message", [
+    ("TND", (9, 8, 64, "_"), {"cache_seqlens": "3", "max_seqlen_q": 5},
+     "cu_seqlens_q must be int32 (batch + 1,) = (4,) for layout TND"),
+    ("TND", (9, 8, 64, "_"), {"cache_seqlens": "3", "cu_seqlens_q": "4"},
+     "max_seqlen_q must be >= 1 for layout TND"),
+    ("BSND", (2, 1, 8, 64), {"cache_seqlens": "2", "cu_seqlens_q": "3"},
+     "cu_seqlens_q is taken with layout TND only"),
+    ("BSND", (2, 1, 8, 64), {}, "cache_seqlens (int32 (batch,), the keys of each sequence) is "
+                                "required by the Ascend kernel"),
+    ("BSND", (2, 1, 8, 64), {"cache_seqlens": "2", "num_splits": 200},
+     "num_splits must be in [0, 128] (got 200)"),
+    ("TND", (2, 1, 8, 64), {"cache_seqlens": "2", "cu_seqlens_q": "3", "max_seqlen_q": 1},
+     "query must be (tokens_q, heads_q, head_dim) for layout TND"),
+], ids=str)
+def test_kvcache_tiling_func_refuses_bad_arguments_by_name(layout, q, named, message):
+    got, stderr = _kvcache_tiling(layout, "fp16", q, (2, 256, 2, 64), **named)
+    assert got["status"] == "failed" and got["request"] is None
+    assert message in stderr
+
+
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 def test_dense_layouts_refuse_packed_arguments(op):
     got, stderr = _feature_call(op, {"cu_seqlens_q": "3", "cu_seqlens_k": "3"})

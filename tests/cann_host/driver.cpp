@@ -1,11 +1,16 @@
-// TEST-ONLY driver of op_host/flash_cann_attention{,_grad}.cpp compiled against the
+// TEST-ONLY driver of op_host/flash_cann_attention{,_grad,_kvcache}.cpp compiled against the
 // recording stand-in (include/cann_host_stub.h). Commands print JSON for
 // tests/test_op_host.py:
 //   opdefs
-//   tiling <OpType> <layout> <fp16|bf16> <causal 0|1> <mask 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic]
-//   grad-tiling <layout> <fp16|bf16> <causal 0|1> <mask 0|1> <deterministic 0|1>
+//   tiling <OpType> <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic]
+//   grad-tiling <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <deterministic 0|1>
 //               <grad_lse 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic [input-to-misshape]]
-//   infer  <OpType> <layout> <fp16|bf16> q0 q1 q2 q3 k0 k1 k2 k3
+//   infer  <OpType> <layout> <fp16|bf16|fp32> q0 q1 q2 q3 k0 k1 k2 k3
+//   kvcache-tiling <BSND|TND> <fp16|bf16|fp32> <scale> q0 q1 q2 q3 c0 c1 c2 c3
+//               (FlashCannAttentionKVCache: q with "_" for TND's missing dimension, the
+//               caches' shape; inputs cache_seqlens, cache_batch_idx, block_table,
+//               cache_leftpad, cu_seqlens_q and attributes max_seqlen_q, num_splits as
+//               NAME=VALUE)
 // Any argument NAME=VALUE sets a feature argument of the node instead (attributes
 // window_left, window_right (int), softcap, dropout_p (float); optional inputs
 // alibi_slopes, rng_state, sinks with VALUE its shape, e.g. 2x8); the tiling commands print the
@@ -17,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_planner.h"
 #include "flash_cann_grad_tiling.h"
 #include "flash_cann_tiling.h"
 #include "grad_planner.h"
@@ -25,6 +31,7 @@
 namespace optiling {
 ge::graphStatus FlashCannAttentionRequest(gert::TilingContext*, flash_cann::PlanRequest&);
 ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext*, flash_cann::GradPlanRequest&);
+ge::graphStatus FlashCannAttentionKVCacheRequest(gert::TilingContext*, flash_cann::DecodeRequest&);
 }  // namespace optiling
 
 namespace {
@@ -102,6 +109,14 @@ int OpDefs()
     return 0;
 }
 
+// The inputs' dtype argument: bf16, fp32 (which the shells refuse), else fp16.
+ge::DataType DTypeOf(const char* name)
+{
+    return std::strcmp(name, "bf16") == 0   ? ge::DT_BF16
+           : std::strcmp(name, "fp32") == 0 ? ge::DT_FLOAT
+                                            : ge::DT_FLOAT16;
+}
+
 // Four dimension arguments; "_" leaves one out (layout TND's tensors are 3-D).
 gert::Shape ShapeOf(char** dims)
 {
@@ -126,6 +141,29 @@ void AddAbsentInput(gert::StubNode& node)
     node.inputDescs.push_back({ge::DT_UNDEFINED});
 }
 
+// A NAME=VALUE input's dimensions, "2x8" -> (2, 8).
+gert::Shape DimsOf(const std::string& dims)
+{
+    gert::Shape shape;
+    for (const char* p = dims.c_str(); *p != '\0';) {
+        char* end = nullptr;
+        shape.AppendDim(std::strtoll(p, &end, 10));
+        p = *end == 'x' ? end + 1 : end;
+    }
+    return shape;
+}
+
+// The optional int32 input NAME, from its NAME=VALUE argument, else absent.
+void AddOptionalInput(gert::StubNode& node, const char* name, ge::DataType dtype)
+{
+    const std::string dims = Feature(name, "");
+    if (dims.empty()) {
+        AddAbsentInput(node);
+    } else {
+        AddInput(node, DimsOf(dims), dtype);
+    }
+}
+
 // The features' optional inputs (cu_seqlens_q/k, alibi_slopes, rng_state, sinks) and
 // attributes (max_seqlen_q/k, window_left, window_right, softcap, dropout_p), in spec
 // order, from the NAME=VALUE arguments (an input's value: its dimensions, "2x8"); an
@@ -136,18 +174,7 @@ void AddFeatures(gert::StubNode& node)
                                       {"cu_seqlens_k", ge::DT_INT32},
                                       {"alibi_slopes", ge::DT_FLOAT},
                                       {"rng_state", ge::DT_INT64}, {"sinks", ge::DT_FLOAT}}) {
-        const std::string dims = Feature(name, "");
-        if (dims.empty()) {
-            AddAbsentInput(node);
-            continue;
-        }
-        gert::Shape shape;
-        for (const char* p = dims.c_str(); *p != '\0';) {
-            char* end = nullptr;
-            shape.AppendDim(std::strtoll(p, &end, 10));
-            p = *end == 'x' ? end + 1 : end;
-        }
-        AddInput(node, shape, dtype);
+        AddOptionalInput(node, name, dtype);
     }
     using V = gert::RuntimeAttrs::Value;
     for (const char* name : {"max_seqlen_q", "max_seqlen_k"}) {
@@ -186,7 +213,7 @@ gert::StubNode Node(const char* type, const char* layout, const char* dtype, boo
 {
     gert::StubNode node;
     node.type = type;
-    const ge::DataType dt = std::strcmp(dtype, "bf16") == 0 ? ge::DT_BF16 : ge::DT_FLOAT16;
+    const ge::DataType dt = DTypeOf(dtype);
     const gert::Shape qs = ShapeOf(q);
     const gert::Shape ks = ShapeOf(k);
     for (const gert::Shape& s : {qs, ks, ks}) {
@@ -218,7 +245,7 @@ gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool
 {
     gert::StubNode node;
     node.type = "FlashCannAttentionGrad";
-    const ge::DataType dt = std::strcmp(dtype, "bf16") == 0 ? ge::DT_BF16 : ge::DT_FLOAT16;
+    const ge::DataType dt = DTypeOf(dtype);
     const bool bnsd = std::strcmp(layout, "BNSD") == 0;
     const gert::Shape qs = ShapeOf(q);
     const gert::Shape ks = ShapeOf(k);
@@ -344,6 +371,67 @@ int Tiling(int argc, char** argv)
     return 0;
 }
 
+// A FlashCannAttentionKVCache node in the OpDef's order: query, k_cache, v_cache, key and
+// value (absent: the contract appends before the op), the optional int32 inputs from
+// NAME=VALUE, no ALiBi or sinks; attributes scale, causal false, layout, max_seqlen_q,
+// the plain window and softcap, num_splits.
+int KVCacheTiling(int argc, char** argv)
+{
+    if (argc < 13) {
+        std::fprintf(stderr, "usage: kvcache-tiling layout dtype scale q0..q3 c0..c3\n");
+        return 2;
+    }
+    gert::StubNode node;
+    node.type = "FlashCannAttentionKVCache";
+    const ge::DataType dt = DTypeOf(argv[3]);
+    const gert::Shape cache = ShapeOf(argv + 9);
+    AddInput(node, ShapeOf(argv + 5), dt);
+    AddInput(node, cache, dt);
+    AddInput(node, cache, dt);
+    AddAbsentInput(node);
+    AddAbsentInput(node);
+    for (const char* name : {"cache_seqlens", "cache_batch_idx", "block_table", "cache_leftpad",
+                             "cu_seqlens_q"}) {
+        AddOptionalInput(node, name, ge::DT_INT32);
+    }
+    AddAbsentInput(node);  // alibi_slopes
+    AddAbsentInput(node);  // sinks
+    using V = gert::RuntimeAttrs::Value;
+    node.attrs.values = {V{V::kFloat, std::strtof(argv[4], nullptr), false, ""},
+                         V{V::kBool, 0, false, ""}, V{V::kStr, 0, false, argv[2]},
+                         V{V::kInt, 0, false, "", std::atoll(Feature("max_seqlen_q", "0").c_str())},
+                         V{V::kInt, 0, false, "", -1}, V{V::kInt, 0, false, "", -1},
+                         V{V::kFloat, 0, false, ""},
+                         V{V::kInt, 0, false, "", std::atoll(Feature("num_splits", "0").c_str())}};
+    node.outputs.resize(2);
+    node.outputTypes.resize(2, ge::DT_UNDEFINED);
+    fe::PlatFormInfos platform;
+    gert::TilingContext requestContext(node, platform, 2048);
+    flash_cann::DecodeRequest r;
+    std::printf("{\"request\":");
+    if (optiling::FlashCannAttentionKVCacheRequest(&requestContext, r) == ge::GRAPH_SUCCESS) {
+        std::printf("{\"batch\":%lld,\"heads_q\":%lld,\"heads_kv\":%lld,\"seqlen_q\":%lld,"
+                    "\"tokens_q\":%lld,\"head_dim\":%lld,\"tnd\":%s,\"paged\":%s,"
+                    "\"max_blocks\":%lld,\"leftpad\":%s,\"splits\":%lld}",
+                    static_cast<long long>(r.batch), static_cast<long long>(r.headsQ),
+                    static_cast<long long>(r.headsKv), static_cast<long long>(r.seqlenQ),
+                    static_cast<long long>(r.tokensQ), static_cast<long long>(r.headDim),
+                    r.tnd ? "true" : "false", r.paged ? "true" : "false",
+                    static_cast<long long>(r.maxBlocks), r.hasLeftpad ? "true" : "false",
+                    static_cast<long long>(r.splits));
+    } else {
+        std::printf("null");
+    }
+    gert::TilingContext context(node, platform, 2048);
+    if (ops::Registry().at(node.type)->aicore.tiling(&context) != ge::GRAPH_SUCCESS) {
+        std::printf(",\"status\":\"failed\"}\n");
+        return 0;
+    }
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u}\n",
+                static_cast<unsigned long long>(context.tilingKey_), context.blockDim_);
+    return 0;
+}
+
 int Infer(int argc, char** argv)
 {
     if (argc < 13) {
@@ -398,6 +486,10 @@ int main(int rawArgc, char** rawArgv)
     if (command == "infer") {
         return Infer(argc, argv);
     }
-    std::fprintf(stderr, "usage: %s opdefs | tiling ... | grad-tiling ... | infer ...\n", argv[0]);
+    if (command == "kvcache-tiling") {
+        return KVCacheTiling(argc, argv);
+    }
+    std::fprintf(stderr, "usage: %s opdefs | tiling ... | grad-tiling ... | infer ... | "
+                         "kvcache-tiling ...\n", argv[0]);
     return 2;
 }
