@@ -67,7 +67,10 @@ PEERS = ["sdpa-flash", "sdpa-cudnn", "sdpa-effic", "flex"]
 OURS = "flash_cann"
 # flash_cann with pointer loads only (no tensor descriptors): the TMA step in NOTES.md.
 OURS_POINTERS = "flash_cann-pointers"
-IMPLS = [OURS, OURS_POINTERS, *PEERS]
+# flash_cann without the Hopper forward (FLASH_CANN_SM90=0: kernels/forward.py on sm90):
+# issue 28's A/B.
+OURS_FA2 = "flash_cann-fa2"
+IMPLS = [OURS, OURS_POINTERS, OURS_FA2, *PEERS]
 DEFAULT_IMPLS = [OURS, *PEERS]
 # Issue 13's targets: (mode, ours, peer, minimum peer time / ours, seqlens), each over
 # bf16 and fp16, head_dim 64 and 128, causal and not. flash_cann's backward is
@@ -126,11 +129,11 @@ def _flex(causal, seqlen):
     return lambda q, k, v: _flex_compiled(q, k, v, block_mask=block_mask)
 
 
-MAKERS = {OURS: _flash_cann, OURS_POINTERS: _flash_cann,
+MAKERS = {OURS: _flash_cann, OURS_POINTERS: _flash_cann, OURS_FA2: _flash_cann,
           "sdpa-flash": _sdpa("FLASH_ATTENTION"), "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
           "sdpa-effic": _sdpa("EFFICIENT_ATTENTION"), "flex": _flex}
 # Environment each implementation is measured under (its backward included).
-ENVIRONMENTS = {OURS_POINTERS: {"FLASH_CANN_TRITON_TMA": "0"}}
+ENVIRONMENTS = {OURS_POINTERS: {"FLASH_CANN_TRITON_TMA": "0"}, OURS_FA2: {"FLASH_CANN_SM90": "0"}}
 
 
 @contextlib.contextmanager
@@ -315,7 +318,7 @@ def ratio(rows_by_impl, peer, ours=OURS):
     return other["ms"] / ours["ms"]
 
 
-SHORT = {OURS: "flash_cann", OURS_POINTERS: "pointers", "sdpa-flash": "FLASH",
+SHORT = {OURS: "flash_cann", OURS_POINTERS: "pointers", OURS_FA2: "fa2-kernel", "sdpa-flash": "FLASH",
          "sdpa-cudnn": "CUDNN", "sdpa-effic": "EFFICIENT", "flex": "flex"}
 
 
@@ -408,7 +411,7 @@ def markdown_table(rows, dtype="bfloat16", head_dim=128):
     configs = _by_config(rows)
     impls = [i for i in IMPLS if any(i in c for c in configs.values())]
     peers = [p for p in impls if p != OURS]
-    names = {OURS: "flash_cann", OURS_POINTERS: "pointers", "sdpa-flash": "SDPA FLASH",
+    names = {OURS: "flash_cann", OURS_POINTERS: "pointers", OURS_FA2: "flash_cann FA2 kernel", "sdpa-flash": "SDPA FLASH",
              "sdpa-cudnn": "SDPA cuDNN", "sdpa-effic": "SDPA EFFICIENT", "flex": "FlexAttention"}
     lines = ["| mode | seqlen | causal | " + " | ".join(names[i] for i in impls) + " | "
              + " | ".join(f"x {SHORT[p]}" for p in peers) + " |",

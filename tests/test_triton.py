@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import flash_cann
+from flash_cann.contract import ops
 from flash_cann.tools import memory
 
 from conftest import make_qkv, random_key_padding_mask
@@ -150,7 +151,6 @@ def test_repeated_calls_replay_their_plans(gen):
     """A plain call's later calls replay its recorded launches (forward and backward)
     with the new tensors: every call matches the oracle, outputs poisoned each time; an
     unaligned copy of the inputs is a signature of its own."""
-    from flash_cann.contract import ops
     from flash_cann.backends.triton import cuda as triton_backend
 
     ops.forget_plans()
@@ -162,6 +162,34 @@ def test_repeated_calls_replay_their_plans(gen):
     assert len(ops._fwd_plans) >= 2 and len(ops._bwd_plans) >= 2
     assert all(isinstance(p, (triton_backend._ForwardPlan, triton_backend._BackwardPlan))
                for p in plans)
+
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+SM90_CASES = [  # (causal, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k), layout)
+    (False, (4, 1), 128, (1000, 1000), "BSND"),   # key tail, GQA
+    (True, (2, 2), 64, (777, 333), "BNSD"),       # rows that see no key (lse -inf, out 0)
+    (True, (4, 2), 128, (333, 777), "BSND"),      # bottom-right diagonal
+    (False, (2, 2), 64, (1, 4096), "BSND"),       # one query row, many key blocks
+    (True, (2, 1), 128, (9000, 9000), "BNSD"),    # one CTA per tile (sm90.persistent)
+]
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_sm90_forward_serves_plain_calls(dtype, gen, monkeypatch):
+    """The Hopper forward (kernels/forward_sm90.py) serves plain calls -- counted, so the
+    oracle grid above is known to run it -- and matches the float64 oracle, forward and
+    the backward on its lse, on the shapes it is likeliest to get wrong."""
+    from flash_cann.backends.triton import sm90
+    launched = []
+    kernel = sm90.kernel
+    monkeypatch.setattr(sm90, "kernel", lambda: launched.append(True) or kernel())
+    ops.forget_plans()
+    for causal, heads, head_dim, seqlens, layout in SM90_CASES:
+        launched.clear()
+        assert_all_ok(check("cuda", dtype, causal=causal, masked=False, heads=heads,
+                            head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
+        assert launched, (causal, heads, head_dim, seqlens, layout)
 
 
 def test_cuda_graph_capture_replays(gen):

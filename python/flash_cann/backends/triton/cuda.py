@@ -19,6 +19,10 @@ A plain call (no features) is also planned: its launches are recorded and later 
 its signature replay them (``forward_planned`` / ``backward_planned``, triton_launch.py).
 ``FLASH_CANN_TRITON_TMA``: ``auto`` (default; descriptors on sm90+), ``1`` (wherever
 the strides allow, including the interpreter), ``0`` (never).
+
+On sm90 a plain forward takes the Hopper kernel instead (``sm90.py``,
+``kernels/forward_sm90.py``: FlashAttention-3's warp-specialised TMA/wgmma pipeline, in
+Gluon); ``FLASH_CANN_SM90=0`` keeps the FA2 kernel there too.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ...contract import layout as layouts
 from ...contract import ops
 from ...contract.checks import MAX_NUM_SPLITS
 from ...contract.variant import PLAIN, Variant
-from . import kernels
+from . import kernels, sm90
 from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
 from .launch import Launch, current_stream, launch_and_record
@@ -405,6 +409,9 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
     lse = empty((q.shape[0], heads_q, seqlen_q), torch.float32, query.device)
+    if sm90.eligible(q, k, v, o, plain=variant.plain, packed=packed,
+                     key_padding_mask=key_padding_mask, scale=scale):
+        return out, lse, _forward_sm90(q, k, v, o, lse, scale, causal, record)
     # Packed sequences take descriptors too: a sequence's view starts q_start rows in,
     # 16-byte aligned whenever the row stride is (_tma_compatible), and its bounds are
     # the sequence's own rows.
@@ -437,6 +444,22 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
                             HAS_MASK=key_padding_mask is not None, NEGATIVE_SCALE=scale < 0,
                             USE_TMA=use_tma, PERSISTENT=False, **features)
     return out, (lse[0] if packed else lse), launch
+
+
+def _forward_sm90(q, k, v, o, lse, scale, causal, record):
+    """The Hopper forward (sm90.py) on BNSD views; its Launch if ``record``."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    size = sm90.grid(sm90.tiles(batch, heads_q, seqlen_q), _multiprocessors(q.device), causal,
+                     seqlen_k)
+    with _launching_on(q.device, True):
+        return _launch(sm90.kernel(), lambda meta: size, 5 * record, q, k, v, o, lse,
+                       q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+                       k.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0),
+                       o.stride(1), o.stride(2), batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                       scale * math.log2(math.e), HEAD_DIM=head_dim, BLOCK_M=sm90.BLOCK_M,
+                       BLOCK_N=sm90.BLOCK_N, STAGES=sm90.STAGES[head_dim], CAUSAL=causal,
+                       num_warps=4)
 
 
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
@@ -534,20 +557,22 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
 
 class _ForwardPlan:
     """A plain forward's recorded launch, for later calls of its signature: allocate the
-    outputs, launch. FLASH_CANN_TRITON_TMA changed since: the full path."""
+    outputs, launch. FLASH_CANN_TRITON_TMA or FLASH_CANN_SM90 changed since: the full
+    path."""
 
     def __init__(self, launch: Launch, lse_shape, device: torch.device, attrs: dict):
         self.launch, self.lse_shape, self.device, self.attrs = launch, lse_shape, device, attrs
-        self.tma_setting = _tma_setting()
+        self.settings = (_tma_setting(), sm90.setting())
 
     def __call__(self, query, key, value, key_padding_mask):
-        if _tma_setting() != self.tma_setting:
+        if (_tma_setting(), sm90.setting()) != self.settings:
             return forward(query, key, value, key_padding_mask, **self.attrs)
         out = empty(query.shape, query.dtype, self.device)
         lse = empty(self.lse_shape, torch.float32, self.device)
         with _on_device(self.device):
-            self.launch(query, key, value, out, lse, key_padding_mask,
-                        stream=current_stream(self.device.index))
+            # The Hopper forward takes no mask (sm90.eligible): its launch has 5 tensors.
+            tensors = (query, key, value, out, lse, key_padding_mask)[:self.launch.tensors]
+            self.launch(*tensors, stream=current_stream(self.device.index))
         return out, lse
 
 

@@ -1,0 +1,85 @@
+"""When the Hopper forward (kernels/forward_sm90.py) serves a call, and its launch.
+
+It serves the plain path on sm90: fp16/bf16, head_dim 64 or 128, causal or not, GQA,
+any BNSD view whose strides TMA can address, a positive scale; everything else --
+features, packed sequences, KV caches, key padding masks, other GPUs and head dims --
+takes kernels/forward.py, as does every call with FLASH_CANN_SM90=0 (for A/B timings).
+The backward is kernels/backward.py's either way: the lse contract is the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+import triton
+
+# Tiles: 2 consumers x 64 query rows, 128 keys a block; K/V ring depth by head_dim (the
+# deepest ring that fits 227 KiB of shared memory: 3 x 2 x 32 KiB + Q at head_dim 128).
+BLOCK_M = 64
+BLOCK_N = 128
+STAGES = {64: 4, 128: 3}
+HEAD_DIMS = tuple(STAGES)
+# Long causal problems run one CTA per tile (the hardware scheduler balances their
+# unequal tiles); measured on an H200 at 16k, bf16, d128: 601 TFLOP/s against 470
+# persistent (NOTES.md, issue 28).
+NON_PERSISTENT_CAUSAL_KEYS = 8192
+
+
+def setting() -> str:
+    """FLASH_CANN_SM90: ``auto`` (the Hopper forward wherever eligible) or ``0`` (never)."""
+    value = os.environ.get("FLASH_CANN_SM90", "auto")
+    if value not in ("auto", "0"):
+        raise ValueError(f"FLASH_CANN_SM90 must be auto or 0 (got {value!r})")
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_available() -> bool:
+    try:  # Triton with Gluon's Hopper API (3.5 on)
+        importlib.import_module(".kernels.forward_sm90", __package__)
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _descriptor_strides(t: torch.Tensor) -> bool:
+    """TMA addresses (batch, head, row, head_dim) with 16-byte-aligned base and strides
+    and a unit head_dim stride."""
+    size = t.element_size()
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all((stride * size) % 16 == 0 for stride in t.stride()[:3]))
+
+
+def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *,
+             plain: bool, packed: bool, key_padding_mask, scale: float) -> bool:
+    """Whether the Hopper forward serves this call (BNSD views of q, k, v, out)."""
+    return (plain and not packed and key_padding_mask is None and scale > 0
+            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[3] in HEAD_DIMS
+            and setting() == "auto" and _is_sm90(q.device) and _gluon_available()
+            and all(_descriptor_strides(t) for t in (q, k, v, out)))
+
+
+def persistent(causal: bool, seqlen_k: int) -> bool:
+    return not (causal and seqlen_k >= NON_PERSISTENT_CAUSAL_KEYS)
+
+
+def grid(tiles: int, multiprocessors: int, causal: bool, seqlen_k: int) -> tuple[int]:
+    """One CTA per SM dealt the tiles in waves, or one CTA per tile."""
+    return (min(tiles, multiprocessors) if persistent(causal, seqlen_k) else tiles,)
+
+
+def tiles(batch: int, heads_q: int, seqlen_q: int) -> int:
+    return batch * heads_q * triton.cdiv(seqlen_q, 2 * BLOCK_M)
+
+
+def kernel():
+    from .kernels.forward_sm90 import attn_fwd_sm90
+    return attn_fwd_sm90

@@ -1,0 +1,121 @@
+"""The Hopper forward's host side on the CPU: which calls it serves (sm90.eligible), its
+grid, its setting, and the Gluon kernel itself compiled for sm90 (Triton's compiler and
+the wheel's ptxas, no GPU): every variant the host can launch builds without spilling.
+On a GPU, tests/test_triton.py runs it (test_sm90_forward_*)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import triton
+
+from flash_cann.backends.triton import sm90
+
+
+def bnsd(batch=2, heads=4, seqlen=256, head_dim=128, dtype=torch.bfloat16):
+    return torch.randn(batch, seqlen, heads, head_dim, dtype=dtype).transpose(1, 2)
+
+
+@pytest.fixture
+def on_sm90(monkeypatch):
+    """Pretend the tensors live on an sm90 GPU with Gluon available."""
+    monkeypatch.setattr(sm90, "_is_sm90", lambda device: True)
+    monkeypatch.setattr(sm90, "_gluon_available", lambda: True)
+    monkeypatch.delenv("FLASH_CANN_SM90", raising=False)
+
+
+def serves(q, k=None, v=None, *, plain=True, packed=False, mask=None, scale=0.1):
+    k = q if k is None else k
+    v = k if v is None else v
+    return sm90.eligible(q, k, v, torch.empty_like(q), plain=plain, packed=packed,
+                         key_padding_mask=mask, scale=scale)
+
+
+def test_serves_plain_fp16_bf16_at_head_dims_64_and_128(on_sm90):
+    for dtype in (torch.float16, torch.bfloat16):
+        for head_dim in (64, 128):
+            q = bnsd(head_dim=head_dim, dtype=dtype)
+            assert serves(q, bnsd(heads=2, seqlen=100, head_dim=head_dim, dtype=dtype))
+    contiguous_bnsd = torch.randn(2, 4, 256, 128, dtype=torch.bfloat16)
+    assert serves(contiguous_bnsd)
+
+
+@pytest.mark.parametrize("case", ["feature", "packed", "mask", "scale", "fp32", "head_dim",
+                                  "unaligned_row", "strided_dim", "setting"])
+def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
+    q = bnsd()
+    kwargs = {}
+    if case == "feature":
+        kwargs["plain"] = False
+    elif case == "packed":
+        kwargs["packed"] = True
+    elif case == "mask":
+        kwargs["mask"] = torch.ones(2, 256, dtype=torch.bool)
+    elif case == "scale":
+        kwargs["scale"] = -0.1
+    elif case == "fp32":
+        q = bnsd(dtype=torch.float32)
+    elif case == "head_dim":
+        q = bnsd(head_dim=96)
+    elif case == "unaligned_row":  # 4 heads x 68 dims: rows 544 bytes apart, heads 136
+        q = torch.randn(2, 256, 4, 68, dtype=torch.bfloat16)[..., :64].transpose(1, 2)
+    elif case == "strided_dim":
+        q = torch.randn(2, 4, 256, 128, 2, dtype=torch.bfloat16)[..., 0]
+    elif case == "setting":
+        monkeypatch.setenv("FLASH_CANN_SM90", "0")
+    assert not serves(q, **kwargs)
+
+
+def test_refuses_cpu_tensors_and_other_gpus():
+    assert not serves(bnsd())  # CPU tensors: the interpreter's kernels
+
+
+def test_setting_is_named_when_bad(monkeypatch):
+    monkeypatch.setenv("FLASH_CANN_SM90", "yes")
+    with pytest.raises(ValueError, match="FLASH_CANN_SM90 must be auto or 0"):
+        sm90.setting()
+
+
+def test_grid_is_persistent_except_long_causal():
+    tiles = sm90.tiles(batch=2, heads_q=16, seqlen_q=1000)
+    assert tiles == 2 * 16 * 8
+    assert sm90.grid(tiles, 132, causal=False, seqlen_k=16384) == (132,)
+    assert sm90.grid(tiles, 132, causal=True, seqlen_k=4096) == (132,)
+    assert sm90.grid(tiles, 132, causal=True, seqlen_k=8192) == (tiles,)
+    assert sm90.grid(10, 132, causal=False, seqlen_k=1024) == (10,)
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype", [(128, True, "bf16"), (64, False, "fp16")])
+def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
+    """The Gluon kernel through Triton's sm90 pipeline to PTX, then the wheel's ptxas:
+    no spill stores or loads, and shared memory within the 227 KiB an H100 CTA gets."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    pointer = f"*{dtype}"
+    signature = {"Q": pointer, "K": pointer, "V": pointer, "Out": pointer, "Lse": "*fp32"}
+    for name in ("stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
+                 "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
+                 "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k"):
+        signature[name] = "i32"
+    signature["qk_scale"] = "fp32"
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": sm90.BLOCK_M, "BLOCK_N": sm90.BLOCK_N,
+                  "STAGES": sm90.STAGES[head_dim], "CAUSAL": causal}
+    signature.update({name: "constexpr" for name in constexprs})
+    source = GluonASTSource(fn=sm90.kernel(), signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4})
+    assert compiled.metadata.shared <= 227 * 1024
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", path, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
