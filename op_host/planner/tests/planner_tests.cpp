@@ -318,7 +318,7 @@ PlanRequest Square(int64_t heads, int64_t seqlen, bool causal)
 // Calibration: the schedule model fed the incumbent's design reproduces the incumbent's
 // measured 910B2 figures (torch_npu fused attention, batch 1, 1 head, fp16, D 128,
 // non-causal; hw-native-sys/pto-isa kernels/manual/common/flash_atten/README.md) within
-// +-20 %. A model change that breaks this fails here.
+// +-15 % (held out of the fit, model_fit.h). A model change that breaks this fails here.
 void TestCalibration()
 {
     const Platform& b2 = *FindPlatform("Ascend910B2");
@@ -326,7 +326,7 @@ void TestCalibration()
     for (const auto& [seqlen, tflops] : measured) {
         const Prediction p = PredictIncumbent(Square(1, static_cast<int64_t>(seqlen), false), b2);
         const double modelled = p.usefulFlops / p.seconds / 1e12;
-        EXPECT(std::fabs(modelled / tflops - 1) <= 0.20,
+        EXPECT(std::fabs(modelled / tflops - 1) <= 0.15,
                "incumbent at %.0f: modelled %.1f TFLOP/s, measured %.1f", seqlen, modelled, tflops);
         std::printf("calibration: incumbent design at seqlen %5.0f: modelled %6.1f TFLOP/s, "
                     "measured %6.1f (%+.0f%%), bound: %s\n", seqlen, modelled, tflops,
@@ -358,7 +358,8 @@ void TestScheduleSemantics()
            "16 bytes of S per score element should bind on L2 or Fixpipe, got %s", p.bound.c_str());
     const EngineRates rates = RatesFor(b2);
     const double exp10 = VecSeconds({{VecOp::kExp, 10, true}}, rates) * rates.clockHz;
-    EXPECT(std::fabs(exp10 - (13 + 9 * 2)) < 1e-9, "Exp of 10 repeats + barrier: %g cycles", exp10);
+    const double issue = rates.vectorIssue * rates.clockHz;
+    EXPECT(std::fabs(exp10 - (13 + 9 * 2 + issue)) < 1e-9, "Exp of 10 repeats + barrier: %g cycles", exp10);
     std::printf("schedule model: O-update delay %.2fx faster than the serial chain; "
                 "workspace bytes bind the shared L2\n", tSerial / tDelayed);
 }
