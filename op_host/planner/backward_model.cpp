@@ -351,6 +351,9 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
         const UnitCost u = CostUnit(d, c, perUnit, r.crossCoreFlag);
         deadlock = deadlock || u.deadlock;
         double seconds = u.fill + u.steady * w.units * (double(w.steps) / (perUnit * w.units));
+        // No engine can be busier than the core's time (the steady estimate of a short
+        // unit can undercut its work when its fill overlaps the next unit's).
+        seconds = std::max(seconds, *std::max_element(u.busy.begin(), u.busy.end()) * double(w.steps) / perUnit);
         const double l2 = (c.l2BytesStep * w.steps + c.l2BytesUnit * w.units) / l2Share;
         const bool bound = l2 > seconds;
         seconds = std::max(seconds, l2);

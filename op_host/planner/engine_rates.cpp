@@ -44,8 +44,8 @@ void FillVectorTable(EngineRates& r)
 
 }  // namespace
 
-// The fit of model_fit.cpp (FitModel; the C ABI's flash_cann_model_fit_json) to
-// hw-native-sys/pto-isa's published
+// The fit of model_fit.cpp (FitModel; `python benchmarks/npu_model.py --fit` reruns and
+// prints it, tests/test_npu_model.py pins it) to hw-native-sys/pto-isa's published
 // flash_atten tables (kernels/manual/common/flash_atten/README.md: the 1- and 2-core
 // marginal time per key, the 910B2 24-core PTO column), PTO's hand kernel modelled as
 // PtoDesign (cost_model.h); model_fit.h says what the fit leaves out.

@@ -94,12 +94,12 @@ FitResult EvaluateFit(const FittedFigures& figures, const Platform& platform)
             modelled[s] = Micro(PredictPto(Square(s0, kPerCoreS1[s]), p));
             result.points.push_back({table, "S1 " + std::to_string(kPerCoreS1[s] / 1024) + "k",
                                      kPerCoreTables[c][s], modelled[s], 0,
-                                     "left out: a fixed ~35-60 us, absent from the 24-core table"});
+                                     "left out: one run's total; 2k slower than 4k"});
         }
         const bool fitted = cores <= 2;
         result.points.push_back({table, "S1 8k - 4k", kPerCoreTables[c][3] - kPerCoreTables[c][2],
                                  modelled[3] - modelled[2], fitted ? 1.0 : 0.0,
-                                 fitted ? "fitted" : "left out: slower per key than 24 cores"});
+                                 fitted ? "fitted" : "left out: slower per key than on 24 cores"});
     }
     for (size_t s = 0; s < 6; ++s) {
         const PlanRequest r = Square(kSeqlens[s], kSeqlens[s]);

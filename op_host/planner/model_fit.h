@@ -7,10 +7,11 @@
 //   - the time per key of one CUBE_S0 block on 1 and 2 cores, from the difference of the
 //     S1 = 8k and 4k columns (the tables' large fixed term cancels; no L2 contention);
 //   - PTO's 24-core 910B2 column, 1k..32k (S0 = S1, B1 H1 D128 fp16, non-causal).
-// Left out, and reported with their residuals: the 1/2/4/8-core absolute times (a fixed
-// ~35-60 us that the 24-core column does not show), the 4- and 8-core differences
-// (slower per key than 24 cores, which no shared-bandwidth model reproduces), and the
-// incumbent's column (the calibration, checked, not fitted).
+// Left out, and reported with their residuals: the 1/2/4/8-core absolute times (single
+// runs; the 2k column is slower than the 4k one in every row, and 1k/2k carry 10-60 us
+// that the 24-core column does not show at the same work), the 4- and 8-core differences
+// (slower per key than on 24 cores, which no shared-bandwidth model reproduces), and the
+// incumbent's column (the calibration: checked, not fitted).
 #ifndef FLASH_CANN_PLANNER_MODEL_FIT_H
 #define FLASH_CANN_PLANNER_MODEL_FIT_H
 

@@ -621,6 +621,9 @@ SchedulePrediction PredictSchedule(const KernelDesign& design,
                 core.busy[e] += n * c.busy[e];
             }
         }
+        // No engine can be busier than the core's time: the steady-state estimate of a
+        // short tile can be (its fill overlaps the next tile's in the three-tile run).
+        core.seconds = std::max(core.seconds, *std::max_element(core.busy.begin(), core.busy.end()));
         if (core.l2Bytes / l2Share > core.seconds) {
             core.seconds = core.l2Bytes / l2Share;
             core.l2Bound = true;
