@@ -1,5 +1,7 @@
 #include "engine_rates.h"
 
+#include <memory>
+
 namespace flash_cann {
 namespace {
 
@@ -76,6 +78,13 @@ EngineRates RatesFor(const Platform& p, const FittedFigures& fit)
     r.mte2Latency = r.mte3Latency = r.fixpipeLatency = fit.transferCycles / clock;
     FillVectorTable(r);
     return r;
+}
+
+Platform WithRates(const Platform& platform, const EngineRates& rates)
+{
+    Platform p = platform;
+    p.modelRates = std::make_shared<const EngineRates>(rates);
+    return p;
 }
 
 }  // namespace flash_cann

@@ -111,6 +111,8 @@ extern const FittedFigures kFitted;
 // `platform.modelRates`, when set, instead (the fit and the sensitivity tables).
 EngineRates RatesFor(const Platform& platform);
 EngineRates RatesFor(const Platform& platform, const FittedFigures& fit);
+// `platform` with the schedule model running on `rates` (Platform::modelRates).
+Platform WithRates(const Platform& platform, const EngineRates& rates);
 
 }  // namespace flash_cann
 

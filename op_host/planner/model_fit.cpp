@@ -71,13 +71,6 @@ double Prior(const FittedFigures& f)
 
 }  // namespace
 
-Platform WithRates(const Platform& platform, const EngineRates& rates)
-{
-    Platform p = platform;
-    p.modelRates = std::make_shared<const EngineRates>(rates);
-    return p;
-}
-
 FitResult EvaluateFit(const FittedFigures& figures, const Platform& platform)
 {
     Platform base = platform;

@@ -45,9 +45,6 @@ FitResult EvaluateFit(const FittedFigures& figures, const Platform& platform);
 // The deterministic fit from the sourced figures (coordinate search; a few seconds).
 FitResult FitModel(const Platform& platform);
 
-// `platform` running the schedule model on `rates` (Platform::modelRates).
-Platform WithRates(const Platform& platform, const EngineRates& rates);
-
 }  // namespace flash_cann
 
 #endif

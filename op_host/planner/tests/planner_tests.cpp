@@ -14,7 +14,6 @@
 #include "cost_model.h"
 #include "engine_rates.h"
 #include "grad_planner.h"
-#include "model_fit.h"
 #include "planner.h"
 #include "work_model.h"
 #include "planner_test_support.h"
