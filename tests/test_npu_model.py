@@ -39,7 +39,7 @@ def test_prediction_row_carries_the_incumbent_figures():
 
 
 def test_fit_reproduces_the_committed_figures_and_residuals():
-    """Reruns the fit (op_host/planner/model_fit.cpp, ~0.5 s): it must land on the figures
+    """Reruns the fit (op_host/planner/model_fit.cpp, ~1.5 s): it must land on the figures
     committed in engine_rates.cpp with the same residuals, docs/planner.md must hold its
     tables, and the incumbent's held-out calibration points must stay within +-15 %."""
     from flash_cann.ascend import planner

@@ -11,7 +11,8 @@
 // runs; the 2k column is slower than the 4k one in every row, and 1k/2k carry 10-60 us
 // that the 24-core column does not show at the same work), the 4- and 8-core differences
 // (slower per key than on 24 cores, which no shared-bandwidth model reproduces), and the
-// incumbent's column (the calibration: checked, not fitted).
+// incumbent's column (the calibration: not fitted, but the fit may not take its 4k-32k
+// points past +-14.5 % in TFLOP/s).
 #ifndef FLASH_CANN_PLANNER_MODEL_FIT_H
 #define FLASH_CANN_PLANNER_MODEL_FIT_H
 
@@ -42,7 +43,8 @@ struct FitResult {
 
 // The points at `figures` on 910B2 (`platform`, 24 AI cores).
 FitResult EvaluateFit(const FittedFigures& figures, const Platform& platform);
-// The deterministic fit from the sourced figures (coordinate search; a few seconds).
+// The deterministic fit from the sourced figures (Nelder-Mead, then a coordinate polish;
+// about 1.5 s).
 FitResult FitModel(const Platform& platform);
 
 }  // namespace flash_cann

@@ -86,7 +86,7 @@ def _pct(used: int, capacity: int) -> str:
 
 def _print_prediction(pred: dict, plat: dict) -> None:
     print(f"PREDICTION (schedule model of docs/planner.md, fitted to PTO's published 910B2 "
-          f"tables within -13..+14 % in time, the incumbent's held out within -12..+6 %; not a "
+          f"tables within -13..+11 % in time, the incumbent's held out within -13..+5 %; not a "
           f"measurement, nothing here ran on an NPU)")
     print(f"  design     {pred['design']}")
     print(f"  time       {pred['seconds'] * 1e3:.3f} ms (launch {pred['launch_seconds'] * 1e6:.1f} us "
