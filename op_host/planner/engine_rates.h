@@ -92,9 +92,9 @@ struct EngineRates {
     }
 };
 
-// The figures the fit (model_fit.h) adjusts, in cycles of the SoC's clock: the rest of
-// EngineRates stays its sourced value.
-// Rates are scales of the sourced figures, so that 910B4's own table scales alike.
+// The figures the fit (model_fit.h) adjusts; the rest of EngineRates stays its sourced
+// value. Rates are scales of the sourced figures (so that 910B4's own table scales
+// alike), fixed costs cycles of the SoC's clock.
 struct FittedFigures {
     double fixpipeScale;          // multiplies the sourced Fixpipe rate (L0C -> GM/L2)
     double mte2Scale;             // multiplies the sourced MTE2 rates (L2 -> L1, L2 -> UB)

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <array>
-#include <tuple>
 #include <cmath>
+#include <tuple>
 
 #include "cost_model.h"
 
@@ -27,12 +27,10 @@ constexpr int64_t kSeqlens[] = {1024, 2048, 4096, 8192, 16384, 32768};
 constexpr double kPto24[] = {20.960, 32.461, 88.902, 292.626, 909.058, 3262.645};
 constexpr double kIncumbent24[] = {58.461, 70.801, 118.302, 353.147, 1118.462, 3646.173};
 
-// The objective: log errors of the fitted points (weight 1 each), plus weak priors that
-// keep the figures the data cannot tell apart near their sources: a rate scale of 2x
-// costs as much as one point 35 % off; 100 transfer cycles or 20 issue cycles as much
-// as one point 10 % off.
-// Each prior term is (figure / its scale)^2, the scale being the figure whose cost equals
-// that of one point off by the stated log error.
+// The objective: squared log errors of the fitted points (weight 1 each), plus weak priors
+// that keep the figures the data cannot tell apart near their sources. Each prior term is
+// (figure / its scale)^2, the scale being the figure that costs as much as one point off
+// by the stated log error.
 constexpr double kScalePrior = 0.6931 / 0.35;   // ln(2) ~ one point 35 % off
 constexpr double kTransferPrior = 100 / 0.10;   // 100 cycles ~ one point 10 % off
 constexpr double kIssuePrior = 20 / 0.10;       // 20 cycles ~ one point 10 % off
