@@ -11,7 +11,6 @@
 namespace flash_cann {
 namespace {
 
-constexpr double kMacsPerCycle = 16 * 16 * 16;
 // A unit's steps are simulated up to this many; longer units are extrapolated from the
 // steady state (as the forward's tiles are).
 constexpr uint64_t kExactSteps = 8;
@@ -51,19 +50,19 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     const double bq = d.blockQ, bk = d.blockK, dim = d.headDimPad, e = d.elemBytes;
     const double rows = bq / 2;
     StepCosts c{};
-    c.loadQ = 2 * bq * dim * e / r.l2ToL1;
-    c.loadKv = 2 * bk * dim * e / r.l2ToL1;
-    c.loadPds = 2 * bq * bk * e / r.l2ToL1;
-    const double a = 1 / r.l1ToL0a, b = 1 / r.l1ToL0b;
-    c.mte1S = (bq * dim * a + bk * dim * b) * e;   // Q, K^T
-    c.mte1Dp = c.mte1S;                             // dO, V^T
-    c.mte1Dv = (bq * bk * a + bq * dim * b) * e;    // P^T, dO
-    c.mte1Dk = c.mte1Dv;                            // dS^T, Q
-    c.mte1Dq = (bq * bk * a + bk * dim * b) * e;    // dS, K
-    c.mmad = bq * bk * dim / kMacsPerCycle / r.clockHz;
-    c.fixScores = bq * bk * 4 / r.fixpipe;
-    c.fixDq = bq * dim * 4 / r.fixpipe;
-    c.fixDkDv = 2 * bk * dim * 4 / r.fixpipe;
+    // One transfer per operand, one Mmad and its LoadDatas per product.
+    c.loadQ = r.L2ToL1(2 * bq * dim * e, 2);                   // Q, dO
+    c.loadKv = r.L2ToL1(2 * bk * dim * e, 2);                  // K, V
+    c.loadPds = r.L2ToL1(2 * bq * bk * e, 2);                  // P, dS
+    c.mte1S = r.L1ToL0a(bq * dim * e, 1) + r.L1ToL0b(bk * dim * e, 1);   // Q, K^T
+    c.mte1Dp = c.mte1S;                                                  // dO, V^T
+    c.mte1Dv = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bq * dim * e, 1);  // P^T, dO
+    c.mte1Dk = c.mte1Dv;                                                 // dS^T, Q
+    c.mte1Dq = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bk * dim * e, 1);  // dS, K
+    c.mmad = r.Mmad(bq * bk * dim, 1);
+    c.fixScores = r.Fixpipe(bq * bk * 4, 1);
+    c.fixDq = r.Fixpipe(bq * dim * 4, 1);
+    c.fixDkDv = r.Fixpipe(2 * bk * dim * 4, 2);
     const double tile = FloatRepeats(rows * bk);
     VecProgram v;
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
@@ -100,9 +99,9 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
         AppendVec(v, VecOp::kSelect, tile, true, 2);                // P, dP where kept
         AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
     }
-    c.vecIn = 2 * rows * bk * 4 / r.l2ToUb;
+    c.vecIn = r.L2ToUb(2 * rows * bk * 4, 2);                   // S, dP
     c.vecCompute = VecSeconds(v, r);
-    c.vecOut = 2 * rows * bk * e / r.ubToL2;
+    c.vecOut = r.UbToL2(2 * rows * bk * e, 2);                  // P, dS
     c.l2BytesStep = 2 * bq * dim * e + 2 * bq * bk * e            // Q, dO, P, dS into L1
                     + 2 * bq * bk * 4 + 2 * bq * dim * 4           // S, dP; dQ read-add-write
                     + 2 * bq * bk * 4 + 2 * bq * bk * e;           // vector in and out
@@ -352,6 +351,9 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
         const UnitCost u = CostUnit(d, c, perUnit, r.crossCoreFlag);
         deadlock = deadlock || u.deadlock;
         double seconds = u.fill + u.steady * w.units * (double(w.steps) / (perUnit * w.units));
+        // No engine can be busier than the core's time (the steady estimate of a short
+        // unit can undercut its work when its fill overlaps the next unit's).
+        seconds = std::max(seconds, *std::max_element(u.busy.begin(), u.busy.end()) * double(w.steps) / perUnit);
         const double l2 = (c.l2BytesStep * w.steps + c.l2BytesUnit * w.units) / l2Share;
         const bool bound = l2 > seconds;
         seconds = std::max(seconds, l2);

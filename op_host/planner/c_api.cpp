@@ -149,3 +149,16 @@ extern "C" int64_t flash_cann_platforms_json(char* out, uint64_t capacity)
 {
     return Emit(PlatformsToJson(), out, capacity);
 }
+
+extern "C" int64_t flash_cann_model_fit_json(int32_t refit, const double* figures, char* out,
+                                             uint64_t capacity)
+{
+    const Platform& b2 = *FindPlatform("Ascend910B2");
+    if (refit != 0) {
+        return Emit(FitToJson(FitModel(b2), b2), out, capacity);
+    }
+    const FittedFigures f = figures ? FittedFigures{figures[0], figures[1], figures[2], figures[3],
+                                                    figures[4], figures[5]}
+                                    : kFitted;
+    return Emit(FitToJson(EvaluateFit(f, b2), b2), out, capacity);
+}

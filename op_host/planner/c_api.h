@@ -73,6 +73,13 @@ int64_t flash_cann_decode_plan_json(const char* soc, const struct flash_cann_dec
                                     const struct flash_cann_variant* variant, int64_t keys,
                                     int32_t aic_cores, char* out, uint64_t capacity);
 
+// The schedule model's fit to PTO's published tables (op_host/planner/model_fit.h) on
+// 910B2: refit != 0 reruns the fit from the sourced figures (a few seconds); otherwise the
+// points at `figures` (fixpipe, MTE2 and L2 scales, transfer, issue and launch cycles), or
+// at the committed fit when `figures` is null. Same return convention.
+int64_t flash_cann_model_fit_json(int32_t refit, const double* figures, char* out,
+                                  uint64_t capacity);
+
 // The built-in platform table as JSON; same return convention.
 int64_t flash_cann_platforms_json(char* out, uint64_t capacity);
 

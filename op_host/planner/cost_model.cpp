@@ -126,6 +126,24 @@ std::vector<CoreWorkList> IncumbentTiles(const TilingData& t, bool causal,
     return cores;
 }
 
+// PTO's split: (batch, head, CUBE_S0-row block) blocks, block b on AI core b mod cores.
+std::vector<CoreWorkList> PtoTiles(const TilingData& t, bool causal, const PtoTiling& pto,
+                                   uint32_t aiCores)
+{
+    const uint64_t blocksPerHead = CeilDiv(t.seqlenQ, pto.cubeS0);
+    const uint64_t total = uint64_t{t.batch} * t.headsQ * blocksPerHead;
+    std::vector<CoreWorkList> cores(std::min<uint64_t>(total, aiCores));
+    for (uint64_t b = 0; b < total; ++b) {
+        const uint32_t row0 = static_cast<uint32_t>(b % blocksPerHead) * pto.cubeS0;
+        const QueryTile tile = DenseTile(t, 0, 0, row0, std::min(pto.cubeS0, t.seqlenQ - row0));
+        const KeyRange range = causal ? TileKeys<true>(t, tile) : TileKeys<false>(t, tile);
+        if (range.end > range.begin) {
+            AppendTile(cores[b % cores.size()], Tile(t, causal, tile, range, pto.tileS1));
+        }
+    }
+    return cores;
+}
+
 double HbmBytes(const PlanRequest& r)
 {
     const double e = ElementBytes(r.dtype);
@@ -205,6 +223,7 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     KernelDesign d;
     d.name = "flash-cann pipelined kernel";
     d.keysPerRound = RoundKeys(t);
+    d.keysPerMatmul = t.blockK;
     d.headDimPad = t.headDimPad;
     d.elemBytes = elemBytes;
     d.vectorSlices = std::max<uint32_t>(1, (VectorRows(t) + t.vecRows - 1) / t.vecRows);
@@ -232,6 +251,7 @@ KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes)
     KernelDesign d;
     d.name = "incumbent FlashAttentionScore design (S1 128 x S2 1024 per vector core)";
     d.keysPerRound = kIncumbentKeysPerRound;
+    d.keysPerMatmul = kIncumbentKeysPerRound / kIncumbentSlicesPerRound;  // S2 base block 128
     d.headDimPad = headDimPad;
     d.elemBytes = elemBytes;
     d.vectorSlices = kIncumbentSlicesPerRound;
@@ -242,6 +262,39 @@ KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes)
     d.pipelineAcrossTiles = true;    // taskId ring continues over S1 blocks
     d.causalMaskPerRow = false;      // SelectWithBytesMask on the whole tile
     return d;
+}
+
+KernelDesign PtoDesign(uint32_t headDimPad, const PtoTiling& pto)
+{
+    KernelDesign d;
+    d.name = "PTO hand kernel design (CUBE_S0 x TILE_S1 logical tiles, fp32 S fifo)";
+    d.keysPerRound = pto.tileS1;
+    d.keysPerMatmul = pto.cubeS1;
+    d.headDimPad = headDimPad;
+    d.elemBytes = 2;
+    d.vectorSlices = pto.tileS1 / pto.cubeS1;   // Vec_S0 = CUBE_S0 / 2 / kTileFactor rows
+    d.ubScoreBuffers = 2;                       // srcVecTNBuffers
+    d.probBufferIsScratch = false;              // xexpVecTNBuffers = 2
+    d.scoresAhead = pto.qkPreload + 1;          // compute_qk(tile + qkPreload) before compute_pv(tile)
+    d.outputDelay = pto.qkPreload;              // compute_gu(tile) after compute_p(tile + qkPreload)
+    d.loadsBeforeProbWait = false;              // compute_pv: TPOP of P, then the V load
+    d.pipelineAcrossTiles = false;
+    d.blockPerTile = true;                      // each CUBE_S0 block is a kernel block
+    d.queryInL0a = false;                       // Q from L1 to L0A for every product
+    d.scoreSlots = d.probSlots = d.outputSlots = pto.fifoSlots;
+    d.l0Buffers = 2;
+    d.l0cBuffers = 2;                           // S streams out under the unit flag
+    d.outputOwnL0c = true;                      // P.V accumulates in its own L0C tile
+    d.finalOutputBytes = 4;                     // o_out is fp32
+    d.causalMaskPerRow = false;
+    return d;
+}
+
+Prediction PredictPto(const PlanRequest& r, const Platform& p, const PtoTiling& pto)
+{
+    TilingData t = ProblemTiling(r);
+    t.blockK = pto.tileS1;
+    return Finish(PtoDesign(t.headDimPad, pto), PtoTiles(t, r.causal, pto, p.aicCores), r, p);
 }
 
 Prediction Predict(const Plan& plan, const PlanRequest& r, const Platform& p)

@@ -17,6 +17,18 @@
 //                      rows x 1024 keys (S2 128 x nRatio 8) per round, the cube serving
 //                      both vector cores (256 rows, K/V shared in L1), ring
 //                      bmm1(i) vec1(i-1) bmm2(i-1) vec2(i-2) running across S1 blocks
+//   PtoDesign          the PTO hand kernel (hw-native-sys/pto-isa kernels/manual/common/
+//                      flash_atten/fa_performance_kernel.cpp, main.cpp, run.sh,
+//                      scripts/generate_cases.py): one kernel block per CUBE_S0 query rows
+//                      (blocks handed to the AI cores in turn, each run start to finish);
+//                      Q loaded into L1 once per block and moved to L0A for every product;
+//                      per CUBE_S1 keys one S product, Fixpiped as fp32 into a GM fifo;
+//                      the vector cores read a logical tile of TILE_S1 keys in row slices
+//                      of CUBE_S0 / 2 / (TILE_S1 / CUBE_S1) rows, write P as fp16 to a GM
+//                      fifo; the cube accumulates P.V of the TILE_S1 keys in L0C and
+//                      Fixpipes it (fp32) once per logical tile; the vector rescales its
+//                      running O (UB) with it; S of qkPreload tiles ahead of P.V, the O
+//                      update qkPreload tiles behind the softmax, fifos of 8 slots; fp32 O
 #ifndef FLASH_CANN_PLANNER_COST_MODEL_H
 #define FLASH_CANN_PLANNER_COST_MODEL_H
 
@@ -30,6 +42,19 @@ namespace flash_cann {
 KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes);
 KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes);
 
+// PTO's compile-time tiling. The defaults are run.sh's and generate_cases.py's (CUBE_S1
+// fixed at 128, TILE_S1 256, qkPreload 4, fifo depth kFaCvFifoSize 8); the README's
+// 1/2/4/8-core tables use CUBE_S0 128 (S0 = 128 x cores, one block per core). The
+// tiling of its 24-core 910B2 table is not published: the same defaults are assumed.
+struct PtoTiling {
+    uint32_t cubeS0 = 128;
+    uint32_t cubeS1 = 128;
+    uint32_t tileS1 = 256;
+    uint32_t qkPreload = 4;
+    uint32_t fifoSlots = 8;
+};
+KernelDesign PtoDesign(uint32_t headDimPad, const PtoTiling& tiling);
+
 // The prediction for a plan of our kernel.
 Prediction Predict(const Plan& plan, const PlanRequest& request, const Platform& platform);
 // The prediction for a packed (TND) plan, given the sequences' offsets: the plan does not
@@ -40,6 +65,10 @@ Prediction PredictPacked(const Plan& plan, const PlanRequest& request, const Pla
                          const std::vector<int32_t>& cuSeqlensK);
 // The incumbent's design on the same problem, with its own work split.
 Prediction PredictIncumbent(const PlanRequest& request, const Platform& platform);
+// PTO's design on the same problem (fp16; seqlen_q a multiple of CUBE_S0, seqlen_k of
+// TILE_S1), its blocks handed to the AI cores in turn.
+Prediction PredictPto(const PlanRequest& request, const Platform& platform,
+                      const PtoTiling& tiling = PtoTiling());
 
 // Any design on the work split of `split` (its blockQ, rowStart, usedCores).
 Prediction PredictDesign(const KernelDesign& design, const TilingData& split,

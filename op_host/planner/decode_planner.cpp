@@ -232,9 +232,10 @@ DecodePrediction PredictDecode(const DecodePlan& plan, const DecodeRequest& r, c
     // One round on one core.
     const double activeCores = std::min<double>(t.usedCores, units);
     const double loadRate = std::min(rates.l2ToL1, rates.hbm / activeCores);
-    const double roundLoad = 2 * w * d * e / loadRate;
-    const double cube = 2 * rows16 * w * d / (16.0 * 16 * 16) / rates.clockHz;  // two products
-    const double fix = (rows16 * w * 4 + rows16 * d * 4) / rates.fixpipe;
+    const double subBlocks = std::ceil(w / t.blockK);  // one Mmad, K and V load, S Fixpipe each
+    const double roundLoad = 2 * w * d * e / loadRate + 2 * subBlocks * rates.mte2Latency;
+    const double cube = rates.Mmad(2 * rows16 * w * d, 2 * subBlocks);  // two products
+    const double fix = rates.Fixpipe(rows16 * w * 4 + rows16 * d * 4, subBlocks + 1);
     // The vector core's slice work: about 24 instructions over vecRows x W per slice with
     // a barrier after most (their head latency exposed), per-row band/ALiBi work, and the
     // S/P/O moves through UB.
@@ -244,7 +245,7 @@ DecodePrediction PredictDecode(const DecodePlan& plan, const DecodeRequest& r, c
                              rowsPerVector * 2 * (14 + w / 64 * 2) * (t.causal || r.variant.windowLeft >= 0 ? 1 : 0.25);
     const double vecMoves = rowsPerVector * w * (4 + e) / rates.l2ToUb + rowsPerVector * w * e / rates.ubToL2 +
                             rowsPerVector * d * 4 / rates.l2ToUb;
-    const double vector = vecCycles / rates.clockHz + vecMoves;
+    const double vector = vecCycles / rates.clockHz + slices * 24 * rates.vectorIssue + vecMoves;
     const double chain = std::max(cube + fix, vector) + 3 * rates.crossCoreFlag;
     // What the cube waits for P (vector + two flags) beyond the four sub-blocks the L1
     // rings hold ahead stalls the loads.

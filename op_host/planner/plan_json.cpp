@@ -65,7 +65,7 @@ void WritePlatform(std::ostringstream& out, const Platform& p, bool withRates = 
     o.Key("source") << Quote(p.source);
     if (withRates) {
         // The schedule model's inputs for this SoC (engine_rates.cpp): pinned per SoC
-        // against their cited sources by tests/test_planner.py.
+        // against their cited sources and the committed fit by tests/test_planner.py.
         const EngineRates r = RatesFor(p);
         o.Key("engine_rates");
         Object e(out);
@@ -80,6 +80,12 @@ void WritePlatform(std::ostringstream& out, const Platform& p, bool withRates = 
         e.Key("hbm") << r.hbm;
         e.Key("cross_core_flag_seconds") << r.crossCoreFlag;
         e.Key("launch_seconds") << r.launch;
+        e.Key("mmad_issue_seconds") << r.mmadIssue;
+        e.Key("mte1_issue_seconds") << r.mte1Issue;
+        e.Key("vector_issue_seconds") << r.vectorIssue;
+        e.Key("mte2_latency_seconds") << r.mte2Latency;
+        e.Key("mte3_latency_seconds") << r.mte3Latency;
+        e.Key("fixpipe_latency_seconds") << r.fixpipeLatency;
         e.Key("vector_cycles");
         out << '[';
         for (uint32_t op = 0; op < static_cast<uint32_t>(VecOp::kCount); ++op) {
@@ -278,6 +284,20 @@ std::string PlanToJson(const PlanResult& result, const PlanRequest& request,
             WritePrediction(out, Predict(plan, request, platform), platform);
             o.Key("incumbent_design_prediction");
             WritePrediction(out, PredictIncumbent(request, platform), platform);
+            // PTO's kernel where its templates take the shape: fp16, no features, whole
+            // CUBE_S0 blocks and TILE_S1 tiles, causal only square.
+            const PtoTiling pto;
+            const bool ptoTakes = request.dtype == DType::Float16 && !request.hasMask &&
+                                  IsPlain(request.variant) && request.layout != Layout::TND &&
+                                  request.seqlenQ % pto.cubeS0 == 0 &&
+                                  request.seqlenK % pto.tileS1 == 0 &&
+                                  (!request.causal || request.seqlenQ == request.seqlenK);
+            o.Key("pto_design_prediction");
+            if (ptoTakes) {
+                WritePrediction(out, PredictPto(request, platform, pto), platform);
+            } else {
+                out << "null";
+            }
         }
     }
     return out.str();
@@ -410,6 +430,53 @@ std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest
         op.Key("hbm_use") << p.hbmUse;
         op.Key("hbm_gb_per_s") << platform.hbmBytesPerSecond / 1e9;
         op.Key("bound") << Quote(p.bound);
+    }
+    return out.str();
+}
+
+std::string FitToJson(const FitResult& fit, const Platform& platform)
+{
+    std::ostringstream out;
+    out << std::setprecision(10);
+    {
+    Object o(out);
+    o.Key("label") << Quote("the schedule model's figures fitted to hw-native-sys/pto-isa's published "
+                            "flash_atten tables (docs/planner.md, \"Fitted model\")");
+    const FittedFigures& f = fit.figures;
+    const EngineRates r = RatesFor(platform, f);
+    o.Key("figures");
+    {
+        Object of(out);
+        of.Key("fixpipe_scale") << f.fixpipeScale;
+        of.Key("mte2_scale") << f.mte2Scale;
+        of.Key("l2_scale") << f.l2Scale;
+        of.Key("transfer_cycles") << f.transferCycles;
+        of.Key("issue_cycles") << f.issueCycles;
+        of.Key("launch_cycles") << f.launchCycles;
+        // What they make of 910B2's rates, per core or in total.
+        of.Key("fixpipe_gb_per_s") << r.fixpipe / 1e9;
+        of.Key("l2_to_l1_gb_per_s") << r.l2ToL1 / 1e9;
+        of.Key("l2_to_ub_gb_per_s") << r.l2ToUb / 1e9;
+        of.Key("l2_tb_per_s") << r.l2Aggregate / 1e12;
+        of.Key("launch_us") << r.launch * 1e6;
+    }
+    o.Key("cost") << fit.cost;
+    o.Key("evaluations") << fit.evaluations;
+    o.Key("points");
+    out << '[';
+    for (size_t i = 0; i < fit.points.size(); ++i) {
+        const FitPoint& p = fit.points[i];
+        out << (i ? "," : "");
+        Object op(out);
+        op.Key("table") << Quote(p.table);
+        op.Key("what") << Quote(p.what);
+        op.Key("measured_us") << p.measured;
+        op.Key("modelled_us") << p.modelled;
+        op.Key("error") << p.Error();
+        op.Key("weight") << p.weight;
+        op.Key("role") << Quote(p.role);
+    }
+    out << ']';
     }
     return out.str();
 }

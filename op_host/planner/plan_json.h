@@ -6,6 +6,7 @@
 
 #include "decode_planner.h"
 #include "grad_planner.h"
+#include "model_fit.h"
 #include "planner.h"
 
 namespace flash_cann {
@@ -22,6 +23,8 @@ std::string PlatformsToJson();
 std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest& request,
                              const Platform& platform, int64_t keys);
 std::string ErrorJson(const std::string& message);
+// The schedule model's fit (model_fit.h): figures, points, cost.
+std::string FitToJson(const FitResult& fit, const Platform& platform);
 
 }  // namespace flash_cann
 

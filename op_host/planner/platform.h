@@ -8,10 +8,13 @@
 #define FLASH_CANN_PLANNER_PLATFORM_H
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace flash_cann {
+
+struct EngineRates;
 
 struct Platform {
     std::string name;
@@ -28,6 +31,9 @@ struct Platform {
     double hbmBytesPerSecond = 0;
     double l2BytesPerSecond = 0;
     std::string source;          // where the numbers come from
+    // The schedule model's figures when set (the fit and its sensitivity tables run
+    // every design on other rates this way); RatesFor(platform) otherwise.
+    std::shared_ptr<const EngineRates> modelRates;
 };
 
 // The SoC names with built-in defaults: Ascend910B1..B4, Ascend910_93.

@@ -11,7 +11,6 @@ namespace flash_cann {
 namespace {
 
 constexpr double kFloatsPerRepeat = 64;   // 256 bytes of fp32
-constexpr double kMacsPerCycle = 16 * 16 * 16;
 // Tiles of up to this many rounds are simulated whole; longer ones are extrapolated
 // linearly from two simulated lengths (the pipeline's steady state is periodic).
 constexpr uint32_t kExactRounds = 8;
@@ -36,19 +35,23 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     const double vecRows = std::ceil(rows / 2.0);
     const double slices = d.vectorSlices;
     const double sliceRows = std::ceil(vecRows / slices);
+    // Instructions per round: each cube sub-block is one Mmad, one Fixpipe of S, one load
+    // of K, of V and of P, one LoadData per operand.
+    const double subBlocks = d.keysPerMatmul > 0 ? std::ceil(k / d.keysPerMatmul) : 1;
     RoundCosts c{};
-    c.loadQ = rows * dim * e / r.l2ToL1;
-    c.loadK = c.loadV = k * dim * e / r.l2ToL1;
-    c.loadP = rows16 * k * e / r.l2ToL1;
-    c.mte1Scores = (d.queryInL0a ? 0 : rows16 * dim * e / r.l1ToL0a) + k * dim * e / r.l1ToL0b;
-    c.mte1Output = rows16 * k * e / r.l1ToL0a + k * dim * e / r.l1ToL0b;
-    c.mmad = rows16 * k * dim / kMacsPerCycle / r.clockHz;
-    c.fixScores = rows16 * k * d.scoreBytes / r.fixpipe;
-    c.fixOutput = rows16 * dim * d.outputBytes / r.fixpipe;
-    c.inScores = sliceRows * k * d.scoreBytes / r.l2ToUb;
+    c.loadQ = r.L2ToL1(rows * dim * e, 1);
+    c.loadK = c.loadV = r.L2ToL1(k * dim * e, subBlocks);
+    c.loadP = r.L2ToL1(rows16 * k * e, subBlocks);
+    c.mte1Scores = (d.queryInL0a ? 0 : r.L1ToL0a(rows16 * dim * e, subBlocks)) +
+                   r.L1ToL0b(k * dim * e, subBlocks);
+    c.mte1Output = r.L1ToL0a(rows16 * k * e, subBlocks) + r.L1ToL0b(k * dim * e, subBlocks);
+    c.mmad = r.Mmad(rows16 * k * dim, subBlocks);
+    c.fixScores = r.Fixpipe(rows16 * k * d.scoreBytes, subBlocks);
+    c.fixOutput = d.outputBytes > 0 ? r.Fixpipe(rows16 * dim * d.outputBytes, 1) : 0;
+    c.inScores = r.L2ToUb(sliceRows * k * d.scoreBytes, 1);
     c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r) +
                 VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r);
-    c.outProbs = sliceRows * k * e / r.ubToL2;
+    c.outProbs = r.UbToL2(sliceRows * k * e, 1);
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
     if (d.dropoutPassElements > 0) {  // the slice's keep mask, then P = keep ? P : 0
@@ -56,14 +59,14 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
         AppendVec(dropout, VecOp::kSelect, FloatRepeats(sliceRows * k), true);
         c.softmax += VecSeconds(dropout, r);
     }
-    c.inOutput = vecRows * dim * d.outputBytes / r.l2ToUb;
+    c.inOutput = d.outputBytes > 0 ? r.L2ToUb(vecRows * dim * d.outputBytes, 1) : 0;
     c.updateOutput = VecSeconds(OutputUpdateProgram(vecRows, dim, d.vectorBarriers), r);
     c.epilogue = VecSeconds(EpilogueProgram(vecRows, dim), r);
-    c.outFinal = vecRows * (dim * e + 4) / r.ubToL2;
+    c.outFinal = r.UbToL2(vecRows * (dim * d.finalOutputBytes + 4), 2);  // O, lse
     c.l2BytesRound = 2 * k * dim * e + rows16 * k * e          // K, V, P into L1
                      + rows16 * k * d.scoreBytes + rows16 * dim * d.outputBytes  // Fixpipe
                      + rows * k * (d.scoreBytes + e) + rows * dim * d.outputBytes;  // vector
-    c.l2BytesTile = rows * dim * e * 2 + rows * 4;
+    c.l2BytesTile = rows * dim * (e + d.finalOutputBytes) + rows * 4;
     return c;
 }
 
@@ -406,13 +409,15 @@ void AppendTile(CoreWorkList& work, const TileWork& tile)
 double VecSeconds(const VecProgram& program, const EngineRates& r)
 {
     double cycles = 0;
+    double issue = 0;  // seconds: each instruction's issue, on top of its repeats
     for (const VecInstr& i : program) {
         const VecOpCost& c = r.Cost(i.op);
         // msopmodeling's rule: repeats x cost, or with a barrier after it head + the rest.
         cycles += i.times * (i.barrier ? c.headCycles + (i.repeats - 1) * c.cyclesPerRepeat
                                        : i.repeats * c.cyclesPerRepeat);
+        issue += i.times * r.vectorIssue;
     }
-    return cycles / r.clockHz;
+    return cycles / r.clockHz + issue;
 }
 
 VecProgram SoftmaxProgram(double rows, double keys, bool b)
@@ -607,13 +612,18 @@ SchedulePrediction PredictSchedule(const KernelDesign& design,
         for (size_t i = 0; i < runs.size(); ++i) {
             const TileCost& c = cache.Get(runs[i].tile);
             const double n = static_cast<double>(runs[i].count);
-            // The first tile pays the pipeline's fill and drain.
-            core.seconds += n * c.steady + (i == 0 ? c.single - c.steady : 0);
+            // The first tile pays the pipeline's fill and drain (every tile, when each
+            // is a block of its own).
+            core.seconds += design.blockPerTile ? n * c.single
+                                                : n * c.steady + (i == 0 ? c.single - c.steady : 0);
             core.l2Bytes += n * c.l2Bytes;
             for (uint32_t e = 0; e < kEngines; ++e) {
                 core.busy[e] += n * c.busy[e];
             }
         }
+        // No engine can be busier than the core's time: the steady-state estimate of a
+        // short tile can be (its fill overlaps the next tile's in the three-tile run).
+        core.seconds = std::max(core.seconds, *std::max_element(core.busy.begin(), core.busy.end()));
         if (core.l2Bytes / l2Share > core.seconds) {
             core.seconds = core.l2Bytes / l2Share;
             core.l2Bound = true;

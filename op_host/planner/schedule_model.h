@@ -77,6 +77,8 @@ struct KernelDesign {
     std::string name;
     // One round on one AI core.
     uint32_t keysPerRound = 0;
+    uint32_t keysPerMatmul = 0;  // keys of one Mmad / Fixpipe of S / load of K, V, P (the
+                                 // cube's sub-block); 0: the whole round
     uint32_t headDimPad = 0;
     uint32_t elemBytes = 2;
     uint32_t vectorSlices = 1;   // a vector core's round runs as this many row slices
@@ -89,6 +91,8 @@ struct KernelDesign {
     bool loadsBeforeProbWait = false;  // V(j) and the next K load issue before waiting for P(j)
     bool pipelineAcrossTiles = false;  // the rounds of the next tile enter the pipeline
                                        // before the current tile drains
+    bool blockPerTile = false;   // each tile is a kernel block of its own: it starts once
+                                 // the previous one has finished on every engine
     bool queryInL0a = false;     // Q stays in L0A across a tile (no per-round MTE1 of Q)
     uint32_t scoreSlots = 2, probSlots = 2, outputSlots = 2;  // GM workspace rings
     uint32_t l0Buffers = 2;      // L0A/L0B operand ring
@@ -97,6 +101,7 @@ struct KernelDesign {
     // Workspace bytes per element.
     double scoreBytes = 4;       // S from Fixpipe to the vector cores
     double outputBytes = 4;      // O partial per output element per round (0: none)
+    double finalOutputBytes = 2; // the tile's output per element (the input dtype's)
     bool vectorBarriers = true;  // PipeBarrier<PIPE_V> between softmax steps
     bool causalMaskPerRow = true;  // causal diagonal masked row by row (else one 2-D op)
     // Features computed on the scores of every round (the band of a sliding window is

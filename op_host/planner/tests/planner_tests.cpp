@@ -318,7 +318,7 @@ PlanRequest Square(int64_t heads, int64_t seqlen, bool causal)
 // Calibration: the schedule model fed the incumbent's design reproduces the incumbent's
 // measured 910B2 figures (torch_npu fused attention, batch 1, 1 head, fp16, D 128,
 // non-causal; hw-native-sys/pto-isa kernels/manual/common/flash_atten/README.md) within
-// +-20 %. A model change that breaks this fails here.
+// +-15 % (held out of the fit, model_fit.h). A model change that breaks this fails here.
 void TestCalibration()
 {
     const Platform& b2 = *FindPlatform("Ascend910B2");
@@ -326,7 +326,7 @@ void TestCalibration()
     for (const auto& [seqlen, tflops] : measured) {
         const Prediction p = PredictIncumbent(Square(1, static_cast<int64_t>(seqlen), false), b2);
         const double modelled = p.usefulFlops / p.seconds / 1e12;
-        EXPECT(std::fabs(modelled / tflops - 1) <= 0.20,
+        EXPECT(std::fabs(modelled / tflops - 1) <= 0.15,
                "incumbent at %.0f: modelled %.1f TFLOP/s, measured %.1f", seqlen, modelled, tflops);
         std::printf("calibration: incumbent design at seqlen %5.0f: modelled %6.1f TFLOP/s, "
                     "measured %6.1f (%+.0f%%), bound: %s\n", seqlen, modelled, tflops,
@@ -358,7 +358,8 @@ void TestScheduleSemantics()
            "16 bytes of S per score element should bind on L2 or Fixpipe, got %s", p.bound.c_str());
     const EngineRates rates = RatesFor(b2);
     const double exp10 = VecSeconds({{VecOp::kExp, 10, true}}, rates) * rates.clockHz;
-    EXPECT(std::fabs(exp10 - (13 + 9 * 2)) < 1e-9, "Exp of 10 repeats + barrier: %g cycles", exp10);
+    const double issue = rates.vectorIssue * rates.clockHz;
+    EXPECT(std::fabs(exp10 - (13 + 9 * 2 + issue)) < 1e-9, "Exp of 10 repeats + barrier: %g cycles", exp10);
     std::printf("schedule model: O-update delay %.2fx faster than the serial chain; "
                 "workspace bytes bind the shared L2\n", tSerial / tDelayed);
 }
@@ -629,6 +630,83 @@ void TestFeaturesReport()
     }
 }
 
+// The headline predictions at the fitted rates and with the Fixpipe or the shared-L2 rate
+// scaled by 0.77 and 1.3 (docs/planner.md's SENSITIVITY table; printed, not asserted):
+// 910B2, fp16, D 128, batch 1, 16 heads. Each cell: % of cube peak, then the binding
+// engine and its busy share of the slowest core (the shared L2 first when its floor sets
+// the time).
+std::string ShortEngine(const std::string& name)
+{
+    return name.substr(0, name.find(" ("));
+}
+
+template <typename Busy>
+std::string Binding(const std::string& bound, const Busy& busy, double seconds)
+{
+    auto busiest = busy.front();
+    for (const auto& e : busy) {
+        if (e.second > busiest.second) {
+            busiest = e;
+        }
+    }
+    char text[96];
+    std::snprintf(text, sizeof(text), "%s%s %.0f%%", bound.rfind("shared L2", 0) == 0 ? "L2; " : "",
+                  ShortEngine(busiest.first).c_str(), 100 * busiest.second / seconds);
+    return text;
+}
+
+void TestSensitivityReport()
+{
+    const Platform& b2 = *FindPlatform("Ascend910B2");
+    const EngineRates fitted = RatesFor(b2);
+    const std::pair<const char*, EngineRates> columns[] = {
+        {"fitted", fitted},
+        {"Fixpipe x0.77", [&] { EngineRates r = fitted; r.fixpipe *= 0.77; return r; }()},
+        {"Fixpipe x1.3", [&] { EngineRates r = fitted; r.fixpipe *= 1.3; return r; }()},
+        {"L2 x0.77", [&] { EngineRates r = fitted; r.l2Aggregate *= 0.77; return r; }()},
+        {"L2 x1.3", [&] { EngineRates r = fitted; r.l2Aggregate *= 1.3; return r; }()},
+    };
+    const auto row = [](const char* name, const char* column, double utilization, const std::string& binding) {
+        EXPECT(utilization > 0 && utilization < 1, "%s at %s: %g", name, column, utilization);
+        std::printf("sensitivity: %s | %s | %.1f%% | %s\n", name, column, 100 * utilization, binding.c_str());
+    };
+    for (const auto& [column, rates] : columns) {
+        const Platform p = WithRates(b2, rates);
+        const auto forward = [&](const char* name, const Prediction& f) {
+            row(name, column, f.cubeUtilization, Binding(f.bound, f.engineBusySeconds, f.coreSeconds));
+        };
+        for (bool causal : {false, true}) {
+            for (int64_t seqlen : {8192, 16384, 32768}) {
+                const PlanRequest r = Square(16, seqlen, causal);
+                const std::string name = std::string("ours, forward, ") + (causal ? "causal" : "non-causal") +
+                                         ", " + std::to_string(seqlen / 1024) + "k";
+                forward(name.c_str(), Predict(MakePlan(r, b2).plan, r, p));
+            }
+        }
+        for (bool causal : {false, true}) {
+            const PlanRequest r = Square(16, 16384, causal);
+            const char* mode = causal ? "causal" : "non-causal";
+            for (bool deterministic : {false, true}) {
+                const GradPlanRequest gr{r, deterministic};
+                const BackwardPrediction b = PredictGradPlan(MakeGradPlan(gr, b2).plan, gr, p);
+                const std::string name = std::string("ours, backward") + (deterministic ? " deterministic" : "") +
+                                         ", " + mode + ", 16k";
+                row(name.c_str(), column, b.cubeUtilization, Binding(b.bound, b.engineBusySeconds, b.mainSeconds));
+            }
+            const TilingData t = MakePlan(r, b2).plan.tiling;
+            KernelDesign fast = DesignFromTiling(t, 2);
+            fast.scoreBytes = 2;
+            forward((std::string("design change: S written as fp16, ") + mode + ", 16k").c_str(),
+                    PredictDesign(fast, t, r, p));
+            forward((std::string("incumbent design, ") + mode + ", 16k").c_str(), PredictIncumbent(r, p));
+        }
+        for (int64_t seqlen : {16384, 32768}) {
+            forward(("PTO design, non-causal, " + std::to_string(seqlen / 1024) + "k").c_str(),
+                    PredictPto(Square(16, seqlen, false), p));
+        }
+    }
+}
+
 int main(int argc, char** argv)
 {
     uint64_t seed = 20261121;
@@ -644,6 +722,7 @@ int main(int argc, char** argv)
     TestFeaturesReport();
     TestRoundWidth();
     TestDesignChangesReport();
+    TestSensitivityReport();
     TestDropoutCost();
     TestRefusals();
     TestBalance();

@@ -79,6 +79,9 @@ def _library() -> ctypes.CDLL:
         ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64]
     lib.flash_cann_platforms_json.restype = ctypes.c_int64
     lib.flash_cann_platforms_json.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    lib.flash_cann_model_fit_json.restype = ctypes.c_int64
+    lib.flash_cann_model_fit_json.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_double),
+                                              ctypes.c_char_p, ctypes.c_uint64]
     return lib
 
 
@@ -95,6 +98,22 @@ def _json_call(call) -> object:
 def platforms() -> list[dict]:
     """The built-in SoC table (defaults with sources; the op reads the real platform)."""
     return _json_call(_library().flash_cann_platforms_json)
+
+
+# The order of the fitted figures (engine_rates.h FittedFigures).
+FIT_FIGURES = ("fixpipe_scale", "mte2_scale", "l2_scale", "transfer_cycles", "issue_cycles",
+               "launch_cycles")
+
+
+def model_fit(refit: bool = False, figures: dict | None = None) -> dict:
+    """The schedule model's fit to PTO's published tables (op_host/planner/model_fit.h):
+    the points (measured, modelled, error, weight, role) at the committed figures, at
+    ``figures`` (FIT_FIGURES), or, with ``refit``, rerun from the sourced figures."""
+    values = None
+    if figures is not None:
+        values = (ctypes.c_double * len(FIT_FIGURES))(*(figures[k] for k in FIT_FIGURES))
+    return _json_call(lambda buf, cap: _library().flash_cann_model_fit_json(
+        int(refit), values, buf, cap))
 
 
 def soc_name(text: str) -> str:
