@@ -69,12 +69,17 @@ def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
     units = [c["units"] for c in p["cores"]]
     assert units[0][0] == 0 and units[-1][1] == t["units"] == b * hk * t["key_blocks"]
     assert all(a[1] == b[0] for a, b in zip(units, units[1:]))
-    # fp32 dQ per slot, fp32 dK and dV, D per query row, each 512-byte aligned
+    # fp32 dQ, dK and dV, D per query row, each 512-byte aligned: no per-chunk dQ copies
     ws = p["workspace"]
-    assert ws["dq"] == t["dq_slots"] * b * hq * s * d * 4
+    assert ws["dq"] == b * hq * s * d * 4
     assert ws["dk_dv"] == 2 * b * hk * s * d * 4 and ws["delta"] == b * hq * s * 4
     assert p["user_workspace_bytes"] == sum(ws.values())
-    assert (t["dq_slots"] > 1) == deterministic
+    # The deterministic dQ's query pass: query units (batch x heads_q x query block) split
+    # over the cores in order.
+    queries = [c["query_units"] for c in p["cores"]]
+    assert t["query_units"] == (b * hq * t["query_blocks"] if deterministic else 0)
+    assert queries[0][0] == 0 and queries[-1][1] == t["query_units"]
+    assert all(a[1] == b[0] for a, b in zip(queries, queries[1:]))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -227,15 +232,15 @@ def test_cli_prints_the_backward_plan(capsys):
     shape = ["plan", "--shape", "1,16,8192,128"]
     assert cli.main([*shape, "--causal", "--backward", "--deterministic"]) == 0
     out = capsys.readouterr().out
-    for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
-                   "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
-                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00",
+    for needle in ("tiling     key 21010", "dQ         deterministic: a query pass over 1024 query",
+                   "work per AI core (units", "query units", "max/mean", "dk_l0c", "pass_acc_ub",
+                   "L0C    131,072 /   131,072", "dQ fp32 64.00", "dK/dV fp32 128.00",
                    "PREDICTION (backward schedule model", "% of cube peak", "bound",
-                   "of compute per step and vector core"):
+                   "query pass", "of compute per step and vector core"):
         assert needle in out, needle
     assert cli.main([*shape, "--backward", "--json"]) == 0
     json_plan = json.loads(capsys.readouterr().out)
-    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["dq_slots"] == 1
+    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["query_units"] == 0
     prediction = json_plan["prediction"]
     assert prediction["label"].startswith("PREDICTION") and prediction["seconds"] > 0
     assert 0 < prediction["cube_utilization"] <= 1
