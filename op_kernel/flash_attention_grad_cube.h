@@ -1,27 +1,32 @@
-// The cube (AIC) half of the FlashAttention backward kernel: all five matrix products.
+// The cube (AIC) half of the FlashAttention backward kernel: all the matrix products.
 //
-// Per work unit (a key block of one batch / kv head; flash_cann_grad_tiling.h), K and V
-// are loaded into L1 once. Per step (a query block of one query head of the group):
-//   ComputeScores           Q, dO -> L1; S = Q K^T and dP = dO V^T (L0C) -> exchange
-//                           slot -> flag the AIVs
+// Key pass, per work unit (a key block of one batch / kv head; flash_cann_grad_tiling.h),
+// K and V are loaded into L1 once. Per step (a query block of one query head of the group):
+//   ComputeScores           Q, dO -> L1; S = Q K^T and dP = dO V^T (L0C, in pieces of
+//                           productRows rows) -> exchange slot -> flag the AIVs
 //   AccumulateKeyValueGrad  wait for the AIVs' P and dS -> L1; dV += P^T dO and
 //                           dK += dS^T Q, accumulated in L0C over the unit's steps
-//   AccumulateQueryGrad     dQ += dS K: fp32 atomic add (Fixpipe) into the dQ
-//                           accumulator slot of the unit's key-block chunk
+//   AddQueryGrad            fast dQ only: dQ += dS K, fp32 atomic adds (Fixpipe) into the
+//                           workspace, in pieces of productRows rows x dqColumns columns
 // After the unit's last step, WriteKeyValueGrad: dK, dV leave L0C once, into the fp32
-// workspace (one core owns a unit: no other core writes those rows). Scale and cast
-// happen in the vector post-pass. The cube does not wait for the pre-pass: it starts on
-// S and dP while the vector cores zero dQ and compute D, and its first dQ add follows its
-// vector cores' first P/dS flag, which they raise only after the pre-pass barrier
-// (SyncAll<true>, vector cores only). SyncAll<false> (every core) ends the main loop:
-// every dQ add and dK/dV write lands before the post-pass reads them.
+// workspace (one core owns a unit: no other core writes those rows).
+// Query pass (deterministic dQ only), per query unit (a query block of one batch / query
+// head) Q and dO stay in L1; per step (a key block it sees, ascending): K, V -> L1, S and
+// dP as above, wait for dS, dQ += dS K accumulated in L0C where dK and dV were
+// (AccumulateQueryGradInL0c); after the unit's last step WriteQueryGrad stores dQ once: no
+// atomics, and the sum's order is the blocks'.
+// Scale and cast happen in the vector post-pass. The cube does not wait for the pre-pass:
+// it starts on S and dP while the vector cores zero dQ and compute D, and its first dQ
+// write follows its vector cores' first P/dS flag, which they raise only after the
+// pre-pass barrier (SyncAll<true>, vector cores only). SyncAll<false> (every core) ends
+// the main loop: every dQ write and dK/dV write lands before the post-pass reads them.
 //
 // Preload: the cube issues S and dP of step n+1 (possibly of the next unit) before it
 // waits for P and dS of step n, so the vector cores always have a step to work on while
 // the cube computes the products of the previous one (kGradStepsInFlight steps; two
-// exchange slots; two L1 buffers of Q with dO and two of K with V). The L0C product scratch has
-// l0cScratchBuffers copies (2 where they fit): Mmad fills one while Fixpipe drains the
-// other.
+// exchange slots; two L1 buffers of Q with dO and two of K with V). The L0C product
+// scratch has l0cScratchBuffers copies of one piece (2 where they fit): Mmad fills one
+// while Fixpipe drains the other.
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 #define FLASH_CANN_FLASH_ATTENTION_GRAD_CUBE_H
 
@@ -281,8 +286,8 @@ private:
         Accumulate(dk_, dsL1_, in.qL1, params, true);
     }
 
-    // acc (+)= left^T right (transposeLeft) or left right, with left rows16_ x blockK and
-    // right blockK x headDimPad... in L1; params give the shape.
+    // acc (+)= left^T right (transposeLeft: dV, dK; left rows16_ x blockK, right rows16_ x
+    // D) or left right (dQ; left rows16_ x blockK, right blockK x D), operands in L1.
     __aicore__ inline void Accumulate(const AscendC::LocalTensor<float>& acc, const AscendC::LocalTensor<T>& left,
                                       const AscendC::LocalTensor<T>& right, const AscendC::MmadParams& params,
                                       bool transposeLeft)

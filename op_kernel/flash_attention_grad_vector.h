@@ -1,8 +1,9 @@
 // The vector (AIV) half of the FlashAttention backward kernel.
 //
-//   PrePass       ZeroAccumulators: the fp32 dQ accumulator slots <- 0 (the cube adds
-//                 into them), and dK, dV of the units a sliding window hides from every
-//                 query (no step writes them); ComputeDelta: D = rowsum(dO * O) - dLSE
+//   PrePass       ZeroAccumulators: the fp32 dQ <- 0 (the fast dQ adds into it; rows no
+//                 key is seen by stay 0 with the deterministic dQ), and dK, dV of the
+//                 units a sliding window hides from every query (no step writes them);
+//                 ComputeDelta: D = rowsum(dO * O) - dLSE
 //                 per query row (dLSE is optional: softmax_lse is a differentiable
 //                 output); then SyncAll of the vector cores (the cube is already
 //                 computing S and dP).
@@ -14,9 +15,11 @@
 //                 with softcap; P and dS in the input dtype -> exchange slot -> flag the
 //                 cube. Rows whose lse is -inf (they see no key) have every column
 //                 masked; lse is clamped to the lowest float so their P is exp(-inf) = 0,
-//                 never NaN, and their gradients are zero.
-//   PostPass      after SyncAll: dQ = scale * (sum of its accumulator slots, in slot
-//                 order), dK = scale * dK, dV; cast; DataCopyPad into the output layout
+//                 never NaN, and their gradients are zero. The deterministic dQ's query
+//                 pass runs the same per step (the cube's S and dP again) and stores dS
+//                 only (its cube reads no P).
+//   PostPass      after SyncAll: dQ = scale * dQ, dK = scale * dK, dV; cast; DataCopyPad
+//                 into the output layout
 //                 (row pitch of BNSD/BSND, head_dim not a multiple of 16). SinkGrad:
 //                 grad_sinks[h] = -sum_{b,i} exp(sink_h - lse) D, in a fixed order.
 // The pre- and post-passes split their rows evenly over all vector cores of the launch.
