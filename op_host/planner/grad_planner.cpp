@@ -106,20 +106,14 @@ struct Candidate {
 // The candidate the model ranks first (above) on the problem of the ranking: the
 // request's head_dim, dtype, causal, dQ variant and which features are on, at batch 1, 16
 // heads, 8k (issue 11's reference shape; no window). Candidates are simulated in the order
-// of their L2 bound until no later one can come within a tie. The ranking depends on
-// those inputs and the candidates only, so it is kept (`key`): the planner runs per call.
-size_t RankedFirst(std::vector<Candidate>& candidates, const std::string& key, const BackwardProblem& request,
-                   DType dtype, bool deterministic, const Platform& ranking)
+// of their L2 bound until no later one can come within a tie.
+size_t RankedFirst(std::vector<Candidate>& candidates, const BackwardProblem& request, DType dtype,
+                   bool deterministic)
 {
-    static std::mutex mutex;
-    static std::map<std::string, size_t> ranked;
-    {
-        const std::lock_guard<std::mutex> lock(mutex);
-        const auto known = ranked.find(key);
-        if (known != ranked.end()) {
-            return known->second;
-        }
-    }
+    // The engine figures of one reference SoC: an AI-core count given for a launch changes
+    // the rates and must not change the blocks, and the TilingFunc's platform (read from
+    // the device) has no clock; which shapes fit is the platform's own.
+    const Platform& ranking = *FindPlatform(kRankingSoc);
     BackwardProblem problem = request;
     problem.batch = 1;
     problem.headsQ = problem.headsKv = 16;
@@ -148,31 +142,60 @@ size_t RankedFirst(std::vector<Candidate>& candidates, const std::string& key, c
             bestSeconds = seconds;
         }
     }
-    const std::lock_guard<std::mutex> lock(mutex);
-    ranked.emplace(key, best);
     return best;
 }
 
-// The block shape the model ranks first (above); otherwise the refusal, naming what the
-// smallest shape would need.
+// What the block choice depends on: the buffers' sizes (head_dim, dtype, the key mask,
+// the features that own buffers), the ranking's problem (causal, the dQ variant, the
+// features that cost vector work) and the platform's capacities. The choice is kept per
+// key, since the planner runs per call and the choice is most of its work.
+std::vector<uint64_t> BlockChoiceKey(const GradTilingData& t, const GradPlanRequest& request, uint32_t elemBytes,
+                                     const Platform& p)
+{
+    const PlanRequest& r = request.problem;
+    std::vector<uint64_t> key = {t.headDimPad, elemBytes, uint64_t(r.dtype), r.causal, r.hasMask,
+                                 request.deterministic, r.variant.softcap > 0, r.variant.alibi != 0,
+                                 IsWindowed(r.variant), r.variant.dropoutP > 0};
+    for (const MemLevel level : {MemLevel::L1, MemLevel::L0A, MemLevel::L0B, MemLevel::L0C, MemLevel::UB}) {
+        key.push_back(Capacity(level, p));
+    }
+    return key;
+}
+
+// The block shape and pieces the model ranks first (above); otherwise the refusal, naming
+// what the smallest shape would need.
 std::string ChooseGradBlocks(GradTilingData& t, const GradPlanRequest& request, uint32_t elemBytes,
                              const Platform& p)
 {
+    static std::mutex mutex;
+    static std::map<std::vector<uint64_t>, GradTilingData> chosen;
+    const std::vector<uint64_t> key = BlockChoiceKey(t, request, elemBytes, p);
     const PlanRequest& r = request.problem;
-    // The engine figures of one reference SoC: an AI-core count given for a launch changes
-    // the rates and must not change the blocks, and the TilingFunc's platform (read from
-    // the device) has no clock; which shapes fit is the platform's own.
-    const Platform& ranking = *FindPlatform(kRankingSoc);
+    const auto apply = [&](const GradTilingData& c) {
+        t.blockQ = c.blockQ;
+        t.blockK = c.blockK;
+        t.l0cScratchBuffers = c.l0cScratchBuffers;
+        t.productRows = c.productRows;
+        t.dqColumns = c.dqColumns;
+        t.passRows = c.passRows;
+        t.keyBlocks = (t.seqlenK + t.blockK - 1) / t.blockK;
+        t.queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
+    };
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        const auto known = chosen.find(key);
+        if (known != chosen.end()) {
+            apply(known->second);
+            return "";
+        }
+    }
     std::vector<Candidate> candidates;
-    std::string key = Message(t.headDimPad, " ", int(r.dtype), " ", r.causal, " ", request.deterministic,
-                              " ", r.variant.softcap > 0, " ", r.variant.alibi != 0, " ", r.variant.dropoutP > 0);
     for (uint32_t bk = kMaxGradBlock; bk >= kCubeBlock; bk -= kCubeBlock) {
         for (uint32_t bq = kMaxGradBlock; bq >= kCubeBlock; bq -= kCubeBlock) {
             t.blockQ = bq;
             t.blockK = bk;
             if (FitPieces(t, elemBytes, r.hasMask, request.deterministic, p)) {
                 candidates.push_back({t, 0, double(bq / t.productRows) * (1 + t.headDimPad / t.dqColumns) / (bq * bk)});
-                key += Message(" ", bq, "x", bk, "/", t.l0cScratchBuffers, "/", t.productRows, "/", t.dqColumns);
             }
         }
     }
@@ -184,11 +207,13 @@ std::string ChooseGradBlocks(GradTilingData& t, const GradPlanRequest& request, 
                        DescribeOverflow(SumLevels(ListGradBuffers(t, elemBytes, r.hasMask), p)),
                        "; dK and dV of a key block stay in L0C)");
     }
-    BackwardProblem ranked = ModelProblem(r);
-    ranked.headDim = t.headDimPad;  // the key's
-    t = candidates[RankedFirst(candidates, key, ranked, r.dtype, request.deterministic, ranking)].tiling;
-    t.keyBlocks = (t.seqlenK + t.blockK - 1) / t.blockK;
-    t.queryBlocks = (t.seqlenQ + t.blockQ - 1) / t.blockQ;
+    BackwardProblem problem = ModelProblem(r);
+    problem.headDim = t.headDimPad;  // the key's
+    const GradTilingData best =
+        candidates[RankedFirst(candidates, problem, r.dtype, request.deterministic)].tiling;
+    apply(best);
+    const std::lock_guard<std::mutex> lock(mutex);
+    chosen.emplace(key, best);
     return "";
 }
 
