@@ -120,7 +120,7 @@ def test_units_of_one_step(gen):
     _check(q, k, v, None, False, "BNSD", gen, ai_cores=1)
 
 
-@pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["slot-per-block", "chunks"])
+@pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["few-key-blocks", "many-key-blocks"])
 def test_deterministic_variant_matches_oracle(seqlens, gen):
     q, k, v = make_qkv(1, 4, 2, *seqlens, 64, torch.bfloat16, "BSND", generator=gen)
     mask = random_key_padding_mask(1, seqlens[1], gen)
@@ -175,10 +175,10 @@ def _assert_deterministic(args, deterministic):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}, {cores} cores"
 
 
-@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["slot-per-block", "chunks"])
+@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["few-key-blocks", "many-key-blocks"])
 def test_deterministic_variant_is_bitwise_repeatable(seqlens, gen):
-    """With 2200 keys the planner groups key blocks into chunks (at most 16 dQ slots), so
-    one core adds several blocks into a slot."""
+    """With 2200 keys a query unit of the query pass accumulates many key blocks in L0C,
+    and the cores' query-unit ranges differ with the core count."""
     _assert_deterministic(_backward_args(seqlens, gen), deterministic=True)
 
 
