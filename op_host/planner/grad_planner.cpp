@@ -106,10 +106,28 @@ struct Candidate {
 // The candidate the model ranks first (above) on the problem of the ranking: the
 // request's head_dim, dtype, causal, dQ variant and which features are on, at batch 1, 16
 // heads, 8k (issue 11's reference shape; no window). Candidates are simulated in the order
-// of their L2 bound until no later one can come within a tie.
+// of their L2 bound until no later one can come within a tie. Kept per those inputs and
+// candidates: requests that differ only in what fits (a key mask, a window's buffers)
+// mostly share their candidates.
 size_t RankedFirst(std::vector<Candidate>& candidates, const BackwardProblem& request, DType dtype,
                    bool deterministic)
 {
+    static std::mutex mutex;
+    static std::map<std::vector<uint64_t>, size_t> ranked;
+    std::vector<uint64_t> key = {uint64_t(request.headDim), uint64_t(dtype), request.causal, deterministic,
+                                 request.variant.softcap > 0, request.variant.alibi != 0,
+                                 request.variant.dropoutP > 0};
+    for (const Candidate& c : candidates) {
+        const GradTilingData& t = c.tiling;
+        key.insert(key.end(), {t.blockQ, t.blockK, t.l0cScratchBuffers, t.productRows, t.dqColumns});
+    }
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        const auto known = ranked.find(key);
+        if (known != ranked.end()) {
+            return known->second;
+        }
+    }
     // The engine figures of one reference SoC: an AI-core count given for a launch changes
     // the rates and must not change the blocks, and the TilingFunc's platform (read from
     // the device) has no clock; which shapes fit is the platform's own.
@@ -142,6 +160,8 @@ size_t RankedFirst(std::vector<Candidate>& candidates, const BackwardProblem& re
             bestSeconds = seconds;
         }
     }
+    const std::lock_guard<std::mutex> lock(mutex);
+    ranked.emplace(key, best);
     return best;
 }
 
