@@ -8,6 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_grad_tiling.h"
+#include "flash_cann_packed.h"
 #include "flash_attention_seqlens.h"
 
 namespace flash_cann {
@@ -57,16 +58,12 @@ public:
         gradScores_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes + probBytes));
         scoreSlot_ = ws.scoresSlot / sizeof(float);
         probSlot_ = ws.probsSlot / sizeof(T);
-        dqSlot_ = ws.dqSlotBytes / sizeof(float);
         pad_ = t.headDimPad;
     }
     // D of query row `row` of the flattened (batch, head_q, seqlen_q) space.
     __aicore__ inline AscendC::GlobalTensor<float> Delta(uint64_t row) const { return delta_[row]; }
-    // fp32 dQ accumulator `slot`, from flattened query row `row`.
-    __aicore__ inline AscendC::GlobalTensor<float> QueryGrad(uint32_t slot, uint64_t row) const
-    {
-        return dq_[slot * dqSlot_ + row * pad_];
-    }
+    // The fp32 dQ accumulator, from flattened query row `row`.
+    __aicore__ inline AscendC::GlobalTensor<float> QueryGrad(uint64_t row) const { return dq_[row * pad_]; }
     __aicore__ inline AscendC::GlobalTensor<float> QueryGradRegion() const { return dq_; }
     // fp32 dK / dV, from flattened key row `row` of the (batch, head_kv, seqlen_k) space.
     __aicore__ inline AscendC::GlobalTensor<float> KeyGrad(uint64_t row) const { return dk_[row * pad_]; }
@@ -92,49 +89,55 @@ public:
 private:
     AscendC::GlobalTensor<float> delta_, dq_, dk_, dv_, scores_, gradProbs_;
     AscendC::GlobalTensor<T> probs_, gradScores_;
-    uint64_t scoreSlot_ = 0, probSlot_ = 0, dqSlot_ = 0;
+    uint64_t scoreSlot_ = 0, probSlot_ = 0;
     uint32_t pad_ = 0;
 };
 
-// The steps of one AI core, in order: the planner's unit range (dense layouts) or the
-// device-side walk over cu_seqlens (TND, flash_cann_packed.h), chunks kept whole for the
-// deterministic dQ. Both halves start it with the same arguments, so they walk the same
-// steps.
-template <bool CAUSAL, bool DETERMINISTIC>
+// The steps of one AI core in one pass, in order: the key pass (key-block units) or the
+// deterministic dQ's query pass (query units); the planner's split (dense layouts) or
+// the device-side walk over cu_seqlens (TND, flash_cann_packed.h). Both halves start it
+// with the same arguments, so they walk the same steps.
+template <bool CAUSAL, bool QUERY_PASS>
 class GradCoreSteps {
 public:
     __aicore__ inline GradCoreSteps(const GradTilingData& t, const DeviceSeqlens& cu, uint32_t core)
-        : dense_(t, core), packed_(IsPacked(t))
+        : packed_(IsPacked(t))
     {
         if (packed_) {
-            walk_.Start(t, cu, core, t.usedCores, DETERMINISTIC ? t.dqChunkBlocks : 1);
+            packedWalk_ = Packed(t, PackedOwnedItems<CAUSAL, QUERY_PASS, DeviceSeqlens>(t, cu, core, t.usedCores));
+        } else {
+            denseWalk_ = Dense(t, DenseItems<CAUSAL, QUERY_PASS>(t, core));
         }
     }
     __aicore__ inline bool Next()
     {
         if (packed_) {
-            if (!walk_.Next()) {
-                return false;
-            }
-            unit = walk_.unit;
-            step = walk_.step;
-            return true;
+            return Take(packedWalk_);
         }
-        if (!dense_.template Next<CAUSAL>()) {
-            return false;
-        }
-        unit = dense_.unit;
-        step = dense_.step;
-        return true;
+        return Take(denseWalk_);
     }
 
     GradUnit unit{};
     GradStep step{};
 
 private:
-    GradStepCursor dense_;
+    using Dense = DenseStepWalk<CAUSAL, QUERY_PASS>;
+    using Packed = PackedStepWalk<CAUSAL, QUERY_PASS, DeviceSeqlens>;
+
+    template <typename Walk>
+    __aicore__ inline bool Take(Walk& walk)
+    {
+        if (!walk.Next()) {
+            return false;
+        }
+        unit = walk.unit;
+        step = walk.step;
+        return true;
+    }
+
     bool packed_;
-    PackedStepCursor<CAUSAL, DeviceSeqlens> walk_;
+    Dense denseWalk_{};
+    Packed packedWalk_{};
 };
 
 }  // namespace flash_cann

@@ -1,8 +1,9 @@
 // The vector (AIV) half of the FlashAttention backward kernel.
 //
-//   PrePass       ZeroAccumulators: the fp32 dQ accumulator slots <- 0 (the cube adds
-//                 into them), and dK, dV of the units a sliding window hides from every
-//                 query (no step writes them); ComputeDelta: D = rowsum(dO * O) - dLSE
+//   PrePass       ZeroAccumulators: the fp32 dQ <- 0 (the fast dQ adds into it; rows no
+//                 key is seen by stay 0 with the deterministic dQ), and dK, dV of the
+//                 units a sliding window hides from every query (no step writes them);
+//                 ComputeDelta: D = rowsum(dO * O) - dLSE
 //                 per query row (dLSE is optional: softmax_lse is a differentiable
 //                 output); then SyncAll of the vector cores (the cube is already
 //                 computing S and dP).
@@ -14,9 +15,11 @@
 //                 with softcap; P and dS in the input dtype -> exchange slot -> flag the
 //                 cube. Rows whose lse is -inf (they see no key) have every column
 //                 masked; lse is clamped to the lowest float so their P is exp(-inf) = 0,
-//                 never NaN, and their gradients are zero.
-//   PostPass      after SyncAll: dQ = scale * (sum of its accumulator slots, in slot
-//                 order), dK = scale * dK, dV; cast; DataCopyPad into the output layout
+//                 never NaN, and their gradients are zero. The deterministic dQ's query
+//                 pass runs the same per step (the cube's S and dP again) and stores dS
+//                 only (its cube reads no P).
+//   PostPass      after SyncAll: dQ = scale * dQ, dK = scale * dK, dV; cast; DataCopyPad
+//                 into the output layout
 //                 (row pitch of BNSD/BSND, head_dim not a multiple of 16). SinkGrad:
 //                 grad_sinks[h] = -sum_{b,i} exp(sink_h - lse) D, in a fixed order.
 // The pre- and post-passes split their rows evenly over all vector cores of the launch.
@@ -97,9 +100,9 @@ public:
         // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
         // this core's P/dS flags, so the cube need not join this barrier.
         AscendC::SyncAll<true>();
-        GradCoreSteps<CAUSAL, DETERMINISTIC> cursor(t_, seqlens_, core_);
-        for (uint32_t seq = 0; cursor.Next(); ++seq) {
-            SoftmaxGrad(cursor.unit, cursor.step, seq % kGradExchangeSlots);
+        RunPass<false>();
+        if constexpr (DETERMINISTIC) {
+            RunPass<true>();
         }
         AscendC::SyncAll<false>();
         PostPass();
@@ -107,6 +110,18 @@ public:
     }
 
 private:
+    // The cube's steps of one pass (the key pass, or the deterministic dQ's query pass,
+    // whose cube reads dS only), in the cube's order; the exchange slots alternate across
+    // both passes as the cube's do.
+    template <bool QUERY_PASS>
+    __aicore__ inline void RunPass()
+    {
+        GradCoreSteps<CAUSAL, QUERY_PASS> cursor(t_, seqlens_, core_);
+        while (cursor.Next()) {
+            SoftmaxGrad(cursor.unit, cursor.step, steps_++ % kGradExchangeSlots, !QUERY_PASS);
+        }
+    }
+
     __aicore__ inline uint32_t Aivs() const { return t_.usedCores * kVectorCoresPerCube; }
 
     // The feature buffers, only for the features the call uses (GradBufferBytes).
@@ -143,7 +158,9 @@ private:
 
     // ---- pre-pass -------------------------------------------------------------------
 
-    // The dQ slots <- 0, and dK, dV of the units no query sees (a window can hide a key
+    // The dQ accumulator <- 0 (the fast dQ adds into it; the deterministic query pass
+    // stores the rows of every query unit that sees a key, and the others stay 0), and dK,
+    // dV of the units no query sees (a window can hide a key
     // block from every query: the walk skips the unit, so no step writes them).
     __aicore__ inline void ZeroAccumulators()
     {
@@ -152,7 +169,7 @@ private:
         // Packed sequences: which key blocks no query sees is known only on the device,
         // and tokens outside every sequence have no unit; dK and dV (which follow the dQ
         // slots) are zeroed whole, so every key row without a step has gradient 0.
-        const uint64_t zeroBytes = IsPacked(t_) ? ws.exchange - ws.dq : t_.dqSlots * ws.dqSlotBytes;
+        const uint64_t zeroBytes = (IsPacked(t_) ? ws.exchange : ws.dk) - ws.dq;
         PassRange(zeroBytes / kGradWorkspaceAlign, aiv_, Aivs(), begin, end);
         const uint32_t chunk = acc_.GetSize() / kZeroUnitFloats * kZeroUnitFloats;
         AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk));
@@ -306,7 +323,7 @@ private:
         que.FreeTensor(cast);
     }
 
-    __aicore__ inline void SoftmaxGrad(const GradUnit& unit, const GradStep& step, uint32_t slot)
+    __aicore__ inline void SoftmaxGrad(const GradUnit& unit, const GradStep& step, uint32_t slot, bool withProbs)
     {
         const uint32_t bk = t_.blockK;
         const uint32_t firstHalf = (step.rows + 1) / 2;
@@ -363,7 +380,7 @@ private:
                 AscendC::Sub(dp, dp, feature_, static_cast<int32_t>(count));
                 AscendC::PipeBarrier<PIPE_V>();
             }
-            if (dropout_) {
+            if (dropout_ && withProbs) {
                 // dV += (P Z)^T dO: the cube takes the dropped P; its 1 / (1 - p) is
                 // applied to dV once, in the post-pass.
                 AscendC::Select(s, keep_, s, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, count);
@@ -371,7 +388,9 @@ private:
             }
             lseQue_.FreeTensor(lse);
             deltaQue_.FreeTensor(delta);
-            StoreBlock(pQue_, buffers_.Probs(slot, rowOffset * bk), s);
+            if (withProbs) {  // the query pass's cube needs dS only
+                StoreBlock(pQue_, buffers_.Probs(slot, rowOffset * bk), s);
+            }
             StoreBlock(dsQue_, buffers_.ScoresGrad(slot, rowOffset * bk), dp);
             sQue_.FreeTensor(s);
             dpQue_.FreeTensor(dp);
@@ -428,7 +447,6 @@ private:
 
     __aicore__ inline void PostPass()
     {
-        const uint32_t slots = DETERMINISTIC ? t_.dqSlots : 1;
         uint64_t cursor, end;
         PassChunk chunk;
         const uint32_t queryPerPair = GradQueryRowsPerPair(t_);
@@ -437,9 +455,7 @@ private:
             const uint64_t row = chunk.pair * queryPerPair + chunk.row0;
             AscendC::Duplicate(acc_, 0.0f, static_cast<int32_t>(chunk.rows * t_.headDimPad));
             AscendC::PipeBarrier<PIPE_V>();
-            for (uint32_t slot = 0; slot < slots; ++slot) {  // fixed order: deterministic
-                AddRows(buffers_.QueryGrad(slot, row), chunk.rows);
-            }
+            AddRows(buffers_.QueryGrad(row), chunk.rows);
             StoreRows(dq_[QueryOffset(chunk)], chunk.rows, t_.scale, t_.qStrideRow);
         }
         for (uint32_t value = 0; value < 2; ++value) {  // dK (scaled), then dV
@@ -532,6 +548,7 @@ private:
     uint32_t core_ = 0;
     uint32_t sub_ = 0;
     uint32_t rows_ = 0;  // this vector core's rows of the current step
+    uint32_t steps_ = 0;  // steps so far, both passes: the exchange slot is steps_ mod 2
     bool hasGradLse_ = false;
     bool hasSinks_ = false;
     bool windowed_ = false;

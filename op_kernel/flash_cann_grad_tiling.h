@@ -7,22 +7,27 @@
 // GradTilingData, new functions), announced in the commit message.
 //
 // The backward in one paragraph (docs/kernel.md has the timeline):
-//   pre-pass    (AIV) zero the fp32 dQ accumulator(s); D = rowsum(dO * O) - dLSE per
-//               query row into the workspace; SyncAll.
-//   main loop   core c owns the work units [unitStart[c], unitStart[c+1]) of the
+//   pre-pass    (AIV) zero the fp32 dQ accumulator; D = rowsum(dO * O) - dLSE per query
+//               row into the workspace; SyncAll.
+//   key pass    core c owns the work units [unitStart[c], unitStart[c+1]) of the
 //               flattened (batch, head_kv, key block) space. Per unit, K and V stay in
 //               L1; for every query head of the group and every query block that sees
 //               the key block: S = Q K^T, dP = dO V^T (AIC); P = exp(S scale - lse),
 //               dS = P (dP - D) (AIV); dV += P^T dO, dK += dS^T Q (AIC, in L0C over the
-//               whole unit), dQ += dS K (AIC, fp32 atomic add into the workspace).
-//               dK/dV of a unit leave L0C once, to the fp32 workspace; SyncAll.
-//   post-pass   (AIV) dQ = scale * (sum of its accumulator slots), dK *= scale, cast,
-//               DataCopyPad into the output layout.
-// dQ variants (tiling key): fast = one fp32 accumulator that every core adds into
-// (atomic, order-dependent); deterministic = `dqSlots` accumulators, slot s holding the
-// contributions of key-block chunk s (dqChunkBlocks key blocks), each chunk owned by one
-// core (the split never cuts a chunk), summed in slot order in the post-pass: bitwise the
-// same for every split of the work over cores.
+//               whole unit), and with the fast dQ dQ += dS K (AIC, fp32 atomic add into
+//               the workspace, in column pieces of dqColumns). dK/dV of a unit leave L0C
+//               once, to the fp32 workspace.
+//   query pass  deterministic dQ only: core c owns the query units [queryStart[c],
+//               queryStart[c+1]) of the flattened (batch, head_q, query block) space. Per
+//               unit, Q and dO stay in L1; for every key block the query block sees, S
+//               and dP again (AIC), dS again (AIV), dQ += dS K accumulated in L0C; dQ of
+//               the unit leaves L0C once, a plain store: no atomics, and the sum's order
+//               (key blocks ascending) depends on the problem alone. SyncAll.
+//   post-pass   (AIV) dQ = scale * dQ, dK *= scale, cast, DataCopyPad into the output
+//               layout.
+// The products S, dP and the fast dQ leave L0C in pieces of productRows rows (and dQ of
+// dqColumns columns), so the L0C scratch is productRows x max(blockK, dqColumns) fp32 and
+// leaves room beside the dK/dV accumulators for longer key blocks.
 #ifndef FLASH_CANN_GRAD_TILING_H
 #define FLASH_CANN_GRAD_TILING_H
 
@@ -66,9 +71,8 @@ struct GradTilingData {
     uint32_t blockQ;
     uint32_t blockK;
     uint32_t keyBlocks;
-    // dQ accumulation. Fast: dqSlots = 1, dqChunkBlocks = keyBlocks. Deterministic:
-    // dqSlots = ceil(keyBlocks / dqChunkBlocks), and every unitStart[c] % keyBlocks is a
-    // multiple of dqChunkBlocks (GradSplitKeepsChunks).
+    // Retired by issue 25 (the deterministic dQ has no per-chunk slots since): always
+    // keyBlocks and 1; kept so that the layout only ever grows.
     uint32_t dqChunkBlocks;
     uint32_t dqSlots;
     // Rows per chunk of the pre- and post-passes (a multiple of 8).
@@ -94,6 +98,21 @@ struct GradTilingData {
     // unitStart is unused.
     uint64_t tokensQ;
     uint64_t tokensK;
+    // Added for issue 25 (additive). The L0C product scratch holds one piece of a product:
+    // productRows rows (a multiple of kCubeBlock, at most blockQ) of S, dP or the fast dQ,
+    // and of dQ = dS K dqColumns columns (a multiple of kCubeBlock: one Mmad per column
+    // panel range of K, n = dqColumns; the last piece may be narrower). Scratch copy:
+    // productRows x max(blockK, dqColumns) fp32.
+    uint32_t productRows;
+    uint32_t dqColumns;
+    // The deterministic dQ's query pass (dense layouts): queryBlocks = ceil(seqlenQ /
+    // blockQ); core c owns the query units [queryStart[c], queryStart[c + 1]) of the
+    // flattened (batch, head_q, query block) space, queryUnits in all. Zero for the fast
+    // dQ, and with layout TND (the device walks and splits the query units).
+    uint32_t queryBlocks;
+    uint32_t reserved3;
+    uint64_t queryUnits;
+    uint64_t queryStart[kMaxCores + 1];
 };
 
 // The most L0C product scratch copies the planner gives the kernel.
@@ -113,10 +132,12 @@ struct GradBufferBytes {
     // AIC, L0
     uint32_t l0a;       // A: Q, dO, dS (blockQ rows) or P^T, dS^T (blockK rows)
     uint32_t l0b;       // B: K^T, V^T (D x blockK) or dO, Q (blockQ x D) or K (blockK x D)
-    uint32_t l0c;       // product scratch: S, dP (blockQ x blockK) or dQ (blockQ x D), fp32
-                        // (GradTilingData::l0cScratchBuffers of them)
+    uint32_t l0c;       // product scratch: a piece of S, dP (productRows x blockK) or dQ
+                        // (productRows x dqColumns), fp32 (l0cScratchBuffers of them)
     uint32_t dkL0c;     // dK accumulator of a unit (blockK x D), fp32
-    uint32_t dvL0c;     // dV accumulator of a unit (blockK x D), fp32
+    uint32_t dvL0c;     // dV accumulator of a unit (blockK x D), fp32; the deterministic
+                        // query pass accumulates dQ (blockQ x D <= 2 blockK x D) in the
+                        // place of both
     // AIV, main loop (rows = blockQ / 2 per vector core)
     uint32_t sUb;       // S rows, fp32 (becomes P in fp32)
     uint32_t dpUb;      // dP rows, fp32 (becomes dS in fp32)
@@ -183,7 +204,7 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     b.dsL1 = qk * elemBytes;
     b.l0a = (bq * d > qk ? bq * d : qk) * elemBytes;
     b.l0b = (bk > bq ? bk : bq) * d * elemBytes;
-    b.l0c = (bq * d > qk ? bq * d : qk) * 4u;
+    b.l0c = t.productRows * (bk > t.dqColumns ? bk : t.dqColumns) * 4u;
     b.dkL0c = bk * d * 4u;
     b.dvL0c = bk * d * 4u;
     b.sUb = rows * bk * 4u;
@@ -243,14 +264,13 @@ __aicore__ inline uint32_t GradKeyRowsPerPair(const GradTilingData& t)
 
 // The user workspace (GM), byte offsets from its start; every region 512-byte aligned.
 //   delta     D = rowsum(dO * O) - dLSE, fp32, one per query row (GradQueryRows)
-//   dq        dqSlots fp32 accumulators [slot][query row][headDimPad]
+//   dq        the fp32 dQ accumulator [query row][headDimPad]
 //   dk, dv    fp32 [key row][headDimPad] (GradKeyRows), unscaled
 //   exchange  per AI core, kGradExchangeSlots slots of S and dP (fp32) and P and dS
 //             (input dtype), blockQ x blockK each, row-major
 struct GradWorkspace {
     uint64_t delta;
     uint64_t dq;
-    uint64_t dqSlotBytes;
     uint64_t dk;
     uint64_t dv;
     uint64_t exchange;
@@ -270,8 +290,7 @@ struct GradWorkspace {
         const uint64_t keyRows = GradKeyRows(t);
         delta = 0;
         dq = Align(queryRows * 4);
-        dqSlotBytes = Align(queryRows * t.headDimPad * 4);
-        dk = dq + t.dqSlots * dqSlotBytes;
+        dk = dq + Align(queryRows * t.headDimPad * 4);
         dv = dk + Align(keyRows * t.headDimPad * 4);
         exchange = dv + Align(keyRows * t.headDimPad * 4);
         scoresSlot = Align(uint64_t{t.blockQ} * t.blockK * 4);
@@ -294,7 +313,6 @@ struct GradUnit {
     uint32_t keys;             // keys in the block (< blockK only for the last block)
     uint32_t firstQueryBlock;  // query blocks [firstQueryBlock, endQueryBlock) see a key
     uint32_t endQueryBlock;    // of it; none (first == end) when a window hides the block
-    uint32_t dqSlot;           // the deterministic dQ slot of its chunk (0 when fast)
     uint32_t seqlenQ;          // the sequence's query rows and keys
     uint32_t seqlenK;
     int64_t causalOffset;      // seqlenK - seqlenQ of the sequence
@@ -357,7 +375,6 @@ __aicore__ inline GradUnit MakeUnit(const GradTilingData& t, uint32_t batch, uin
     QueryRowRange<CAUSAL>(t, u.key0, u.keys, firstRow, endRow, seqlenQ, u.causalOffset);
     u.firstQueryBlock = firstRow / t.blockQ;
     u.endQueryBlock = endRow > firstRow ? (endRow + t.blockQ - 1) / t.blockQ : u.firstQueryBlock;
-    u.dqSlot = keyBlock / t.dqChunkBlocks;
     return u;
 }
 
@@ -432,25 +449,153 @@ __aicore__ inline bool StepAt(const GradTilingData& t, const GradUnit& u, uint32
     return true;
 }
 
-// The steps of one core in order: its units, and each unit's steps (StepAt).
-class GradStepCursor {
+// ---- The deterministic dQ's query pass: query units --------------------------------
+
+// The key blocks [first, end) that query rows [row0, row0 + rows) see: QueryRowRange's
+// band read the other way (row i sees keys i + causalOffset - left .. i + causalOffset +
+// right), so a query block walks key block j exactly when j's unit walks the query block.
+template <bool CAUSAL>
+__aicore__ inline void KeyBlockRange(const GradTilingData& t, uint32_t row0, uint32_t rows, int64_t seqlenK,
+                                     int64_t causalOffset, uint32_t& first, uint32_t& end)
+{
+    int64_t lo = 0;
+    int64_t hi = seqlenK;  // exclusive
+    const int64_t right = CAUSAL ? 0 : t.variant.windowRight;
+    if (right >= 0) {
+        hi = static_cast<int64_t>(row0) + rows - 1 + causalOffset + right + 1;
+    }
+    if (t.variant.windowLeft >= 0) {
+        lo = static_cast<int64_t>(row0) + causalOffset - t.variant.windowLeft;
+    }
+    lo = lo < 0 ? 0 : (lo > seqlenK ? seqlenK : lo);
+    hi = hi < lo ? lo : (hi > seqlenK ? seqlenK : hi);
+    first = static_cast<uint32_t>(lo / t.blockK);
+    end = hi > lo ? static_cast<uint32_t>((hi + t.blockK - 1) / t.blockK) : first;
+}
+
+// A query unit: one query block of one (batch, head_q), with the key blocks it sees; with
+// layout TND of one (sequence, head_q), as GradUnit.
+struct GradQueryUnit {
+    uint32_t batch;
+    uint32_t headQ;
+    uint32_t row0;
+    uint32_t rows;
+    uint32_t firstKeyBlock;  // key blocks [firstKeyBlock, endKeyBlock) are seen by a row
+    uint32_t endKeyBlock;
+    uint32_t seqlenQ;
+    uint32_t seqlenK;
+    uint64_t q0;
+    uint64_t k0;
+};
+
+template <bool CAUSAL>
+__aicore__ inline GradQueryUnit MakeQueryUnit(const GradTilingData& t, uint32_t batch, uint32_t headQ,
+                                              uint32_t queryBlock, uint32_t seqlenQ, uint32_t seqlenK,
+                                              uint64_t q0, uint64_t k0)
+{
+    GradQueryUnit q{};
+    q.batch = batch;
+    q.headQ = headQ;
+    q.row0 = queryBlock * t.blockQ;
+    q.rows = MinU32(t.blockQ, seqlenQ - q.row0);
+    q.seqlenQ = seqlenQ;
+    q.seqlenK = seqlenK;
+    q.q0 = q0;
+    q.k0 = k0;
+    KeyBlockRange<CAUSAL>(t, q.row0, q.rows, seqlenK, static_cast<int64_t>(seqlenK) - seqlenQ, q.firstKeyBlock,
+                          q.endKeyBlock);
+    return q;
+}
+
+template <bool CAUSAL>
+__aicore__ inline GradQueryUnit QueryUnitAt(const GradTilingData& t, uint64_t unit)
+{
+    const uint64_t pair = unit / t.queryBlocks;  // batch * headsQ + head
+    const uint32_t batch = static_cast<uint32_t>(pair / t.headsQ);
+    return MakeQueryUnit<CAUSAL>(t, batch, static_cast<uint32_t>(pair - uint64_t{batch} * t.headsQ),
+                                 static_cast<uint32_t>(unit - pair * t.queryBlocks), t.seqlenQ, t.seqlenK, 0, 0);
+}
+
+// The query pass's work of a query unit: its steps (the planner balances queryStart on it).
+template <bool CAUSAL>
+__aicore__ inline uint64_t QueryUnitCost(const GradTilingData& t, uint64_t unit)
+{
+    const GradQueryUnit q = QueryUnitAt<CAUSAL>(t, unit);
+    return q.endKeyBlock - q.firstKeyBlock;
+}
+
+// Step `index` of a query unit, in the key pass's terms (the key block's GradUnit, the
+// query block's GradStep), so that both halves compute a step of either pass with the
+// same code; key blocks ascending. false once the unit is done.
+template <bool CAUSAL>
+__aicore__ inline bool QueryStepAt(const GradTilingData& t, const GradQueryUnit& q, uint32_t index,
+                                   GradUnit& unit, GradStep& step)
+{
+    const uint32_t keyBlock = q.firstKeyBlock + index;
+    if (keyBlock >= q.endKeyBlock) {
+        return false;
+    }
+    unit = MakeUnit<CAUSAL>(t, q.batch, q.headQ / t.group, keyBlock, q.seqlenQ, q.seqlenK, q.q0, q.k0);
+    step.headQ = q.headQ;
+    step.row0 = q.row0;
+    step.rows = q.rows;
+    step.first = index == 0;
+    step.last = keyBlock + 1 == q.endKeyBlock;
+    return true;
+}
+
+// ---- Walking a pass's steps ----------------------------------------------------------
+
+// The key pass's items are GradUnits: their steps are StepAt's.
+struct KeyPassSteps {
+    using Item = GradUnit;
+    template <bool CAUSAL>
+    __aicore__ static bool At(const GradTilingData& t, const GradUnit& item, uint32_t index, GradUnit& unit,
+                              GradStep& step)
+    {
+        unit = item;
+        return StepAt(t, item, index, step);
+    }
+};
+
+struct QueryPassSteps {
+    using Item = GradQueryUnit;
+    template <bool CAUSAL>
+    __aicore__ static bool At(const GradTilingData& t, const GradQueryUnit& item, uint32_t index,
+                              GradUnit& unit, GradStep& step)
+    {
+        return QueryStepAt<CAUSAL>(t, item, index, unit, step);
+    }
+};
+
+template <bool QUERY_PASS>
+struct PassOf {
+    using Type = KeyPassSteps;
+};
+template <>
+struct PassOf<true> {
+    using Type = QueryPassSteps;
+};
+
+// The steps of a sequence of items (`Items::Next(item)`: this core's units or query
+// units, in order), each item's steps in order (Pass::At).
+template <bool CAUSAL, typename Pass, typename Items>
+class GradStepWalk {
 public:
-    __aicore__ GradStepCursor(const GradTilingData& t, uint32_t core)
-        : t_(&t), nextUnit_(t.unitStart[core]), endUnit_(t.unitStart[core + 1]) {}
+    __aicore__ GradStepWalk() = default;
+    __aicore__ GradStepWalk(const GradTilingData& t, const Items& items) : t_(&t), items_(items) {}
 
     // Advances to the next step (unit and step then describe it); false when done.
-    template <bool CAUSAL>
     __aicore__ bool Next()
     {
         for (;;) {
-            if (open_ && StepAt(*t_, unit, index_, step)) {
+            if (open_ && Pass::template At<CAUSAL>(*t_, item_, index_, unit, step)) {
                 ++index_;
                 return true;
             }
-            if (nextUnit_ >= endUnit_) {
+            if (!items_.Next(item_)) {
                 return false;
             }
-            unit = UnitAt<CAUSAL>(*t_, nextUnit_++);
             index_ = 0;
             open_ = true;
         }
@@ -460,27 +605,51 @@ public:
     GradStep step{};
 
 private:
-    const GradTilingData* t_;
-    uint64_t nextUnit_;
-    uint64_t endUnit_;
+    const GradTilingData* t_ = nullptr;
+    Items items_{};
+    typename Pass::Item item_{};
     uint32_t index_ = 0;
     bool open_ = false;
 };
 
+// A dense split's items of one core: the units [unitStart[c], unitStart[c + 1]) (key
+// pass) or query units [queryStart[c], queryStart[c + 1]) (query pass).
+template <bool CAUSAL, bool QUERY_PASS>
+class DenseItems {
+public:
+    __aicore__ DenseItems() = default;
+    __aicore__ DenseItems(const GradTilingData& t, uint32_t core)
+        : t_(&t),
+          next_(QUERY_PASS ? t.queryStart[core] : t.unitStart[core]),
+          end_(QUERY_PASS ? t.queryStart[core + 1] : t.unitStart[core + 1]) {}
+
+    template <typename Item>
+    __aicore__ bool Next(Item& item)
+    {
+        if (next_ >= end_) {
+            return false;
+        }
+        if constexpr (QUERY_PASS) {
+            item = QueryUnitAt<CAUSAL>(*t_, next_++);
+        } else {
+            item = UnitAt<CAUSAL>(*t_, next_++);
+        }
+        return true;
+    }
+
+private:
+    const GradTilingData* t_ = nullptr;
+    uint64_t next_ = 0;
+    uint64_t end_ = 0;
+};
+
+// The steps of one core in a dense split (the planner's unitStart / queryStart).
+template <bool CAUSAL, bool QUERY_PASS>
+using DenseStepWalk = GradStepWalk<CAUSAL, typename PassOf<QUERY_PASS>::Type, DenseItems<CAUSAL, QUERY_PASS>>;
+
 // Steps in flight on the cube: it issues S and dP of the next step before the products
 // of the current one, so Q, dO, K and V have this many L1 buffers each.
 constexpr uint32_t kGradStepsInFlight = 2;
-
-// Deterministic dQ: no core boundary may cut a chunk of dqChunkBlocks key blocks.
-__aicore__ inline bool GradSplitKeepsChunks(const GradTilingData& t)
-{
-    for (uint32_t c = 0; c <= t.usedCores; ++c) {
-        if ((t.unitStart[c] % t.keyBlocks) % t.dqChunkBlocks != 0) {
-            return false;
-        }
-    }
-    return true;
-}
 
 // ---- The pre- and post-passes -------------------------------------------------------
 

@@ -31,7 +31,8 @@
 // left the busiest core 1.55x the mean in the schedule model for 7 documents of 16k
 // tokens (short documents' tiles were underpriced); rounds + 2 gives 1.06 (docs/planner.md).
 // A tile that sees no key still costs its fill/drain share (it writes its rows). Work of a backward unit: its steps (query
-// blocks x group), + 1 for the unit's K/V load and dK/dV write-out.
+// blocks x group), + 1 for the unit's K/V load and dK/dV write-out; of a query unit of the
+// deterministic dQ's query pass: its key blocks, + 1 for its Q/dO load and dQ write-out.
 //
 // Robustness without host checks: offsets are clamped to [0, tokens] and made
 // non-decreasing, so malformed cu_seqlens cannot address memory outside the tensors.
@@ -185,53 +186,51 @@ private:
     bool done_ = true;
 };
 
-// ---- Backward: key-block units --------------------------------------------------------
+// ---- Backward: key-block units and query units ---------------------------------------
 
-// The backward's work of a unit (the cut rule's w): its steps, + 1 for its K/V load and
-// dK/dV write-out (a unit no query sees costs that 1 only: it has no step).
+// The backward's work of an item (the cut rule's w): its steps, + 1 for what it loads once
+// and writes once (K/V and dK/dV of a unit; Q/dO and dQ of a query unit); an item with no
+// step (a window hides it) costs that 1 only.
 __aicore__ inline uint64_t PackedUnitWork(const GradTilingData& t, const GradUnit& u)
 {
     return uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock) + 1;
 }
 
-// A run of consecutive key blocks of one (sequence, kv head) that one core owns whole:
-// one unit, or with the deterministic dQ one chunk of dqChunkBlocks blocks (its dQ slot
-// must take its adds from one core, in program order: GradSplitKeepsChunks' rule).
-struct PackedChunk {
-    PackedSequence seq;
-    uint32_t batch;
-    uint32_t headKv;
-    uint32_t block0;
-    uint32_t blocks;
-};
+__aicore__ inline uint64_t PackedUnitWork(const GradTilingData&, const GradQueryUnit& q)
+{
+    return uint64_t{q.endKeyBlock - q.firstKeyBlock} + 1;
+}
 
-// Every chunk of a packed batch in order (sequence, kv head, key block).
-template <typename Offsets>
-class PackedChunks {
+// Every item of a packed batch in order: (sequence, kv head, key block) for the key pass,
+// (sequence, query head, query block) for the deterministic dQ's query pass.
+template <bool CAUSAL, bool QUERY_PASS, typename Offsets>
+class PackedItems {
 public:
-    __aicore__ PackedChunks() = default;
-    __aicore__ PackedChunks(const GradTilingData& t, const Offsets& cu, uint32_t chunkBlocks)
-        : t_(&t), cu_(&cu), chunkBlocks_(chunkBlocks) {}
+    __aicore__ PackedItems() = default;
+    __aicore__ PackedItems(const GradTilingData& t, const Offsets& cu) : t_(&t), cu_(&cu) {}
 
-    __aicore__ bool Next(PackedChunk& chunk)
+    template <typename Item>
+    __aicore__ bool Next(Item& item)
     {
+        const uint32_t heads = QUERY_PASS ? t_->headsQ : t_->headsKv;
+        const uint32_t block = QUERY_PASS ? t_->blockQ : t_->blockK;
         while (seq_ < t_->batch) {
             if (!loaded_) {
                 s_ = ReadSequence(*cu_, seq_, t_->tokensQ, t_->tokensK);
-                keyBlocks_ = (s_.lenK + t_->blockK - 1) / t_->blockK;
+                blocks_ = ((QUERY_PASS ? s_.lenQ : s_.lenK) + block - 1) / block;
                 loaded_ = true;
             }
-            if (block_ < keyBlocks_) {
-                chunk.seq = s_;
-                chunk.batch = seq_;
-                chunk.headKv = head_;
-                chunk.block0 = block_;
-                chunk.blocks = MinU32(chunkBlocks_, keyBlocks_ - block_);
-                block_ += chunk.blocks;
+            if (block_ < blocks_) {
+                if constexpr (QUERY_PASS) {
+                    item = MakeQueryUnit<CAUSAL>(*t_, seq_, head_, block_, s_.lenQ, s_.lenK, s_.q0, s_.k0);
+                } else {
+                    item = MakeUnit<CAUSAL>(*t_, seq_, head_, block_, s_.lenQ, s_.lenK, s_.q0, s_.k0);
+                }
+                ++block_;
                 return true;
             }
             block_ = 0;
-            if (++head_ == t_->headsKv) {
+            if (++head_ == heads) {
                 head_ = 0;
                 ++seq_;
                 loaded_ = false;
@@ -243,109 +242,61 @@ public:
 private:
     const GradTilingData* t_ = nullptr;
     const Offsets* cu_ = nullptr;
-    uint32_t chunkBlocks_ = 1;
     PackedSequence s_{};
-    uint32_t keyBlocks_ = 0;
+    uint32_t blocks_ = 0;
     uint32_t seq_ = 0;
     uint32_t head_ = 0;
     uint32_t block_ = 0;
     bool loaded_ = false;
 };
 
-template <bool CAUSAL>
-__aicore__ inline GradUnit ChunkUnit(const GradTilingData& t, const PackedChunk& c, uint32_t i)
-{
-    return MakeUnit<CAUSAL>(t, c.batch, c.headKv, c.block0 + i, c.seq.lenQ, c.seq.lenK, c.seq.q0, c.seq.k0);
-}
-
-template <bool CAUSAL>
-__aicore__ inline uint64_t PackedChunkWork(const GradTilingData& t, const PackedChunk& c)
-{
-    uint64_t work = 0;
-    for (uint32_t i = 0; i < c.blocks; ++i) {
-        work += PackedUnitWork(t, ChunkUnit<CAUSAL>(t, c, i));
-    }
-    return work;
-}
-
-// The steps of one core, as GradStepCursor walks a dense split: its contiguous run of
-// chunks under the cut rule, each chunk's units, each unit's steps (StepAt).
-template <bool CAUSAL, typename Offsets>
-class PackedStepCursor {
+// The items of one core: its contiguous run of PackedItems under the cut rule.
+template <bool CAUSAL, bool QUERY_PASS, typename Offsets>
+class PackedOwnedItems {
 public:
-    // First pass: the total work. `cu` must outlive the cursor. chunkBlocks: 1, or the
-    // deterministic dQ's dqChunkBlocks.
-    __aicore__ void Start(const GradTilingData& t, const Offsets& cu, uint32_t core, uint32_t cores,
-                          uint32_t chunkBlocks)
-    {
-        t_ = &t;
-        core_ = core;
-        cores_ = cores;
-        total_ = before_ = 0;
-        done_ = false;
-        open_ = false;
-        unitIndex_ = chunk_.blocks = 0;
-        PackedChunks<Offsets> all(t, cu, chunkBlocks);
-        PackedChunk c{};
-        while (all.Next(c)) {
-            total_ += PackedChunkWork<CAUSAL>(t, c);
-        }
-        chunks_ = PackedChunks<Offsets>(t, cu, chunkBlocks);
-    }
+    using Item = typename PassOf<QUERY_PASS>::Type::Item;
 
-    // Advances to the next step (unit and step then describe it); false when done.
-    __aicore__ bool Next()
+    __aicore__ PackedOwnedItems() = default;
+    // First pass: the total work. `cu` must outlive the walk.
+    __aicore__ PackedOwnedItems(const GradTilingData& t, const Offsets& cu, uint32_t core, uint32_t cores)
+        : t_(&t), items_(t, cu), core_(core), cores_(cores), done_(false)
     {
-        for (;;) {
-            if (open_ && StepAt(*t_, unit, index_, step)) {
-                ++index_;
-                return true;
-            }
-            if (unitIndex_ < chunk_.blocks) {
-                unit = ChunkUnit<CAUSAL>(*t_, chunk_, unitIndex_++);
-                index_ = 0;
-                open_ = true;
-                continue;
-            }
-            if (!NextOwnedChunk()) {
-                return false;
-            }
+        PackedItems<CAUSAL, QUERY_PASS, Offsets> all(t, cu);
+        Item item{};
+        while (all.Next(item)) {
+            total_ += PackedUnitWork(t, item);
         }
     }
 
-    GradUnit unit{};
-    GradStep step{};
-
-private:
-    __aicore__ bool NextOwnedChunk()
+    __aicore__ bool Next(Item& item)
     {
-        while (!done_ && chunks_.Next(chunk_)) {
-            const uint64_t work = PackedChunkWork<CAUSAL>(*t_, chunk_);
+        while (!done_ && items_.Next(item)) {
+            const uint64_t work = PackedUnitWork(*t_, item);
             const uint32_t owner = OwnerCore(before_, work, total_, cores_);
             before_ += work;
             if (owner == core_) {
-                unitIndex_ = 0;
                 return true;
             }
             done_ = owner > core_;
         }
         done_ = true;
-        chunk_.blocks = 0;
         return false;
     }
 
+private:
     const GradTilingData* t_ = nullptr;
-    PackedChunks<Offsets> chunks_{};
-    PackedChunk chunk_{};
-    uint32_t unitIndex_ = 0;
-    uint32_t index_ = 0;
-    bool open_ = false;
+    PackedItems<CAUSAL, QUERY_PASS, Offsets> items_{};
     uint32_t core_ = 0;
     uint32_t cores_ = 1;
     uint64_t total_ = 0;
     uint64_t before_ = 0;
     bool done_ = true;
 };
+
+// The steps of one core of a packed batch, as DenseStepWalk walks a dense split.
+template <bool CAUSAL, bool QUERY_PASS, typename Offsets>
+using PackedStepWalk = GradStepWalk<CAUSAL, typename PassOf<QUERY_PASS>::Type,
+                                    PackedOwnedItems<CAUSAL, QUERY_PASS, Offsets>>;
 
 }  // namespace flash_cann
 

@@ -134,7 +134,8 @@ def test_grad_tiling_func_writes_the_planners_plan(layout, q, k, causal, mask, d
     assert got["workspace"] == p["user_workspace_bytes"] + 16 * 1024 * 1024
     assert got["tiling_size"] == p["tiling"]["tiling_bytes"]
     assert (got["block_q"], got["block_k"]) == (p["tiling"]["block_q"], p["tiling"]["block_k"])
-    assert got["dq_slots"] == p["tiling"]["dq_slots"] and (got["dq_slots"] > 1) == deterministic
+    assert got["query_units"] == p["tiling"]["query_units"]
+    assert (got["query_units"] > 0) == deterministic
     assert got["last_unit"] == got["units"] == p["tiling"]["units"] and got["scale"] == 0.125
 
 

@@ -69,12 +69,17 @@ def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
     units = [c["units"] for c in p["cores"]]
     assert units[0][0] == 0 and units[-1][1] == t["units"] == b * hk * t["key_blocks"]
     assert all(a[1] == b[0] for a, b in zip(units, units[1:]))
-    # fp32 dQ per slot, fp32 dK and dV, D per query row, each 512-byte aligned
+    # fp32 dQ, dK and dV, D per query row, each 512-byte aligned: no per-chunk dQ copies
     ws = p["workspace"]
-    assert ws["dq"] == t["dq_slots"] * b * hq * s * d * 4
+    assert ws["dq"] == b * hq * s * d * 4
     assert ws["dk_dv"] == 2 * b * hk * s * d * 4 and ws["delta"] == b * hq * s * 4
     assert p["user_workspace_bytes"] == sum(ws.values())
-    assert (t["dq_slots"] > 1) == deterministic
+    # The deterministic dQ's query pass: query units (batch x heads_q x query block) split
+    # over the cores in order.
+    queries = [c["query_units"] for c in p["cores"]]
+    assert t["query_units"] == (b * hq * t["query_blocks"] if deterministic else 0)
+    assert queries[0][0] == 0 and queries[-1][1] == t["query_units"]
+    assert all(a[1] == b[0] for a, b in zip(queries, queries[1:]))
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -92,7 +97,8 @@ def test_refusals_raise(kwargs, message):
 def test_cpp_packed_walk_tests(capsys):
     """Runs op_host/planner/tests/packed_walk_tests.cpp: the kernels' device-side walk and
     split of packed sequences (flash_cann_packed.h) covers every tile and step once, in
-    contiguous per-core runs, keeps dQ chunks whole and balances the work."""
+    contiguous per-core runs, walks the deterministic dQ's query pass over the key pass's
+    steps and balances the work."""
     result = run("planner/packed_walk_tests")
     with capsys.disabled():
         print("\n" + result.stdout.strip())
@@ -110,9 +116,11 @@ def test_packed_plans_take_shapes_and_refuse_by_name():
     assert p["tiling"]["used_cores"] == 24 and p["tiling_key"] == 1010
     g = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
                           deterministic=True, features=tokens)
-    # at most one unit per (kv head, key block) of the tokens, plus one partial per sequence
-    block_k = g["tiling"]["block_k"]
-    assert g["tiling"]["used_cores"] == min(24, 2 * (-(-500 // block_k) + 3))
+    # at most one unit per (kv head, key block) of the tokens, plus one partial per sequence;
+    # the deterministic dQ's query pass likewise per (query head, query block)
+    block_q, block_k = g["tiling"]["block_q"], g["tiling"]["block_k"]
+    assert g["tiling"]["used_cores"] == min(24, max(2 * (-(-500 // block_k) + 3),
+                                                    4 * (-(-300 // block_q) + 3)))
     for call, features, message in [
             (planner.plan, None, "tokens_q must be in 1..2147483647 with layout TND (got 0)"),
             (planner.grad_plan, planner.variant(tokens=(300, 0)),
@@ -227,15 +235,15 @@ def test_cli_prints_the_backward_plan(capsys):
     shape = ["plan", "--shape", "1,16,8192,128"]
     assert cli.main([*shape, "--causal", "--backward", "--deterministic"]) == 0
     out = capsys.readouterr().out
-    for needle in ("tiling     key 21010", "dQ         deterministic: 16 fp32 slots",
-                   "work per AI core (units", "max/mean", "dk_l0c", "pass_acc_ub",
-                   "L0C    131,072 /   131,072", "dQ fp32 1024.00", "dK/dV fp32 128.00",
+    for needle in ("tiling     key 21010", "dQ         deterministic: a query pass over 1024 query",
+                   "work per AI core (units", "query units", "max/mean", "dk_l0c", "pass_acc_ub",
+                   "L0C    131,072 /   131,072", "dQ fp32 64.00", "dK/dV fp32 128.00",
                    "PREDICTION (backward schedule model", "% of cube peak", "bound",
-                   "of compute per step and vector core"):
+                   "query pass", "of compute per step and vector core"):
         assert needle in out, needle
     assert cli.main([*shape, "--backward", "--json"]) == 0
     json_plan = json.loads(capsys.readouterr().out)
-    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["dq_slots"] == 1
+    assert json_plan["tiling_key"] == 20000 and json_plan["tiling"]["query_units"] == 0
     prediction = json_plan["prediction"]
     assert prediction["label"].startswith("PREDICTION") and prediction["seconds"] > 0
     assert 0 < prediction["cube_utilization"] <= 1
@@ -298,7 +306,8 @@ _TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d
                      r"peak \((\d+) TFLOP/s\), work imbalance ([\d.]+), modelled core time "
                      r"max/mean ([\d.]+); bound: (.*)")
 _BACKWARD = re.compile(r"targets: backward([* ])(non-causal|causal) +seqlen +(\d+)"
-                       r"(?: \[(\d+)x(\d+), (\d) L0C scratch\])?: ([\d.]+)% "
+                       r"(?: \[(fast|deterministic) (\d+)x(\d+), (\d+)-row pieces, dQ in (\d+)-column "
+                       r"pieces, (\d) L0C scratch\])?: ([\d.]+)% "
                        r"of cube peak \(2.5x forward FLOPs\); bound: (.*)")
 _FEATURE = re.compile(r"features: (.+?) {2,}([\d.]+) ms  (.*)")
 _CHANGE = re.compile(r"design change \((non-causal|causal), 16k\): (.*?) +([\d.]+)% of peak; "
@@ -324,10 +333,11 @@ def doc_tables(report: str) -> dict[str, str]:
             targets.append(f"| {int(s) // 1024}k | {'yes' if causal == 'causal' else 'no'} | "
                            f"{pct} % | {tf} | {imb} | {ratio} | {bound} |")
         elif m := _BACKWARD.match(line):
-            alt, causal, s, bq, bk, copies, pct, bound = m.groups()
+            alt, causal, s, dq, bq, bk, rows, cols, copies, pct, bound = m.groups()
+            pieces = f", dQ in {cols}-column pieces" if dq == "fast" else ""
             design = ("two L0C scratch, S/dP one step ahead, 128×128 (does not fit)"
                       if alt == "*" else
-                      f"grad plan: {bq}×{bk}, {copies} L0C scratch, 2 steps in flight")
+                      f"grad plan, {dq} dQ: {bq}×{bk}, {rows}-row pieces{pieces}, {copies} L0C scratch")
             backward.append(f"| {design} | {int(s) // 1024}k | "
                             f"{'yes' if causal == 'causal' else 'no'} | {pct} % | {bound} |")
         elif m := _SENSITIVITY.match(line):
@@ -441,11 +451,11 @@ def test_hardware_figures_are_their_cited_sources(soc):
 # the incumbent design's forward, backward (seconds). Pinned so that a change of any
 # per-SoC input shows here; a deliberate model change updates these with the docs.
 PREDICTIONS = {
-    "Ascend910B1": (0.0005823780494, 0.000699889802, 0.001083145331),
-    "Ascend910B2": (0.0005985552174, 0.0007193311854, 0.001113232701),
-    "Ascend910B3": (0.0006843353392, 0.0007934125405, 0.001330255726),
-    "Ascend910B4": (0.0009647968578, 0.001113155303, 0.002106863198),
-    "Ascend910_93": (0.0005985552174, 0.0007193311854, 0.001113232701),
+    "Ascend910B1": (0.0005823780494, 0.000699889802, 0.001059655997),
+    "Ascend910B2": (0.0005985552174, 0.0007193311854, 0.001089090886),
+    "Ascend910B3": (0.0006843353392, 0.0007934125405, 0.001309027818),
+    "Ascend910B4": (0.0009647968578, 0.001113155303, 0.002071816354),
+    "Ascend910_93": (0.0005985552174, 0.0007193311854, 0.001089090886),
 }
 
 

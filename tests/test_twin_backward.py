@@ -87,10 +87,11 @@ def test_matches_oracle(dtype, causal, masked, heads, layout, gen):
     _check(q, k, v, mask, causal, layout, gen)
 
 
-@pytest.mark.parametrize("head_dim", [128, 80, 17, 256])
+@pytest.mark.parametrize("head_dim", [128, 80, 17, 256, 200])
 def test_head_dims(head_dim, gen):
     """Head dims that are not powers of two (80; 17, padded to 32) and the maximum, 256,
-    whose dK/dV accumulators take 64 x 32 blocks to fit L0C."""
+    whose dK/dV accumulators leave room for 64 x 48 blocks only with the fast dQ in four
+    64-column pieces; 200 (padded to 208) ends in a narrower, 16-column piece."""
     q, k, v = make_qkv(1, 2, 1, 70, 90, head_dim, torch.float16, "BNSD", generator=gen)
     _check(q, k, v, random_key_padding_mask(1, 90, gen), True, "BNSD", gen)
 
@@ -119,11 +120,29 @@ def test_units_of_one_step(gen):
     _check(q, k, v, None, False, "BNSD", gen, ai_cores=1)
 
 
-@pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["slot-per-block", "chunks"])
+@pytest.mark.parametrize("seqlens", [(100, 150), (40, 2200)], ids=["few-key-blocks", "many-key-blocks"])
 def test_deterministic_variant_matches_oracle(seqlens, gen):
     q, k, v = make_qkv(1, 4, 2, *seqlens, 64, torch.bfloat16, "BSND", generator=gen)
     mask = random_key_padding_mask(1, seqlens[1], gen)
     _check(q, k, v, mask, True, "BSND", gen, deterministic=True)
+
+
+def test_deterministic_query_pass_reaches_the_diagonal_key_block(gen):
+    """The query pass walks, per query block, the key blocks its rows see; with causal the
+    last row's diagonal key is the last one. seqlen = blockK + 1 puts that key alone at
+    the start of the last key block, so a walk that ends one key early (the mutant
+    kernel-bwd-query-pass-misses-a-key-block) drops the block, one term of the last row's
+    dQ: too small for the oracle's tolerance, so dQ is held to the fast variant's, which
+    differs from it only in the order of fp32 sums (an fp16 rounding step at most)."""
+    block_k = planner.grad_plan("Ascend910B2", 1, 2, 64, 64, deterministic=True,
+                                causal=True)["tiling"]["block_k"]
+    q, k, v = make_qkv(1, 2, 1, block_k + 1, block_k + 1, 64, torch.float16, "BNSD", generator=gen)
+    out, lse = cpu.forward(q, k, v, None, scale=0.125, causal=True, layout="BNSD")
+    grad_out = torch.randn(out.shape, generator=gen).to(out.dtype)
+    dq = [twin.backward(grad_out, q, k, v, out, lse, None, None, scale=0.125, causal=True,
+                        layout="BNSD", deterministic=deterministic)[0]
+          for deterministic in (True, False)]
+    torch.testing.assert_close(dq[0], dq[1], rtol=2e-3, atol=2e-4)
 
 
 def _backward_args(seqlens, gen):
@@ -156,10 +175,10 @@ def _assert_deterministic(args, deterministic):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}, {cores} cores"
 
 
-@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["slot-per-block", "chunks"])
+@pytest.mark.parametrize("seqlens", [(96, 333), (40, 2200)], ids=["few-key-blocks", "many-key-blocks"])
 def test_deterministic_variant_is_bitwise_repeatable(seqlens, gen):
-    """With 2200 keys the planner groups key blocks into chunks (at most 16 dQ slots), so
-    one core adds several blocks into a slot."""
+    """With 2200 keys a query unit of the query pass accumulates many key blocks in L0C,
+    and the cores' query-unit ranges differ with the core count."""
     _assert_deterministic(_backward_args(seqlens, gen), deterministic=True)
 
 

@@ -3,8 +3,8 @@ backward's files that a run executes -- PipeBarrier, SetFlag/WaitFlag, CrossCore
 WaitFlag, SyncAll -- has its happens-before edge switched off in turn inside the twin (no
 kernel edit, no rebuild), and the race detector must then stop the kernel with a race or a
 deadlock. Queue hand-offs are left to the queue rules (one hand-off often orders another's
-pipes too). The one exception is listed in IMPLIED with its reason, and asserted to stay
-uncaught, so the list cannot go stale."""
+pipes too). Exceptions would be listed in IMPLIED with their reason, and asserted to stay
+uncaught, so the list cannot go stale; there are none."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ BACKWARD_FILES = ("flash_attention_grad_cube.h", "flash_attention_grad_vector.h"
 EXPLICIT = {"PipeBarrier", "SetFlag", "WaitFlag", "CrossCoreSetFlag", "CrossCoreWaitFlag",
             "SyncAll"}
 # Sites whose edge another edge always implies; kept because they protect non-queue buffers.
-IMPLIED = {
-    "M_FIX": "WriteKeyValueGrad's M -> FIX flag: the dQ product's queue hand-off (EnQue on M, "
-             "DeQue on FIX) always comes between the dK/dV Mmads and their Fixpipe",
-}
+# None since issue 25: the accumulators' M -> FIX flag (WriteAccumulators) was implied by
+# the dQ product's queue hand-off while every step had one; the deterministic key pass
+# has none (its dQ comes from the query pass), and there the flag is the only order.
+IMPLIED: dict[str, str] = {}
 
 
 def _problems():

@@ -16,11 +16,17 @@ namespace {
 constexpr uint64_t kExactSteps = 8;
 constexpr uint64_t kExtrapolationStep = 8;
 
+// One step of a pass (query block x key block) and one unit of it. The key pass's unit is
+// a key block (K, V in; dK, dV out), the deterministic dQ's query pass's a query block
+// (Q, dO in; dQ out).
 struct StepCosts {
-    double loadQ, loadKv, loadPds;             // cube MTE2: Q + dO; K + V per unit; P + dS
-    double mte1S, mte1Dp, mte1Dv, mte1Dk, mte1Dq;
-    double mmad;                                // one of the five products
-    double fixScores, fixDq, fixDkDv;           // S or dP; dQ (atomic); dK + dV per unit
+    double loadUnit, loadStep, loadPds;        // cube MTE2: K + V (Q + dO); Q + dO (K + V); P + dS (dS)
+    double mte1S, mte1Dp, mte1Dq;
+    std::vector<double> mte1Acc;               // products accumulated in L0C: dV, dK (dQ)
+    double mmad;                                // one of the products, whole
+    uint32_t scorePieces = 1;                   // Mmad + Fixpipe pieces of S, dP (productRows)
+    uint32_t dqPieces = 0;                      // ... of the fast dQ (0: no dQ product in the step)
+    double fixScores, fixDq, fixUnit;           // S or dP; dQ (atomic); dK + dV (dQ) per unit
     double vecIn, vecCompute, vecOut;           // one vector core
     double l2BytesStep, l2BytesUnit;
 };
@@ -43,26 +49,39 @@ double BandEdgeFraction(const BackwardDesign& d, const BackwardProblem& pr)
     return std::min(1.0, edges / touched);
 }
 
-StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const EngineRates& r)
+StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const EngineRates& r, bool queryPass)
 {
     const VariantTiling& variant = pr.variant;
     const double edgeFraction = BandEdgeFraction(d, pr);
     const double bq = d.blockQ, bk = d.blockK, dim = d.headDimPad, e = d.elemBytes;
     const double rows = bq / 2;
+    const double productRows = d.productRows > 0 ? d.productRows : bq;
+    const double dqColumns = d.dqColumns > 0 ? d.dqColumns : dim;
     StepCosts c{};
-    // One transfer per operand, one Mmad and its LoadDatas per product.
-    c.loadQ = r.L2ToL1(2 * bq * dim * e, 2);                   // Q, dO
-    c.loadKv = r.L2ToL1(2 * bk * dim * e, 2);                  // K, V
-    c.loadPds = r.L2ToL1(2 * bq * bk * e, 2);                  // P, dS
+    // One transfer per operand, one Mmad and its LoadDatas per product (pieces: one
+    // Mmad and one Fixpipe each, engine_rates' per-instruction and per-transfer costs).
+    const double pieces = std::ceil(bq / productRows);
+    const double loadQ = r.L2ToL1(2 * bq * dim * e, 2);   // Q, dO
+    const double loadKv = r.L2ToL1(2 * bk * dim * e, 2);  // K, V
+    c.loadUnit = queryPass ? loadQ : loadKv;
+    c.loadStep = queryPass ? loadKv : loadQ;
+    c.loadPds = r.L2ToL1((queryPass ? 1 : 2) * bq * bk * e, queryPass ? 1 : 2);
     c.mte1S = r.L1ToL0a(bq * dim * e, 1) + r.L1ToL0b(bk * dim * e, 1);   // Q, K^T
     c.mte1Dp = c.mte1S;                                                  // dO, V^T
-    c.mte1Dv = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bq * dim * e, 1);  // P^T, dO
-    c.mte1Dk = c.mte1Dv;                                                 // dS^T, Q
+    const double mte1Dv = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bq * dim * e, 1);  // P^T, dO (dS^T, Q for dK)
     c.mte1Dq = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bk * dim * e, 1);  // dS, K
-    c.mmad = r.Mmad(bq * bk * dim, 1);
-    c.fixScores = r.Fixpipe(bq * bk * 4, 1);
-    c.fixDq = r.Fixpipe(bq * dim * 4, 1);
-    c.fixDkDv = r.Fixpipe(2 * bk * dim * 4, 2);
+    if (queryPass) {
+        c.mte1Acc = {c.mte1Dq};
+    } else {
+        c.mte1Acc = {mte1Dv, mte1Dv};
+    }
+    c.mmad = r.Mmad(bq * bk * dim, pieces);
+    c.scorePieces = static_cast<uint32_t>(pieces);
+    c.dqPieces = queryPass || d.deterministic ? 0
+                                              : c.scorePieces * static_cast<uint32_t>(std::ceil(dim / dqColumns));
+    c.fixScores = r.Fixpipe(bq * bk * 4, pieces);
+    c.fixDq = r.Fixpipe(bq * dim * 4, std::max<uint32_t>(c.dqPieces, 1));
+    c.fixUnit = queryPass ? r.Fixpipe(bq * dim * 4, 1) : r.Fixpipe(2 * bk * dim * 4, 2);
     const double tile = FloatRepeats(rows * bk);
     VecProgram v;
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
@@ -85,7 +104,9 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);     // lse per row
     AppendVec(v, VecOp::kBinary, tile, true);                       // - lse
     AppendVec(v, VecOp::kExp, tile, true);                          // P
-    AppendVec(v, VecOp::kCast, tile, false);                        // P in the input dtype
+    if (!queryPass) {  // the query pass's cube reads dS only
+        AppendVec(v, VecOp::kCast, tile, false);                    // P in the input dtype
+    }
     AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);     // D per row
     AppendVec(v, VecOp::kBinary, tile, true);                       // dP - D
     AppendVec(v, VecOp::kBinary, tile, true);                       // * P
@@ -96,16 +117,20 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     if (d.dropoutPassElements > 0) {
         const VecProgram mask = DropoutMaskProgram(rows, bk, d.dropoutPassElements, d.dropoutDraw);
         v.insert(v.end(), mask.begin(), mask.end());
-        AppendVec(v, VecOp::kSelect, tile, true, 2);                // P, dP where kept
+        AppendVec(v, VecOp::kSelect, tile, true, queryPass ? 1 : 2); // (P,) dP where kept
         AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
     }
     c.vecIn = r.L2ToUb(2 * rows * bk * 4, 2);                   // S, dP
     c.vecCompute = VecSeconds(v, r);
-    c.vecOut = r.UbToL2(2 * rows * bk * e, 2);                  // P, dS
-    c.l2BytesStep = 2 * bq * dim * e + 2 * bq * bk * e            // Q, dO, P, dS into L1
-                    + 2 * bq * bk * 4 + 2 * bq * dim * 4           // S, dP; dQ read-add-write
-                    + 2 * bq * bk * 4 + 2 * bq * bk * e;           // vector in and out
-    c.l2BytesUnit = 2 * bk * dim * e + 2 * bk * dim * 4;          // K, V in; dK, dV out
+    const double pds = queryPass ? 1 : 2;
+    c.vecOut = r.UbToL2(pds * rows * bk * e, pds);               // P and dS (dS)
+    c.l2BytesStep = (queryPass ? 2 * bk * dim * e : 2 * bq * dim * e)  // K, V (Q, dO) into L1
+                    + pds * bq * bk * e                                 // P, dS (dS) into L1
+                    + 2 * bq * bk * 4                                   // S, dP out
+                    + (c.dqPieces > 0 ? 2 * bq * dim * 4 : 0)           // dQ read-add-write
+                    + 2 * bq * bk * 4 + pds * bq * bk * e;              // vector in and out
+    c.l2BytesUnit = queryPass ? 2 * bq * dim * e + bq * dim * 4       // Q, dO in; dQ out
+                              : 2 * bk * dim * e + 2 * bk * dim * 4;  // K, V in; dK, dV out
     return c;
 }
 
@@ -114,7 +139,7 @@ struct Run {
     EngineSeconds busy{};
 };
 
-// The task graph of `units` units of `steps` steps each on one AI core.
+// The task graph of `units` units of `steps` steps each of one pass on one AI core.
 Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64_t steps,
              double flag)
 {
@@ -122,43 +147,46 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
     struct StepIds {
         Id fixS = Timeline::kNone, fixDp = Timeline::kNone, loadPds = Timeline::kNone;
         Id vecIn = Timeline::kNone, vecCompute = Timeline::kNone, vecOut = Timeline::kNone;
-        Id mmadDv = Timeline::kNone, mmadDk = Timeline::kNone;
+        Id lastAcc = Timeline::kNone;
     };
     Timeline t;
     const uint64_t n = units * steps;
     std::vector<StepIds> ids(n);
-    std::vector<Id> unitKv(units), unitFix(units);
+    std::vector<Id> unitLoad(units), unitFix(units);
     std::vector<std::pair<Id, Id>> scratch;  // (mmad, fix) of each use of the L0C scratch
-    auto product = [&](double mte1, double fix, Id input, bool usesScratch) {
+    // One L1 -> L0 load, then `pieces` Mmads of 1/pieces of `mmad` each; with `fix`, each
+    // piece leaves L0C through Fixpipe from one of the L0C scratch copies.
+    auto product = [&](double mte1, double mmad, uint32_t pieces, double fix, Id input) {
         const Id m1 = t.Add(Engine::kCubeMte1, mte1);
         t.After(m1, input);
-        const Id mm = t.Add(Engine::kCube, c.mmad);
-        t.After(mm, m1);
-        Id fx = Timeline::kNone;
-        if (fix > 0) {
-            fx = t.Add(Engine::kFixpipe, fix);
-            t.After(fx, mm);
-        }
-        if (usesScratch) {
-            if (scratch.size() >= d.l0cScratchBuffers) {
-                t.After(mm, scratch[scratch.size() - d.l0cScratchBuffers].second);
+        Id mm = Timeline::kNone, fx = Timeline::kNone;
+        for (uint32_t p = 0; p < pieces; ++p) {
+            const Id previous = mm;
+            mm = t.Add(Engine::kCube, mmad / pieces);
+            t.After(mm, previous == Timeline::kNone ? m1 : previous);
+            if (fix > 0) {
+                fx = t.Add(Engine::kFixpipe, fix / pieces);
+                t.After(fx, mm);
+                if (scratch.size() >= d.l0cScratchBuffers) {
+                    t.After(mm, scratch[scratch.size() - d.l0cScratchBuffers].second);
+                }
+                scratch.emplace_back(mm, fx);
             }
-            scratch.emplace_back(mm, fx);
         }
         return std::make_pair(mm, fx);
     };
     auto scores = [&](uint64_t i) {
         const uint64_t u = i / steps;
         if (i % steps == 0) {
-            unitKv[u] = t.Add(Engine::kCubeMte2, c.loadKv);
-            if (u >= d.kvL1Buffers) {  // the K/V buffer of unit u - kvL1Buffers is free
-                t.After(unitKv[u], ids[(u - d.kvL1Buffers + 1) * steps - 1].mmadDk);
+            unitLoad[u] = t.Add(Engine::kCubeMte2, c.loadUnit);
+            if (u >= d.kvL1Buffers) {  // the L1 buffer of unit u - kvL1Buffers is free
+                t.After(unitLoad[u], ids[(u - d.kvL1Buffers + 1) * steps - 1].lastAcc);
             }
         }
-        const Id q = t.Add(Engine::kCubeMte2, c.loadQ);
-        t.After(q, unitKv[u]);
-        ids[i].fixS = product(c.mte1S, c.fixScores, q, true).second;
-        ids[i].fixDp = product(c.mte1Dp, c.fixScores, q, true).second;
+        const Id load = t.Add(Engine::kCubeMte2, c.loadStep);
+        t.After(load, unitLoad[u]);
+        ids[i].fixS = product(c.mte1S, c.mmad, c.scorePieces, c.fixScores, load).second;
+        ids[i].fixDp = product(c.mte1Dp, c.mmad, c.scorePieces, c.fixScores, load).second;
         if (i >= d.exchangeSlots) {  // workspace slot free once the vector has read it
             t.After(ids[i].fixS, ids[i - d.exchangeSlots].vecIn, flag);
         }
@@ -167,15 +195,18 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         const uint64_t u = i / steps;
         ids[i].loadPds = t.Add(Engine::kCubeMte2, c.loadPds);
         t.After(ids[i].loadPds, ids[i].vecOut, flag);
-        ids[i].mmadDv = product(c.mte1Dv, 0, ids[i].loadPds, false).first;
-        ids[i].mmadDk = product(c.mte1Dk, 0, ids[i].loadPds, false).first;
-        if (i % steps == 0 && u > 0) {  // one dK/dV accumulator: wait for its write-out
-            t.After(ids[i].mmadDv, unitFix[u - 1]);
+        for (size_t k = 0; k < c.mte1Acc.size(); ++k) {
+            ids[i].lastAcc = product(c.mte1Acc[k], c.mmad, 1, 0, ids[i].loadPds).first;
+            if (k == 0 && i % steps == 0 && u > 0) {  // one accumulator: wait for its write-out
+                t.After(ids[i].lastAcc, unitFix[u - 1]);
+            }
         }
-        product(c.mte1Dq, c.fixDq, ids[i].loadPds, true);
+        if (c.dqPieces > 0) {
+            product(c.mte1Dq, c.mmad, c.dqPieces, c.fixDq, ids[i].loadPds);
+        }
         if ((i + 1) % steps == 0) {
-            unitFix[u] = t.Add(Engine::kFixpipe, c.fixDkDv);
-            t.After(unitFix[u], ids[i].mmadDk);
+            unitFix[u] = t.Add(Engine::kFixpipe, c.fixUnit);
+            t.After(unitFix[u], ids[i].lastAcc);
         }
     };
     for (uint64_t i = 0; i < std::min<uint64_t>(n, d.stepsAhead); ++i) {
@@ -269,6 +300,74 @@ uint64_t StepsOfKeyBlock(const BackwardDesign& d, const BackwardProblem& pr, uin
     return static_cast<uint64_t>((end + d.blockQ - 1) / d.blockQ - first / d.blockQ);
 }
 
+// Key blocks that query block `qb` sees, per query head: the keys row + offset - left ..
+// row + offset + right of its rows (the kernel's KeyBlockRange).
+uint64_t StepsOfQueryBlock(const BackwardDesign& d, const BackwardProblem& pr, uint64_t qb)
+{
+    const int64_t offset = pr.seqlenK - pr.seqlenQ;
+    const int64_t row0 = static_cast<int64_t>(qb * d.blockQ);
+    const int64_t rows = std::min<int64_t>(d.blockQ, pr.seqlenQ - row0);
+    const int64_t right = pr.causal ? 0 : pr.variant.windowRight;
+    const int64_t first = pr.variant.windowLeft >= 0
+                              ? std::clamp<int64_t>(row0 + offset - pr.variant.windowLeft, 0, pr.seqlenK)
+                              : 0;
+    const int64_t end = right >= 0 ? std::clamp<int64_t>(row0 + rows + offset + right, first, pr.seqlenK)
+                                   : pr.seqlenK;
+    if (end <= first) {
+        return 0;
+    }
+    return static_cast<uint64_t>((end + d.blockK - 1) / d.blockK - first / d.blockK);
+}
+
+// A pass's main-loop time on one core: `units` units of `steps` steps in all.
+struct CorePass {
+    double seconds = 0;
+    double l2Seconds = 0;
+    EngineSeconds busy{};
+    bool deadlock = false;
+};
+
+CorePass RunPassOnCore(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64_t steps,
+                       double flag, double l2Share)
+{
+    CorePass pass;
+    if (units == 0) {
+        return pass;
+    }
+    const uint64_t perUnit = std::max<uint64_t>(1, (steps + units - 1) / units);
+    const UnitCost u = CostUnit(d, c, perUnit, flag);
+    pass.deadlock = u.deadlock;
+    pass.seconds = u.fill + u.steady * units * (double(steps) / (perUnit * units));
+    pass.l2Seconds = (c.l2BytesStep * steps + c.l2BytesUnit * units) / l2Share;
+    for (uint32_t i = 0; i < kEngines; ++i) {
+        pass.busy[i] = u.busy[i] * double(steps) / perUnit;
+    }
+    // No engine can be busier than the pass's time (the steady estimate of a short unit
+    // can undercut its work when its fill overlaps the next unit's).
+    pass.seconds = std::max(pass.seconds, *std::max_element(pass.busy.begin(), pass.busy.end()));
+    return pass;
+}
+
+// Contiguous ranges of `steps` (one entry per unit), each cut where the running total
+// passes the next c / cores share; adds each range's units and steps through `add`.
+template <typename Add>
+void SplitEvenly(const std::vector<uint64_t>& steps, size_t cores, Add add)
+{
+    uint64_t total = 0;
+    for (uint64_t s : steps) {
+        total += s;
+    }
+    uint64_t done = 0;
+    size_t core = 0;
+    for (uint64_t s : steps) {
+        while (core + 1 < cores && done * cores >= total * (core + 1)) {
+            ++core;
+        }
+        add(core, s);
+        done += s;
+    }
+}
+
 // The (query, key) pairs a row's band and causal bound leave visible, summed over rows.
 double VisibleBandPairs(const BackwardProblem& pr)
 {
@@ -291,42 +390,84 @@ std::vector<BackwardCoreWork> EvenBackwardSplit(const BackwardDesign& d, const B
 {
     const uint64_t keyBlocks = (pr.seqlenK + d.blockK - 1) / d.blockK;
     const uint64_t group = pr.headsQ / pr.headsKv;
-    const uint64_t units = pr.batch * pr.headsKv * keyBlocks;
-    std::vector<uint64_t> steps(units);
-    uint64_t total = 0;
-    for (uint64_t u = 0; u < units; ++u) {
+    std::vector<uint64_t> steps(pr.batch * pr.headsKv * keyBlocks);
+    for (uint64_t u = 0; u < steps.size(); ++u) {
         steps[u] = group * StepsOfKeyBlock(d, pr, u % keyBlocks);
-        total += steps[u];
     }
-    // Contiguous ranges, each cut where the running total passes the next c/cores share.
     std::vector<BackwardCoreWork> work(std::max<uint32_t>(1, cores));
-    uint64_t done = 0;
-    size_t core = 0;
-    for (uint64_t u = 0; u < units; ++u) {
-        while (core + 1 < work.size() && done * work.size() >= total * (core + 1)) {
-            ++core;
-        }
+    SplitEvenly(steps, work.size(), [&](size_t core, uint64_t s) {
         work[core].units += 1;
-        work[core].steps += steps[u];
-        done += steps[u];
+        work[core].steps += s;
+    });
+    if (d.deterministic) {  // the query pass: query units split the same way
+        const uint64_t queryBlocks = (pr.seqlenQ + d.blockQ - 1) / d.blockQ;
+        steps.assign(pr.batch * pr.headsQ * queryBlocks, 0);
+        for (uint64_t u = 0; u < steps.size(); ++u) {
+            steps[u] = StepsOfQueryBlock(d, pr, u % queryBlocks);
+        }
+        SplitEvenly(steps, work.size(), [&](size_t core, uint64_t s) {
+            work[core].queryUnits += 1;
+            work[core].querySteps += s;
+        });
     }
     return work;
+}
+
+namespace {
+
+// BackwardSecondsPerScore's work; with `simulate` false only the shared L2's share (no
+// simulation: a lower bound of the full figure, for pruning).
+double SecondsPerScore(const BackwardDesign& d, const BackwardProblem& pr, uint32_t cores, const Platform& p,
+                       bool simulate)
+{
+    const EngineRates r = RatesFor(p);
+    const double l2Share = r.l2Aggregate / std::max<uint32_t>(1, cores);
+    double seconds = 0;
+    for (const bool queryPass : {false, true}) {
+        if (queryPass && !d.deterministic) {
+            break;
+        }
+        const StepCosts c = CostStep(d, pr, r, queryPass);
+        // A unit as long as the middle key block's (query block's) of the problem.
+        const uint64_t steps = std::max<uint64_t>(
+            1, queryPass ? StepsOfQueryBlock(d, pr, (pr.seqlenQ + d.blockQ - 1) / d.blockQ / 2)
+                         : pr.headsQ / pr.headsKv * StepsOfKeyBlock(d, pr, (pr.seqlenK + d.blockK - 1) / d.blockK / 2));
+        const double l2 = (c.l2BytesStep * steps + c.l2BytesUnit) / l2Share;
+        const double compute = simulate ? CostUnit(d, c, steps, r.crossCoreFlag).steady : 0;
+        seconds += std::max(compute, l2) / (double(steps) * d.blockQ * d.blockK);
+    }
+    return seconds;
+}
+
+}  // namespace
+
+double BackwardSecondsPerScore(const BackwardDesign& d, const BackwardProblem& pr, uint32_t cores,
+                               const Platform& p)
+{
+    return SecondsPerScore(d, pr, cores, p, true);
+}
+
+double BackwardL2SecondsPerScore(const BackwardDesign& d, const BackwardProblem& pr, uint32_t cores,
+                                 const Platform& p)
+{
+    return SecondsPerScore(d, pr, cores, p, false);
 }
 
 BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProblem& pr,
                                    const std::vector<BackwardCoreWork>& cores, const Platform& p)
 {
     const EngineRates r = RatesFor(p);
-    const StepCosts c = CostStep(d, pr, r);
+    const StepCosts c = CostStep(d, pr, r, false);
+    const StepCosts query = CostStep(d, pr, r, true);
     const double e = d.elemBytes;
     const double queryRows = double(pr.batch) * pr.headsQ * pr.seqlenQ;
     const double keyRows = double(pr.batch) * pr.headsKv * pr.seqlenK;
     const double dim = d.headDimPad;
     BackwardPrediction out;
-    // Pre-pass: read dO and O, write D, zero the dQ accumulators.
-    out.preSeconds = PassSeconds(2 * queryRows * dim * e, queryRows * 4 + d.dqSlots * queryRows * dim * 4, p, r);
-    // Post-pass: read the dQ slots and fp32 dK, dV; write dQ, dK, dV.
-    out.postSeconds = PassSeconds(d.dqSlots * queryRows * dim * 4 + 2 * keyRows * dim * 4,
+    // Pre-pass: read dO and O, write D, zero the dQ accumulator.
+    out.preSeconds = PassSeconds(2 * queryRows * dim * e, queryRows * 4 + queryRows * dim * 4, p, r);
+    // Post-pass: read the fp32 dQ, dK, dV; write dQ, dK, dV.
+    out.postSeconds = PassSeconds(queryRows * dim * 4 + 2 * keyRows * dim * 4,
                                   (queryRows + 2 * keyRows) * dim * e, p, r);
     if (pr.variant.sinks != 0) {
         // SinkGrad: one vector core per query head reads lse and D of its (batch, row)s
@@ -344,24 +485,18 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
     bool l2Bound = false;
     bool deadlock = false;
     for (const BackwardCoreWork& w : cores) {
-        if (w.units == 0) {
-            continue;
-        }
-        const uint64_t perUnit = std::max<uint64_t>(1, (w.steps + w.units - 1) / w.units);
-        const UnitCost u = CostUnit(d, c, perUnit, r.crossCoreFlag);
-        deadlock = deadlock || u.deadlock;
-        double seconds = u.fill + u.steady * w.units * (double(w.steps) / (perUnit * w.units));
-        // No engine can be busier than the core's time (the steady estimate of a short
-        // unit can undercut its work when its fill overlaps the next unit's).
-        seconds = std::max(seconds, *std::max_element(u.busy.begin(), u.busy.end()) * double(w.steps) / perUnit);
-        const double l2 = (c.l2BytesStep * w.steps + c.l2BytesUnit * w.units) / l2Share;
-        const bool bound = l2 > seconds;
-        seconds = std::max(seconds, l2);
-        if (seconds > out.mainSeconds) {
-            out.mainSeconds = seconds;
-            l2Bound = bound;
+        // The key pass, then (deterministic dQ) the query pass, on this core.
+        const CorePass keys = RunPassOnCore(d, c, w.units, w.steps, r.crossCoreFlag, l2Share);
+        const CorePass queries = RunPassOnCore(d, query, w.queryUnits, w.querySteps, r.crossCoreFlag, l2Share);
+        deadlock = deadlock || keys.deadlock || queries.deadlock;
+        const double compute = keys.seconds + queries.seconds;
+        const double l2 = keys.l2Seconds + queries.l2Seconds;
+        if (std::max(compute, l2) > out.mainSeconds) {
+            out.mainSeconds = std::max(compute, l2);
+            out.queryPassSeconds = std::max(queries.seconds, queries.l2Seconds);
+            l2Bound = l2 > compute;
             for (uint32_t i = 0; i < kEngines; ++i) {
-                slowestBusy[i] = u.busy[i] * double(w.steps) / perUnit;
+                slowestBusy[i] = keys.busy[i] + queries.busy[i];
             }
         }
     }

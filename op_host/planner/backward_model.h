@@ -2,16 +2,18 @@
 // flash_cann_attention_grad.cpp, FA2 style): a PREDICTION, never a measurement. Same
 // engines, figures and timeline as the forward's model (schedule_model.h).
 //
-// Per step (one query block x one key block; K and V resident in L1 for a unit = one key
-// block of one kv head):
-//   cube    S = Q K^T and dP = dO V^T (Fixpipe both to the fp32 workspace)
+// Key pass, per step (one query block x one key block; K and V resident in L1 for a unit =
+// one key block of one kv head):
+//   cube    S = Q K^T and dP = dO V^T (Fixpipe both to the fp32 workspace, in pieces of
+//           productRows rows through the L0C scratch copies)
 //   vector  P = exp(S scale - lse), dS = P (dP - D); P and dS to the workspace
 //   cube    dV += P^T dO, dK += dS^T Q (accumulated in L0C over the unit),
-//           dQ += dS K (Fixpipe atomic add into an fp32 accumulator)
-// per unit: dK and dV leave L0C once (fp32). Before: the pre-pass (D = rowsum(dO O) - dLSE,
-// zero the dQ accumulators); after: the post-pass (sum the dQ slots, scale, cast, write
-// dQ, dK, dV). The deterministic variant adds into `dqSlots` per-chunk accumulators that
-// the post-pass sums in a fixed order.
+//           fast dQ: dQ += dS K (Fixpipe atomic add, in productRows x dqColumns pieces)
+// per unit: dK and dV leave L0C once (fp32). The deterministic dQ adds a query pass, per
+// step (query block x key block; Q and dO resident for a query unit): S and dP again, dS
+// again (the vector stores dS only), dQ += dS K accumulated in L0C; per query unit dQ
+// leaves L0C once. Before: the pre-pass (D = rowsum(dO O) - dLSE, zero dQ); after: the
+// post-pass (scale, cast, write dQ, dK, dV).
 #ifndef FLASH_CANN_PLANNER_BACKWARD_MODEL_H
 #define FLASH_CANN_PLANNER_BACKWARD_MODEL_H
 
@@ -27,7 +29,8 @@
 namespace flash_cann {
 
 // The design knobs of the backward kernel. From a grad plan: blockQ, blockK, headDimPad,
-// dqSlots and l0cScratchBuffers from GradTilingData, deterministic from its tiling key;
+// productRows, dqColumns and l0cScratchBuffers from GradTilingData, deterministic from its
+// tiling key;
 // the kernel keeps kGradStepsInFlight steps in flight (stepsAhead), kGradExchangeSlots
 // workspace slots, two K/V L1 buffers.
 struct BackwardDesign {
@@ -41,8 +44,9 @@ struct BackwardDesign {
     uint32_t kvL1Buffers = 2;      // K/V copies in L1: a unit's load waits for the unit
                                    // this many before it to finish its products
     uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
-    bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
-    uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
+    uint32_t productRows = 0;      // rows per Mmad/Fixpipe piece of S, dP, dQ (0: blockQ)
+    uint32_t dqColumns = 0;        // columns per piece of the fast dQ (0: headDimPad)
+    bool deterministic = false;    // dQ by a query pass, accumulated in L0C, no atomics
     // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
     // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
     // (dV's 1 / (1 - p) folds into the post-pass).
@@ -60,10 +64,14 @@ struct BackwardProblem {
 };
 
 // One AI core's main-loop work: `units` key blocks, `steps` (query block, key block)
-// products in total (the grad plan's per-core units and UnitCost steps).
+// products in total (the grad plan's per-core units and UnitCost steps); with the
+// deterministic dQ also its query pass's query units and their (query block, key block)
+// steps (QueryUnitCost).
 struct BackwardCoreWork {
     uint64_t units = 0;
     uint64_t steps = 0;
+    uint64_t queryUnits = 0;
+    uint64_t querySteps = 0;
 };
 
 struct BackwardPrediction {
@@ -71,6 +79,7 @@ struct BackwardPrediction {
     double preSeconds = 0;
     double mainSeconds = 0;
     double postSeconds = 0;      // includes the sink gradient's pass
+    double queryPassSeconds = 0; // the slowest core's deterministic query pass (in mainSeconds)
     double vectorStepSeconds = 0;  // one vector core's compute per step (features included)
     double usefulFlops = 0;      // 2.5 x the forward's 4 * D * visible pairs
     double cubeUtilization = 0;  // usefulFlops / (seconds * cube peak)
@@ -81,6 +90,15 @@ struct BackwardPrediction {
 BackwardPrediction PredictBackward(const BackwardDesign& design, const BackwardProblem& problem,
                                    const std::vector<BackwardCoreWork>& cores,
                                    const Platform& platform);
+
+// The main loop's steady-state seconds per (query row x key) element of a step's tile on
+// one AI core of `cores` sharing the L2, both passes with the deterministic dQ, for units
+// as long as the problem's middle key block's: how the grad planner ranks block shapes.
+double BackwardSecondsPerScore(const BackwardDesign& design, const BackwardProblem& problem, uint32_t cores,
+                               const Platform& platform);
+// Its shared-L2 part alone (no simulation, a lower bound of it).
+double BackwardL2SecondsPerScore(const BackwardDesign& design, const BackwardProblem& problem, uint32_t cores,
+                                 const Platform& platform);
 
 // The main-loop work of every core when the (batch, head_kv, key block) units are split
 // into `cores` contiguous equal-count ranges (for planning off the kernel's tiling).

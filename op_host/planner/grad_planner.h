@@ -23,8 +23,8 @@ namespace flash_cann {
 
 struct GradPlanRequest {
     PlanRequest problem;
-    // dQ reduced from per-chunk slots in a fixed order (flash-attn's deterministic=True)
-    // instead of fp32 atomic adds.
+    // dQ by a separate query pass, accumulated in L0C in a fixed order with no atomics
+    // (flash-attn's deterministic=True) instead of fp32 atomic adds.
     bool deterministic = false;
 };
 
@@ -33,13 +33,18 @@ struct GradCoreWork {
     uint64_t unitBegin;
     uint64_t unitEnd;
     uint64_t steps;  // (query head, query block) steps over its units: the kernel's UnitCost
-    double macs;     // 5 products (S, dP, dV, dK, dQ) x padded rows x padded keys x padded D
+    uint64_t queryBegin;  // deterministic dQ: its query units and their steps (QueryUnitCost)
+    uint64_t queryEnd;
+    uint64_t querySteps;
+    double macs;       // 5 products (S, dP, dV, dK, dQ; deterministic 4) x padded rows x
+                       // padded keys x padded D, over its units
+    double queryMacs;  // 3 products (S, dP, dQ) per query-pass step, likewise
 };
 
 // The GM workspace regions (GradWorkspace), in bytes, for reports.
 struct GradWorkspaceUse {
     uint64_t delta;     // D = rowsum(dO * O) - dLSE, fp32
-    uint64_t dq;        // dqSlots fp32 dQ accumulators
+    uint64_t dq;        // the fp32 dQ accumulator
     uint64_t dkdv;      // fp32 dK and dV
     uint64_t exchange;  // cube <-> vector slots of every used core
 };
@@ -71,21 +76,17 @@ BackwardPrediction PredictGradPlan(const GradPlan& plan, const GradPlanRequest& 
 // only with a mask).
 std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemBytes, bool hasMask);
 
-// The schedule model's description of a plan's kernel and work.
+// The schedule model's description of a plan's (or a tiling's) kernel and work.
+BackwardDesign GradDesign(const GradTilingData& t, DType dtype, bool deterministic);
 BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic);
 std::vector<BackwardCoreWork> GradModelWork(const GradPlan& plan);
 
 // The modelled work of one unit (planner's unit of balance: the kernel's steps) and its
-// cube multiply-accumulates.
+// cube multiply-accumulates; likewise of a query unit of the deterministic query pass.
 uint64_t GradUnitSteps(const GradTilingData& t, bool causal, uint64_t unit);
-double GradUnitMacs(const GradTilingData& t, bool causal, uint64_t unit);
-
-// Deterministic dQ keeps at most this many fp32 copies of dQ in the workspace.
-constexpr uint32_t kMaxDqSlots = 16;
-// ... and aims at this many chunks over all (batch, head_kv) pairs, enough for the split
-// to balance on up to 48 cores. Neither depends on the core count: the chunks fix the
-// summation order, so the result is the same for every split.
-constexpr uint64_t kTargetDqChunks = 1024;
+double GradUnitMacs(const GradTilingData& t, bool causal, bool deterministic, uint64_t unit);
+uint64_t GradQueryUnitSteps(const GradTilingData& t, bool causal, uint64_t unit);
+double GradQueryUnitMacs(const GradTilingData& t, bool causal, uint64_t unit);
 
 }  // namespace flash_cann
 

@@ -171,11 +171,13 @@ void WriteGradTiling(std::ostringstream& out, const GradTilingData& t)
     o.Key("head_dim_pad") << t.headDimPad;
     o.Key("group") << t.group;
     o.Key("causal_offset") << t.causalOffset;
-    o.Key("dq_slots") << t.dqSlots;
-    o.Key("dq_chunk_blocks") << t.dqChunkBlocks;
     o.Key("pass_rows") << t.passRows;
     o.Key("l0c_scratch_buffers") << t.l0cScratchBuffers;
+    o.Key("product_rows") << t.productRows;
+    o.Key("dq_columns") << t.dqColumns;
     o.Key("units") << t.units;
+    o.Key("query_blocks") << t.queryBlocks;
+    o.Key("query_units") << t.queryUnits;
     o.Key("used_cores") << t.usedCores;
     o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';
     o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
@@ -341,6 +343,9 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
             oc.Key("units") << '[' << c.unitBegin << ',' << c.unitEnd << ']';
             oc.Key("steps") << c.steps;
             oc.Key("macs") << c.macs;
+            oc.Key("query_units") << '[' << c.queryBegin << ',' << c.queryEnd << ']';
+            oc.Key("query_steps") << c.querySteps;
+            oc.Key("query_macs") << c.queryMacs;
         }
         out << ']';
         o.Key("imbalance") << plan.imbalance;
@@ -358,6 +363,7 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
             op.Key("pre_seconds") << p.preSeconds;
             op.Key("main_seconds") << p.mainSeconds;
             op.Key("post_seconds") << p.postSeconds;
+            op.Key("query_pass_seconds") << p.queryPassSeconds;
             op.Key("vector_step_seconds") << p.vectorStepSeconds;
             op.Key("useful_flops") << p.usefulFlops;
             op.Key("tflops") << (p.seconds > 0 ? p.usefulFlops / p.seconds / 1e12 : 0.0);

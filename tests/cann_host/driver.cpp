@@ -322,10 +322,11 @@ int GradTiling(int argc, char** argv)
     std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
     std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
                 "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
-                "\"dq_slots\":%u,\"scale\":%g,\"units\":%llu,\"last_unit\":%llu}\n",
+                "\"query_units\":%llu,\"scale\":%g,\"units\":%llu,\"last_unit\":%llu}\n",
                 static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
                 context.workspace_, context.GetRawTilingData()->GetDataSize(), t.blockQ, t.blockK,
-                t.usedCores, t.dqSlots, t.scale, static_cast<unsigned long long>(t.units),
+                t.usedCores, static_cast<unsigned long long>(t.queryUnits), t.scale,
+                static_cast<unsigned long long>(t.units),
                 static_cast<unsigned long long>(t.unitStart[t.usedCores]));
     return 0;
 }

@@ -77,7 +77,9 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
     uint64_t expectedPair = 0;
     uint64_t keysCovered = 0;
     for (uint32_t c = 0; c < t.usedCores; ++c) {
-        EXPECT(t.unitStart[c] < t.unitStart[c + 1], "%s: core %u has no units", what.c_str(), c);
+        // A core may have no units only where the query pass needs more cores than the key pass.
+        EXPECT(t.unitStart[c] < t.unitStart[c + 1] || (deterministic && t.unitStart[c] == t.unitStart[c + 1]),
+               "%s: core %u has no units", what.c_str(), c);
         uint64_t steps = 0;
         double macs = 0;
         for (uint64_t unit = t.unitStart[c]; unit < t.unitStart[c + 1]; ++unit) {
@@ -131,11 +133,8 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
             EXPECT(exact, "%s: unit %llu walks query blocks [%u, %u) of %u", what.c_str(),
                    static_cast<unsigned long long>(unit), u.firstQueryBlock, u.endQueryBlock,
                    queryBlocks);
-            EXPECT(u.dqSlot < t.dqSlots && (deterministic || u.dqSlot == 0),
-                   "%s: unit %llu dQ slot %u of %u", what.c_str(),
-                   static_cast<unsigned long long>(unit), u.dqSlot, t.dqSlots);
             steps += uint64_t{t.group} * (u.endQueryBlock - u.firstQueryBlock);
-            macs += GradUnitMacs(t, causal, unit);
+            macs += GradUnitMacs(t, causal, deterministic, unit);
             if (unit == t.unitStart[c] || unit + 1 == t.unitStart[c + 1]) {
                 GradStep step{};
                 uint32_t index = 0;
@@ -166,6 +165,63 @@ void CheckUnitWalk(const GradPlan& plan, bool causal, bool deterministic, const 
            static_cast<unsigned long long>(keysCovered));
 }
 
+// The deterministic dQ's query pass: the ranges partition the query units in order; a
+// query unit walks exactly the key blocks whose units walk its query block (the two
+// passes cover the same (query block, key block) steps), checked on each core's first and
+// last query unit; the per-core work is what the query units add up to. Fast dQ: no query
+// pass.
+void CheckQueryWalk(const GradPlan& plan, bool causal, bool deterministic, const std::string& what)
+{
+    const GradTilingData& t = plan.tiling;
+    if (!deterministic) {
+        EXPECT(t.queryUnits == 0 && t.queryStart[t.usedCores] == 0, "%s: a query pass without the "
+               "deterministic dQ", what.c_str());
+        return;
+    }
+    EXPECT(t.queryBlocks == (t.seqlenQ + t.blockQ - 1) / t.blockQ &&
+               t.queryUnits == uint64_t{t.batch} * t.headsQ * t.queryBlocks && t.queryStart[0] == 0 &&
+               t.queryStart[t.usedCores] == t.queryUnits,
+           "%s: the query ranges do not span the %llu query units", what.c_str(),
+           static_cast<unsigned long long>(t.queryUnits));
+    for (uint32_t c = 0; c < t.usedCores; ++c) {
+        EXPECT(t.queryStart[c] <= t.queryStart[c + 1], "%s: core %u query range", what.c_str(), c);
+        uint64_t steps = 0;
+        for (uint64_t q = t.queryStart[c]; q < t.queryStart[c + 1]; ++q) {
+            steps += GradQueryUnitSteps(t, causal, q);
+            if (q != t.queryStart[c] && q + 1 != t.queryStart[c + 1]) {
+                continue;
+            }
+            const GradQueryUnit unit = causal ? QueryUnitAt<true>(t, q) : QueryUnitAt<false>(t, q);
+            const uint32_t queryBlock = unit.row0 / t.blockQ;
+            const uint64_t pair = uint64_t{unit.batch} * t.headsKv + unit.headQ / t.group;
+            for (uint32_t kb = 0; kb < t.keyBlocks; ++kb) {
+                const GradUnit key = causal ? UnitAt<true>(t, pair * t.keyBlocks + kb)
+                                            : UnitAt<false>(t, pair * t.keyBlocks + kb);
+                const bool walked = key.firstQueryBlock <= queryBlock && queryBlock < key.endQueryBlock;
+                const bool mine = unit.firstKeyBlock <= kb && kb < unit.endKeyBlock;
+                EXPECT(walked == mine, "%s: query unit %llu and key block %u: key pass %d, query pass %d",
+                       what.c_str(), static_cast<unsigned long long>(q), kb, walked, mine);
+            }
+            GradUnit stepUnit{};
+            GradStep step{};
+            uint32_t index = 0;
+            while (causal ? QueryStepAt<true>(t, unit, index, stepUnit, step)
+                          : QueryStepAt<false>(t, unit, index, stepUnit, step)) {
+                EXPECT(stepUnit.keyBlock == unit.firstKeyBlock + index && step.headQ == unit.headQ &&
+                           step.row0 == unit.row0 && step.first == (index == 0) &&
+                           step.last == (stepUnit.keyBlock + 1 == unit.endKeyBlock),
+                       "%s: query unit %llu step %u", what.c_str(), static_cast<unsigned long long>(q), index);
+                ++index;
+            }
+        }
+        const GradCoreWork& core = plan.cores[c];
+        EXPECT(core.queryBegin == t.queryStart[c] && core.queryEnd == t.queryStart[c + 1] &&
+                   core.querySteps == steps,
+               "%s: core %u query work (%llu steps) is not its query units' (%llu)", what.c_str(), c,
+               static_cast<unsigned long long>(core.querySteps), static_cast<unsigned long long>(steps));
+    }
+}
+
 void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
 {
     const std::string what = Describe(r, cores);
@@ -187,29 +243,21 @@ void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
                t.passRows > 0 && t.keyBlocks == (t.seqlenK + t.blockK - 1) / t.blockK,
            "%s: blocks %ux%u, pass rows %u", what.c_str(), t.blockQ, t.blockK, t.passRows);
     // The kernel allocates l0cScratchBuffers product copies (the level totals above count
-    // them); deterministic dQ keeps to power-of-two key blocks (grad_planner.cpp).
+    // them) of one piece; the deterministic query pass's dQ fits where dK and dV were.
     EXPECT(t.l0cScratchBuffers >= 1 && t.l0cScratchBuffers <= kGradMaxL0cScratch &&
-               (!r.deterministic || (t.blockK & (t.blockK - 1)) == 0),
-           "%s: %u L0C scratch copies, blocks %ux%u", what.c_str(), t.l0cScratchBuffers,
-           t.blockQ, t.blockK);
+               t.productRows % kCubeBlock == 0 && t.productRows >= kCubeBlock && t.productRows <= t.blockQ &&
+               t.dqColumns % kCubeBlock == 0 && t.dqColumns >= kCubeBlock && t.dqColumns <= t.headDimPad &&
+               (!r.deterministic || t.blockQ <= 2 * t.blockK),
+           "%s: %u L0C scratch copies, blocks %ux%u, pieces %u rows x %u columns", what.c_str(),
+           t.l0cScratchBuffers, t.blockQ, t.blockK, t.productRows, t.dqColumns);
     EXPECT(t.usedCores >= 1 && t.usedCores <= cores && plan.blockDim == t.usedCores,
            "%s: used cores %u, block dim %u", what.c_str(), t.usedCores, plan.blockDim);
-    if (r.deterministic) {
-        EXPECT(GradSplitKeepsChunks(t) && t.dqSlots >= 1 && t.dqSlots <= kMaxDqSlots &&
-                   uint64_t{t.dqSlots} * t.dqChunkBlocks >= t.keyBlocks &&
-                   uint64_t{t.dqSlots - 1} * t.dqChunkBlocks < t.keyBlocks,
-               "%s: %u dQ slots of %u key blocks (of %u)", what.c_str(), t.dqSlots,
-               t.dqChunkBlocks, t.keyBlocks);
-    } else {
-        EXPECT(t.dqSlots == 1 && t.dqChunkBlocks == t.keyBlocks, "%s: fast dQ has %u slots",
-               what.c_str(), t.dqSlots);
-    }
     CheckUnitWalk(plan, r.problem.causal, r.deterministic, what);
+    CheckQueryWalk(plan, r.problem.causal, r.deterministic, what);
     const GradWorkspace ws(t, elemBytes);
-    const uint64_t dqSlot = GradWorkspace::Align(uint64_t{t.batch} * t.headsQ * t.seqlenQ *
-                                                 t.headDimPad * 4);
+    const uint64_t dq = GradWorkspace::Align(uint64_t{t.batch} * t.headsQ * t.seqlenQ * t.headDimPad * 4);
     EXPECT(plan.userWorkspaceBytes == ws.total &&
-               plan.workspace.dq == t.dqSlots * dqSlot &&
+               plan.workspace.dq == dq &&
                plan.workspace.exchange == t.usedCores * ws.exchangePerCore &&
                plan.workspace.delta + plan.workspace.dq + plan.workspace.dkdv +
                        plan.workspace.exchange == ws.total,
@@ -274,9 +322,9 @@ void TestRandomShapes(uint64_t seed)
                 kShapes / kPredictEvery);
 }
 
-// The deterministic dQ chunks fix the summation order, so they must be the same for
-// every core count (and the split must respect them for each).
-void TestDeterministicChunksIgnoreCores()
+// The deterministic dQ's summation order is fixed by the blocks (a query unit adds its key
+// blocks in order), so the blocks and pieces must be the same for every core count.
+void TestDeterministicBlocksIgnoreCores()
 {
     GradPlanRequest r;
     r.problem.batch = 1;
@@ -288,26 +336,23 @@ void TestDeterministicChunksIgnoreCores()
     r.problem.scale = 0.1;
     r.deterministic = true;
     const GradTilingData reference = MakeGradPlan(r, WithCores(24)).plan.tiling;
-    EXPECT(reference.dqSlots > 1, "expected several dQ slots, got %u", reference.dqSlots);
     for (uint32_t cores : {1u, 3u, 7u, 20u, 48u}) {
         const GradTilingData t = MakeGradPlan(r, WithCores(cores)).plan.tiling;
-        EXPECT(t.dqChunkBlocks == reference.dqChunkBlocks && t.dqSlots == reference.dqSlots &&
-                   GradSplitKeepsChunks(t),
-               "%u cores: %u slots of %u blocks, 24 cores: %u of %u", cores, t.dqSlots,
-               t.dqChunkBlocks, reference.dqSlots, reference.dqChunkBlocks);
+        EXPECT(t.blockQ == reference.blockQ && t.blockK == reference.blockK &&
+                   t.productRows == reference.productRows && t.dqColumns == reference.dqColumns,
+               "%u cores: %ux%u blocks, 24 cores: %ux%u", cores, t.blockQ, t.blockK, reference.blockQ,
+               reference.blockK);
     }
-    std::printf("deterministic dQ: %u slots of %u key blocks for every core count\n",
-                reference.dqSlots, reference.dqChunkBlocks);
+    std::printf("deterministic dQ: %ux%u blocks for every core count\n", reference.blockQ, reference.blockK);
 }
 
-// The work of each split unit of one (batch, head_kv) pair: key blocks, or dQ chunks
-// when deterministic (the split never cuts those).
-std::vector<double> SplitUnitWork(const GradTilingData& t, bool causal, bool deterministic)
+// The work of each split unit of one segment: the key blocks of a (batch, head_kv) pair,
+// or (query pass) the query blocks of a (batch, head_q) pair.
+std::vector<double> SplitUnitWork(const GradTilingData& t, bool causal, bool deterministic, bool queryPass)
 {
-    const uint32_t perUnit = deterministic ? t.dqChunkBlocks : 1;
-    std::vector<double> work((t.keyBlocks + perUnit - 1) / perUnit, 0.0);
-    for (uint32_t block = 0; block < t.keyBlocks; ++block) {
-        work[block / perUnit] += GradUnitMacs(t, causal, block);
+    std::vector<double> work(queryPass ? t.queryBlocks : t.keyBlocks, 0.0);
+    for (uint32_t block = 0; block < work.size(); ++block) {
+        work[block] = queryPass ? GradQueryUnitMacs(t, causal, block) : GradUnitMacs(t, causal, deterministic, block);
     }
     return work;
 }
@@ -372,27 +417,36 @@ void TestBalance()
                             }
                             const GradPlan& plan = result.plan;
                             const GradTilingData& t = plan.tiling;
-                            const std::vector<double> units = SplitUnitWork(t, causal, deterministic);
-                            const uint64_t pairs = uint64_t{t.batch} * t.headsKv;
-                            double total = 0;
-                            double busiest = 0;
-                            for (const GradCoreWork& c : plan.cores) {
-                                total += c.macs;
-                                busiest = std::max(busiest, c.macs);
+                            // Each pass is split on its own: both must be least-busiest.
+                            double heaviestShare = 0;  // the heaviest unit / a core's mean work
+                            for (const bool queryPass : {false, true}) {
+                                if (queryPass && !deterministic) {
+                                    break;
+                                }
+                                const std::vector<double> units = SplitUnitWork(t, causal, deterministic, queryPass);
+                                const uint64_t pairs = uint64_t{t.batch} * (queryPass ? t.headsQ : t.headsKv);
+                                double total = 0;
+                                double busiest = 0;
+                                for (const GradCoreWork& c : plan.cores) {
+                                    const double w = queryPass ? c.queryMacs : c.macs;
+                                    total += w;
+                                    busiest = std::max(busiest, w);
+                                }
+                                const double passMean = total / cores;
+                                const double passHeaviest = *std::max_element(units.begin(), units.end());
+                                heaviestShare = std::max(heaviestShare, passHeaviest / passMean);
+                                EXPECT(busiest <= (passMean + passHeaviest) * (1 + 1e-9),
+                                       "%s: busiest core %g > mean %g + heaviest unit %g",
+                                       what.c_str(), busiest, passMean, passHeaviest);
+                                if (units.size() * pairs <= 300) {
+                                    const double best = OptimalBusiest(units, pairs, cores);
+                                    EXPECT(busiest <= best * (1 + 1e-9),
+                                           "%s: busiest core %g, the optimum is %g", what.c_str(),
+                                           busiest, best);
+                                    ++optimal;
+                                }
                             }
-                            const double mean = total / cores;
-                            const double heaviest = *std::max_element(units.begin(), units.end());
-                            EXPECT(busiest <= (mean + heaviest) * (1 + 1e-9),
-                                   "%s: busiest core %g > mean %g + heaviest unit %g",
-                                   what.c_str(), busiest, mean, heaviest);
-                            if (units.size() * pairs <= 300) {
-                                const double best = OptimalBusiest(units, pairs, cores);
-                                EXPECT(busiest <= best * (1 + 1e-9),
-                                       "%s: busiest core %g, the optimum is %g", what.c_str(),
-                                       busiest, best);
-                                ++optimal;
-                            }
-                            if (heaviest > 0.05 * mean) {
+                            if (heaviestShare > 0.05) {
                                 continue;
                             }
                             EXPECT(plan.imbalance <= 1.05, "%s: max/mean work %.4f", what.c_str(),
@@ -458,14 +512,14 @@ void TestRefusals()
                       r.problem.seqlenQ = r.problem.seqlenK = int64_t{1} << 14;
                       r.problem.headDim = 256;
                   }),
-                  b2, "the backward's fp32 workspace (dQ x 1, dK, dV: ");
+                  b2, "the backward's fp32 workspace (dQ, dK, dV: ");
     Platform noCores = b2;
     noCores.aicCores = 0;
     ExpectRefusal(ok, noCores, "reports no AI cores");
     Platform smallL0c = b2;
     smallL0c.l0cBytes = 16 * 1024;
     ExpectRefusal(ok, smallL0c, "head_dim 128: no block shape of the backward fits Ascend910B2's "
-                                "buffers (the smallest, 16x16, needs L0C 24576 of 16384 bytes");
+                                "buffers (the smallest, 16x16, needs L0C 17408 of 16384 bytes");
     std::printf("refusals: 7 unsupported inputs refused with specific messages\n");
 }
 
@@ -511,7 +565,7 @@ int main(int argc, char** argv)
     std::printf("grad tiling data: %zu bytes (limit 2048)\n", sizeof(GradTilingData));
     EXPECT(sizeof(GradTilingData) <= 2048, "GradTilingData is %zu bytes", sizeof(GradTilingData));
     TestRefusals();
-    TestDeterministicChunksIgnoreCores();
+    TestDeterministicBlocksIgnoreCores();
     TestBalance();
     TestWindowBalance();
     TestRandomShapes(seed);

@@ -4,13 +4,14 @@
 // unequal q/k, causal, windows) and core counts 1-48:
 //   - the cores' tiles (forward) and steps (backward) are the whole walk, each exactly
 //     once, every core's a contiguous run of it, in order;
-//   - a deterministic backward never cuts a dQ chunk between cores;
+//   - the deterministic backward's query pass walks the key pass's steps, query block first;
 //   - the work per core is balanced: the busiest core within one item of the mean;
 //   - tokens outside the batch (malformed offsets) are never addressed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "../../../op_kernel/flash_cann_packed.h"
@@ -129,51 +130,52 @@ void CheckForward(const TilingData& t, const HostSeqlens& cu, uint32_t cores, do
     }
 }
 
-template <bool CAUSAL>
-void CheckBackward(const GradTilingData& t, const HostSeqlens& cu, uint32_t cores, bool deterministic)
+// One step of a backward walk: (sequence, query head, query row, key block).
+using GradStepKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;
+
+// The steps of one pass's walk on each of `cores` cores: each core's run is the next
+// stretch of the one-core walk, and the runs tile it. Returns the one-core walk's steps.
+template <bool CAUSAL, bool QUERY_PASS>
+std::vector<GradStepKey> CheckBackwardPass(const GradTilingData& t, const HostSeqlens& cu, uint32_t cores)
 {
-    struct Seen {
-        uint32_t batch, headKv, keyBlock, headQ, row0;
-    };
-    const uint32_t chunk = deterministic ? t.dqChunkBlocks : 1;
-    std::vector<Seen> all;
-    PackedStepCursor<CAUSAL, HostSeqlens> whole;
-    whole.Start(t, cu, 0, 1, chunk);
+    using Walk = PackedStepWalk<CAUSAL, QUERY_PASS, HostSeqlens>;
+    using Items = PackedOwnedItems<CAUSAL, QUERY_PASS, HostSeqlens>;
+    std::vector<GradStepKey> all;
+    Walk whole(t, Items(t, cu, 0, 1));
     while (whole.Next()) {
-        all.push_back({whole.unit.batch, whole.unit.headKv, whole.unit.keyBlock, whole.step.headQ,
-                       whole.step.row0});
+        all.emplace_back(whole.unit.batch, whole.step.headQ, whole.step.row0, whole.unit.keyBlock);
         EXPECT(whole.unit.k0 + whole.unit.key0 + whole.unit.keys <= t.tokensK &&
-                   whole.unit.q0 + whole.step.row0 + whole.step.rows <= t.tokensQ,
+                   whole.unit.q0 + whole.step.row0 + whole.step.rows <= t.tokensQ &&
+                   whole.step.headQ / t.group == whole.unit.headKv,
                "step outside the tokens");
     }
     size_t next = 0;
-    // (batch, headKv, chunk) of the last unit of the previous core: a chunk must not continue.
-    int64_t lastChunk[3] = {-1, -1, -1};
     for (uint32_t c = 0; c < cores; ++c) {
-        PackedStepCursor<CAUSAL, HostSeqlens> cursor;
-        cursor.Start(t, cu, c, cores, chunk);
-        bool first = true;
+        Walk cursor(t, Items(t, cu, c, cores));
         while (cursor.Next()) {
-            const Seen& want = next < all.size() ? all[next] : Seen{};
-            EXPECT(next < all.size() && cursor.unit.batch == want.batch &&
-                       cursor.unit.headKv == want.headKv && cursor.unit.keyBlock == want.keyBlock &&
-                       cursor.step.headQ == want.headQ && cursor.step.row0 == want.row0,
-                   "core %u's step %zu is not the walk's next", c, next);
-            if (first && deterministic) {
-                EXPECT(!(lastChunk[0] == cursor.unit.batch && lastChunk[1] == cursor.unit.headKv &&
-                         lastChunk[2] == cursor.unit.keyBlock / t.dqChunkBlocks),
-                       "core %u starts inside a dQ chunk", c);
-            }
-            first = false;
+            const GradStepKey got(cursor.unit.batch, cursor.step.headQ, cursor.step.row0, cursor.unit.keyBlock);
+            EXPECT(next < all.size() && got == all[next], "%s pass: core %u's step %zu is not the walk's next",
+                   QUERY_PASS ? "query" : "key", c, next);
             ++next;
-        }
-        if (!first) {
-            lastChunk[0] = cursor.unit.batch;
-            lastChunk[1] = cursor.unit.headKv;
-            lastChunk[2] = cursor.unit.keyBlock / t.dqChunkBlocks;
         }
     }
     EXPECT(next == all.size(), "the cores took %zu of %zu steps", next, all.size());
+    return all;
+}
+
+// The key pass's walk; with the deterministic dQ also the query pass's, which must visit
+// exactly the key pass's (query block, key block) steps.
+template <bool CAUSAL>
+void CheckBackward(const GradTilingData& t, const HostSeqlens& cu, uint32_t cores, bool deterministic)
+{
+    std::vector<GradStepKey> keys = CheckBackwardPass<CAUSAL, false>(t, cu, cores);
+    if (deterministic) {
+        std::vector<GradStepKey> queries = CheckBackwardPass<CAUSAL, true>(t, cu, cores);
+        std::sort(keys.begin(), keys.end());
+        std::sort(queries.begin(), queries.end());
+        EXPECT(keys == queries, "the query pass walks %zu steps, the key pass %zu (or others)", queries.size(),
+               keys.size());
+    }
 }
 
 // The schedule model's prediction (910B2, fp16, head_dim 128, causal, 16 query heads, 16

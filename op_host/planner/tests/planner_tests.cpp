@@ -381,19 +381,22 @@ void TestTargetsReport()
                         100 * p.cubeUtilization, p.usefulFlops / p.seconds / 1e12,
                         plan.plan.imbalance, p.coreSeconds / p.meanCoreSeconds, p.bound.c_str());
             BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
-            // The grad plan's design (blocks, L0C scratch copies, steps in flight) on the
-            // model's own even split, so that the table compares designs, not splits.
-            const GradPlanResult grad = MakeGradPlan(GradPlanRequest{r, false}, b2);
-            EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
-            const BackwardDesign design = GradDesign(grad.plan, r.dtype, false);
-            const BackwardPrediction b =
-                PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
-            EXPECT(b.seconds > 0 && b.cubeUtilization < 1, "backward prediction");
-            std::printf("targets: backward %s seqlen %5lld [%ux%u, %u L0C scratch]: %.1f%% of "
-                        "cube peak (2.5x forward FLOPs); bound: %s\n",
-                        causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
-                        design.blockQ, design.blockK, design.l0cScratchBuffers,
-                        100 * b.cubeUtilization, b.bound.c_str());
+            // The grad plan's design (blocks, pieces, L0C scratch copies, steps in flight)
+            // on the model's own even split, so that the table compares designs, not splits.
+            for (const bool deterministic : {false, true}) {
+                const GradPlanResult grad = MakeGradPlan(GradPlanRequest{r, deterministic}, b2);
+                EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
+                const BackwardDesign design = GradDesign(grad.plan, r.dtype, deterministic);
+                const BackwardPrediction b =
+                    PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
+                EXPECT(b.seconds > 0 && b.cubeUtilization < 1, "backward prediction");
+                std::printf("targets: backward %s seqlen %5lld [%s %ux%u, %u-row pieces, dQ in %u-column "
+                            "pieces, %u L0C scratch]: %.1f%% of cube peak (2.5x forward FLOPs); bound: %s\n",
+                            causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
+                            deterministic ? "deterministic" : "fast", design.blockQ, design.blockK,
+                            design.productRows, design.dqColumns, design.l0cScratchBuffers,
+                            100 * b.cubeUtilization, b.bound.c_str());
+            }
             BackwardDesign ahead;  // two L0C scratch copies, S/dP one step ahead, 128 x 128
             ahead.stepsAhead = 2;
             ahead.l0cScratchBuffers = 2;
@@ -466,7 +469,7 @@ void TestDesignChangesReport()
 }
 
 // The backward model: a pipelined order with a second L0C scratch is faster than the
-// serial chain; the deterministic variant's extra dQ slots cost post-pass time; the even
+// serial chain; the deterministic variant's query pass costs main-loop time; the even
 // split covers every unit and step once.
 void TestBackwardModel()
 {
@@ -489,11 +492,15 @@ void TestBackwardModel()
     const BackwardPrediction b = PredictBackward(pipelined, problem, work, b2);
     EXPECT(b.mainSeconds < 0.95 * a.mainSeconds, "pipelined %g s vs serial %g s", b.mainSeconds,
            a.mainSeconds);
+    // The deterministic dQ's query pass recomputes S, dP and dS: main-loop time (its key
+    // pass, without the dQ product, is cheaper than the fast variant's).
     BackwardDesign deterministic = serial;
     deterministic.deterministic = true;
-    deterministic.dqSlots = 8;
-    EXPECT(PredictBackward(deterministic, problem, work, b2).postSeconds > a.postSeconds,
-           "dQ slots must cost post-pass time");
+    const BackwardPrediction det =
+        PredictBackward(deterministic, problem, EvenBackwardSplit(deterministic, problem, 24), b2);
+    EXPECT(det.queryPassSeconds > 0 && det.mainSeconds > a.mainSeconds,
+           "the query pass must cost main-loop time: %g s (query pass %g s) vs %g s", det.mainSeconds,
+           det.queryPassSeconds, a.mainSeconds);
     std::printf("backward model: split covers every step, a second L0C scratch %.2fx faster\n",
                 a.mainSeconds / b.mainSeconds);
 }

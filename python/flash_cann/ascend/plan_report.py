@@ -177,22 +177,33 @@ def _forward_report(p: dict) -> None:
 
 def _backward_report(p: dict, deterministic: bool) -> None:
     plat, t, ws = p["platform"], p["tiling"], p["workspace"]
-    variant = (f"deterministic: {t['dq_slots']} fp32 slots, one per chunk of "
-               f"{t['dq_chunk_blocks']} key blocks, summed in order" if deterministic
-               else "fast: fp32 atomic adds into one accumulator")
+    variant = (f"deterministic: a query pass over {t['query_units']} query blocks recomputes S, dP "
+               f"and dS and accumulates dQ in L0C, key blocks in order; no atomics"
+               if deterministic else
+               f"fast: fp32 atomic adds into one accumulator, in {t['product_rows']}-row x "
+               f"{t['dq_columns']}-column pieces")
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']} ({t['key_blocks']} per head); head_dim padded to {t['head_dim_pad']}; "
-          f"pre/post-pass chunks of {t['pass_rows']} rows; {p['block_dim']} AI cores launched; "
+          f"S, dP out of L0C in {t['product_rows']}-row pieces ({t['l0c_scratch_buffers']} L0C "
+          f"scratch copies); pre/post-pass chunks of {t['pass_rows']} rows; {p['block_dim']} AI "
+          f"cores launched; "
           f"tiling data {t['tiling_bytes']} bytes")
     print(f"dQ         {variant}")
     cores = p["cores"]
-    mean = sum(c["macs"] for c in cores) / plat["aic_cores"]
+    mean = sum(c["macs"] + c["query_macs"] for c in cores) / plat["aic_cores"]
     print(f"\nwork per AI core (units of the flattened batch x heads_kv x key block space, "
-          f"each with the query blocks that see it; max/mean = {p['imbalance']:.4f})")
-    print(f"  {'core':>4} {'units':>23} {'steps':>9} {'work/mean':>10}")
+          f"each with the query blocks that see it"
+          f"{'; query units of batch x heads_q x query block' if deterministic else ''}; "
+          f"max/mean = {p['imbalance']:.4f})")
+    head = f"  {'core':>4} {'units':>23} {'steps':>9}"
+    if deterministic:
+        head += f" {'query units':>23} {'steps':>9}"
+    print(f"{head} {'work/mean':>10}")
     for i, c in enumerate(cores):
-        print(f"  {i:>4} {c['units'][0]:>11}-{c['units'][1]:<11} {c['steps']:>9} "
-              f"{c['macs'] / mean if mean else 0:>10.3f}")
+        query = (f" {c['query_units'][0]:>11}-{c['query_units'][1]:<11} {c['query_steps']:>9}"
+                 if deterministic else "")
+        print(f"  {i:>4} {c['units'][0]:>11}-{c['units'][1]:<11} {c['steps']:>9}{query} "
+              f"{(c['macs'] + c['query_macs']) / mean if mean else 0:>10.3f}")
     _memory_lines(p)
     mib = 2 ** 20
     print(f"\nworkspace  {p['user_workspace_bytes'] / mib:.2f} MiB (+ the API's system "
@@ -208,6 +219,9 @@ def _backward_report(p: dict, deterministic: bool) -> None:
     print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
           f"+ main loop {pred['main_seconds'] * 1e3:.3f} + post-pass "
           f"{pred['post_seconds'] * 1e3:.3f} ms)")
+    if deterministic:
+        print(f"  query pass {pred['query_pass_seconds'] * 1e3:.3f} ms of the slowest core's main "
+              f"loop (S, dP, dS recomputed for dQ)")
     print(f"  rate       {pred['tflops']:.1f} TFLOP/s = {100 * pred['cube_utilization']:.1f}% of "
           f"cube peak ({pred['cube_peak_tflops']:.1f} TFLOP/s), counting 2.5x the forward's "
           f"{pred['useful_flops'] / 2.5e12:.2f} TFLOP")
