@@ -42,7 +42,7 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_forward.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 5
         + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
+        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 3
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
@@ -136,7 +136,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
     ``variant``: the features (packed sequences, window, softcap, ALiBi slopes, dropout_p
-    with rng_state, sinks), as the cpu backend takes them. ``allocated``, if given,
+    with rng_state, sinks), as the cpu backend takes them; with ``fp16_scores`` the fast
+    path's kernel (S in fp16). ``allocated``, if given,
     receives the bytes the kernel allocated per memory level (every ``InitBuffer``; AIC
     levels per cube core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
@@ -159,7 +160,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             *p.sizes(), DTYPES[str(query.dtype).removeprefix("torch.")],
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
-            AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
+            int(variant.fp16_scores), AI_CORES if ai_cores is None else ai_cores,
+            allocated=allocated)
     return out, lse
 
 
