@@ -21,7 +21,7 @@ struct StepCosts {
     double loadQ, loadKv, loadPds;             // cube MTE2: Q + dO; K + V per unit; P + dS
     double mte1S, mte1Dp, mte1Dv, mte1Dk, mte1Dq;
     double mmad;                                // one of the five products
-    double fixScores, fixDq, fixDkDv;           // S or dP; dQ (atomic); dK + dV per unit
+    double fixScores, fixDp, fixDq, fixDkDv;    // S; dP; dQ (atomic); dK + dV per unit
     double vecIn, vecCompute, vecOut;           // one vector core
     double l2BytesStep, l2BytesUnit;
 };
@@ -61,11 +61,16 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     c.mte1Dk = c.mte1Dv;                            // dS^T, Q
     c.mte1Dq = (bq * bk * a + bk * dim * b) * e;    // dS, K
     c.mmad = bq * bk * dim / kMacsPerCycle / r.clockHz;
-    c.fixScores = bq * bk * 4 / r.fixpipe;
+    c.fixScores = bq * bk * d.scoreBytes / r.fixpipe;
+    c.fixDp = bq * bk * 4 / r.fixpipe;
     c.fixDq = bq * dim * 4 / r.fixpipe;
     c.fixDkDv = 2 * bk * dim * 4 / r.fixpipe;
     const double tile = FloatRepeats(rows * bk);
     VecProgram v;
+    if (d.scoreBytes < 4) {  // fp16 S: widened to fp32, clamped to +-65504
+        const VecProgram widen = ScoreWidenProgram(rows, bk);
+        v.insert(v.end(), widen.begin(), widen.end());
+    }
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
     if (variant.softcap > 0) {  // Softcap (flash_attention_features.h)
         AppendVec(v, VecOp::kScalarArith, tile, true, 2);           // 2x / softcap, Mins
@@ -100,12 +105,12 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
         AppendVec(v, VecOp::kSelect, tile, true, 2);                // P, dP where kept
         AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
     }
-    c.vecIn = 2 * rows * bk * 4 / r.l2ToUb;
+    c.vecIn = rows * bk * (d.scoreBytes + 4) / r.l2ToUb;
     c.vecCompute = VecSeconds(v, r);
     c.vecOut = 2 * rows * bk * e / r.ubToL2;
     c.l2BytesStep = 2 * bq * dim * e + 2 * bq * bk * e            // Q, dO, P, dS into L1
-                    + 2 * bq * bk * 4 + 2 * bq * dim * 4           // S, dP; dQ read-add-write
-                    + 2 * bq * bk * 4 + 2 * bq * bk * e;           // vector in and out
+                    + bq * bk * (d.scoreBytes + 4) + 2 * bq * dim * 4  // S, dP; dQ read-add-write
+                    + bq * bk * (d.scoreBytes + 4) + 2 * bq * bk * e;  // vector in and out
     c.l2BytesUnit = 2 * bk * dim * e + 2 * bk * dim * 4;          // K, V in; dK, dV out
     return c;
 }
@@ -159,7 +164,7 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         const Id q = t.Add(Engine::kCubeMte2, c.loadQ);
         t.After(q, unitKv[u]);
         ids[i].fixS = product(c.mte1S, c.fixScores, q, true).second;
-        ids[i].fixDp = product(c.mte1Dp, c.fixScores, q, true).second;
+        ids[i].fixDp = product(c.mte1Dp, c.fixDp, q, true).second;
         if (i >= d.exchangeSlots) {  // workspace slot free once the vector has read it
             t.After(ids[i].fixS, ids[i - d.exchangeSlots].vecIn, flag);
         }

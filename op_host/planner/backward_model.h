@@ -43,6 +43,8 @@ struct BackwardDesign {
     uint32_t l0cScratchBuffers = 1;  // L0C copies for S, dP, dQ (dK, dV have their own)
     bool deterministic = false;    // dQ into per-chunk slots summed by the post-pass
     uint32_t dqSlots = 1;          // dQ accumulators the post-pass sums
+    double scoreBytes = 4;         // S through Fixpipe and the workspace (2: fp16 scores,
+                                   // widened to fp32 on the vector; dP stays fp32)
     // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
     // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
     // (dV's 1 / (1 - p) folds into the post-pass).

@@ -47,7 +47,8 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.fixOutput = rows16 * dim * d.outputBytes / r.fixpipe;
     c.inScores = sliceRows * k * d.scoreBytes / r.l2ToUb;
     c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r) +
-                VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r);
+                VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r) +
+                (d.widenScores ? VecSeconds(ScoreWidenProgram(sliceRows, k), r) : 0);
     c.outProbs = sliceRows * k * e / r.ubToL2;
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
@@ -440,6 +441,17 @@ VecProgram SoftmaxProgram(double rows, double keys, bool b)
     AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
     AppendVec(p, VecOp::kBinary, row, false);         // + block sum
     AppendVec(p, VecOp::kCast, tile, false);          // P in the input dtype
+    return p;
+}
+
+VecProgram ScoreWidenProgram(double rows, double keys)
+{
+    const double tile = FloatRepeats(rows * keys);
+    const double halfTile = std::ceil(tile / 2);    // 128 fp16 elements per repeat
+    VecProgram p;
+    AppendVec(p, VecOp::kScalarArith, halfTile, true);  // Mins 65504, on fp16
+    AppendVec(p, VecOp::kScalarArith, halfTile, true);  // Maxs -65504, on fp16
+    AppendVec(p, VecOp::kCast, tile, true);             // fp16 S -> fp32
     return p;
 }
 
