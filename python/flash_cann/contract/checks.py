@@ -190,12 +190,10 @@ def _sinks(sinks, heads_q: int, dtype: torch.dtype, device) -> torch.Tensor | No
     return sinks
 
 
-def check_fp16_scores(fp16_scores, dtype: torch.dtype) -> bool:
-    """fp16_scores is a permission for fp16 inputs only, the same on every backend (those
-    without an fp16-score path ignore it): the spec's comment on the attribute says why."""
-    if type(fp16_scores) is not bool:
-        raise TypeError(_prefix(f"fp16_scores must be a bool (got {type(fp16_scores).__name__} "
-                                f"{fp16_scores!r})"))
+def check_fp16_scores(fp16_scores: bool, dtype: torch.dtype) -> bool:
+    """fp16_scores (a bool: the schema's, or the API's _flag) is a permission for fp16 inputs
+    only, the same on every backend (those without an fp16-score path ignore it): the
+    spec's comment on the attribute says why."""
     if fp16_scores and dtype == torch.bfloat16:
         raise ValueError(_prefix(
             "fp16_scores=True is refused for bfloat16 inputs: scores held in bfloat16 keep an "
