@@ -8,6 +8,7 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_tiling.h"
+#include "flash_attention_scores.h"
 #include "flash_attention_seqlens.h"
 
 namespace flash_cann {
@@ -16,23 +17,6 @@ namespace flash_cann {
 constexpr uint16_t kFlagScores = 1;   // AIC -> AIV: S of a round is in the workspace
 constexpr uint16_t kFlagProbs = 2;    // AIV -> AIC: P of a round is in the workspace
 constexpr uint16_t kFlagOutput = 3;   // AIC -> AIV: P.V of a round is in the workspace
-
-// The element type of S in the workspace: float, or half on the fp16_scores fast path
-// (tiling key digit D = 2). The Fixpipe converts L0C's fp32 S on the way out: F322F16
-// rounds to the nearest fp16 (no scalar pre-scale exists for an fp32 source on dav-c220:
-// QF322F16_PRE is Ascend 950's), and the vector cores clamp what it overflowed.
-template <typename S>
-struct ScoreType {
-    static constexpr QuantMode_t kFixpipeMode = QuantMode_t::NoQuant;
-    static constexpr bool kHalf = false;
-};
-template <>
-struct ScoreType<half> {
-    static constexpr QuantMode_t kFixpipeMode = QuantMode_t::F322F16;
-    static constexpr bool kHalf = true;
-};
-// The largest finite fp16: an S beyond it left the Fixpipe as +-inf.
-constexpr float kHalfMax = 65504.0f;
 
 // One AI core's part of the workspace, as both halves address it: the rings of scores S
 // (S: float, or half with fp16 scores), probabilities P (input dtype) and partial

@@ -30,7 +30,8 @@
 
 namespace flash_cann {
 
-template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
+// S: the element type of the S exchange slots (ScoreType; half on the fp16_scores path).
+template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC, typename S = float>
 class FlashAttentionGradCube {
 public:
     __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR gradOut,
@@ -135,9 +136,10 @@ private:
         }
     }
 
-    // One product into L0C and out through Fixpipe (row-major, fp32) to `dst`: the
-    // caller has loaded the operands into `a` and `b`.
-    __aicore__ inline void MultiplyOut(const AscendC::GlobalTensor<float>& dst, AscendC::LocalTensor<T>& a,
+    // One product into L0C and out through Fixpipe (row-major; fp32, or fp16 through
+    // F322F16 for D = half) to `dst`: the caller has loaded the operands into `a` and `b`.
+    template <typename D>
+    __aicore__ inline void MultiplyOut(const AscendC::GlobalTensor<D>& dst, AscendC::LocalTensor<T>& a,
                                        AscendC::LocalTensor<T>& b, uint32_t m, uint32_t n, uint32_t k,
                                        uint32_t rowsOut, uint32_t pitch, bool atomicAdd)
     {
@@ -155,9 +157,10 @@ private:
         if (atomicAdd) {
             AscendC::SetAtomicAdd<float>();
         }
-        AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            dst, c, AscendC::FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(rowsOut),
-                                               static_cast<uint16_t>(m), pitch, false));
+        AscendC::FixpipeParamsV220 params(static_cast<uint16_t>(n), static_cast<uint16_t>(rowsOut),
+                                          static_cast<uint16_t>(m), pitch, false);
+        params.quantPre = ScoreType<D>::kFixpipeMode;
+        AscendC::Fixpipe<D, float, AscendC::CFG_ROW_MAJOR>(dst, c, params);
         if (atomicAdd) {
             AscendC::SetAtomicNone();
         }
@@ -282,7 +285,7 @@ private:
     uint32_t issued_ = 0;
     uint32_t finished_ = 0;
     InFlight flight_[kGradStepsInFlight];
-    GradBuffers<T> buffers_;
+    GradBuffers<T, S> buffers_;
     AscendC::GlobalTensor<T> q_, k_, v_, do_;
     AscendC::TQue<AscendC::TPosition::A1, 1> qdoQue_, pdsQue_;
     AscendC::TQue<AscendC::TPosition::B1, 1> kvQue_;

@@ -466,20 +466,13 @@ private:
         pQue_.FreeTensor(p);
     }
 
-    // The slice's scores as fp32: the loaded slice itself, or (fp16 scores) clamped to
-    // fp16's finite range while still fp16 (half the repeats of an fp32 clamp; +-65504
-    // are exact in both) and widened into scores_.
+    // The slice's scores as fp32: the loaded slice itself, or (fp16 scores) clamped and
+    // widened into scores_ (WidenScores).
     __aicore__ inline AscendC::LocalTensor<float> Widen(const AscendC::LocalTensor<S>& loaded,
                                                         uint32_t count)
     {
         if constexpr (ScoreType<S>::kHalf) {
-            AscendC::Mins(loaded, loaded, static_cast<half>(kHalfMax), count);
-            AscendC::PipeBarrier<PIPE_V>();  // Mins -> Maxs
-            AscendC::Maxs(loaded, loaded, static_cast<half>(-kHalfMax), count);
-            // Maxs -> Cast; the previous slice's last reads of scores_ -> Cast
-            AscendC::PipeBarrier<PIPE_V>();
-            AscendC::Cast(scores_, loaded, AscendC::RoundMode::CAST_NONE, count);
-            AscendC::PipeBarrier<PIPE_V>();  // Cast -> the scale's Muls
+            WidenScores(scores_, loaded, count);
             return scores_;
         } else {
             return loaded;

@@ -201,7 +201,8 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
          t.l0cScratchBuffers},
         {"cube: dK accumulator of a unit, fp32", "dk_l0c", MemLevel::L0C, b.dkL0c, 1},
         {"cube: dV accumulator of a unit, fp32", "dv_l0c", MemLevel::L0C, b.dvL0c, 1},
-        {"vector: S rows, fp32 (becomes P)", "s_ub", MemLevel::UB, b.sUb, 1},
+        {t.fp16Scores ? "vector: S rows, fp16" : "vector: S rows, fp32 (becomes P)", "s_ub",
+         MemLevel::UB, b.sUb, 1},
         {"vector: dP rows, fp32 (becomes dS)", "dp_ub", MemLevel::UB, b.dpUb, 1},
         {"vector: P rows", "p_ub", MemLevel::UB, b.pUb, 1},
         {"vector: dS rows", "ds_ub", MemLevel::UB, b.dsUb, 1},
@@ -216,8 +217,10 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"post-pass: gradient rows out", "pass_out_ub", MemLevel::UB, b.passOutUb, 1},
         {"pre-pass: D and partial row sums", "pass_row_ub", MemLevel::UB, b.passRowUb, 2},
     };
-    // The features' buffers, only where the call uses the feature (GradBufferBytes).
+    // The features' buffers, only where the call uses the feature (GradBufferBytes), and
+    // the fp16-score path's widened S.
     const std::vector<BufferUse> features = {
+        {"vector: S rows widened to fp32 (becomes P)", "s_f32_ub", MemLevel::UB, b.sF32Ub, 1},
         {"vector: tanh(S / softcap), fp32 (the softcap chain rule)", "softcap_tanh_ub", MemLevel::UB,
          b.tanhUb, 1},
         {"vector: feature scratch rows, fp32 (softcap, ALiBi)", "feature_ub", MemLevel::UB, b.featureUb, 1},
@@ -255,6 +258,7 @@ BackwardDesign GradDesign(const GradPlan& plan, DType dtype, bool deterministic)
     d.deterministic = deterministic;
     d.dqSlots = t.dqSlots;
     d.dropoutPassElements = t.variant.dropoutP > 0.0f ? GradDropoutPass(t.blockK) : 0;
+    d.scoreBytes = t.fp16Scores != 0 ? 2 : 4;
     return d;
 }
 
@@ -299,6 +303,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradTilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(r.dtype);
     SetProblem(t, r);
+    t.fp16Scores = r.fp16Scores ? 1 : 0;
     result.error = ChooseGradBlocks(t, elemBytes, r.hasMask, request.deterministic, platform);
     if (!result.ok()) {
         return result;
@@ -346,7 +351,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     plan.userWorkspaceBytes = ws.total;
     plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};
     plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
-                                   request.deterministic);
+                                   request.deterministic, t.fp16Scores);
     return result;
 }
 

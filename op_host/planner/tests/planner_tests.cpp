@@ -406,9 +406,8 @@ void TestTargetsReport()
 }
 
 // The fp16-score fast path (fp16_scores): the plan's key, buffers and workspace, and the
-// model's predictions beside the default path's (printed for the log, not asserted: the
-// model must not be tuned to a target). The backward's fast path is a design only (the
-// grad kernel keeps fp32 S): its line is BackwardDesign with 2-byte S.
+// model's predictions beside the default path's, forward and backward (printed for the
+// log, not asserted: the model must not be tuned to a target).
 void TestFp16ScoresReport()
 {
     const Platform& b2 = *FindPlatform("Ascend910B2");
@@ -438,15 +437,18 @@ void TestFp16ScoresReport()
                         static_cast<long long>(seqlen), 100 * p.cubeUtilization,
                         100 * d.cubeUtilization, p.bound.c_str());
             const BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
-            const GradPlanResult grad = MakeGradPlan(GradPlanRequest{r, false}, b2);
-            EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
-            BackwardDesign design = GradDesign(grad.plan, r.dtype, false);
-            const BackwardPrediction bd =
-                PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
-            design.scoreBytes = 2;
-            const BackwardPrediction bf =
-                PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
-            std::printf("fp16 scores: backward (design, not built) %s seqlen %5lld: %.1f%% of "
+            const auto backward = [&](bool fp16Scores) {
+                PlanRequest g = r;
+                g.fp16Scores = fp16Scores;
+                const GradPlanResult grad = MakeGradPlan(GradPlanRequest{g, false}, b2);
+                EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
+                EXPECT(grad.plan.tiling.fp16Scores == (fp16Scores ? 1u : 0u), "grad fp16Scores");
+                const BackwardDesign design = GradDesign(grad.plan, g.dtype, false);
+                return PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
+            };
+            const BackwardPrediction bd = backward(false);
+            const BackwardPrediction bf = backward(true);
+            std::printf("fp16 scores: backward %s seqlen %5lld: %.1f%% of "
                         "cube peak (default path %.1f%%); bound: %s\n",
                         causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
                         100 * bf.cubeUtilization, 100 * bd.cubeUtilization, bf.bound.c_str());
