@@ -33,6 +33,9 @@ ge::graphStatus FlashCannAttentionRequest(gert::TilingContext* context,
         return ge::GRAPH_FAILED;
     }
     request.hasMask = context->GetOptionalInputShape(kKeyPaddingMask) != nullptr;
+    if (ReadScores(context, attr::kFp16Scores, request) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     return ReadVariant(context, kFeatures, request);
 }
 
@@ -109,6 +112,7 @@ public:
         DeclareOutput(this->Output("softmax_lse"), kFloatTypes);
         SharedAttributes(*this);
         FeatureAttributes(*this);
+        ScoresAttribute(*this);
         this->SetInferShape(ge::FlashCannAttentionInferShape)
             .SetInferDataType(ge::FlashCannAttentionInferDataType);
         AICoreConfigs(*this, optiling::FlashCannAttentionTiling);

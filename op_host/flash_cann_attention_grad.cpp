@@ -112,6 +112,9 @@ ge::graphStatus FlashCannAttentionGradRequest(gert::TilingContext* context,
     const bool* deterministic = context->GetAttrs()->GetBool(kDeterministic);
     FLASH_CANN_CHECK(context, deterministic != nullptr, "deterministic missing");
     request.deterministic = *deterministic;
+    if (ReadScores(context, attr::kFp16Scores, request.problem) != ge::GRAPH_SUCCESS) {
+        return ge::GRAPH_FAILED;
+    }
     return ReadVariant(context, kFeatures, request.problem);
 }
 
@@ -195,6 +198,7 @@ public:
         // order instead of fp32 atomic adds (the tiling key's deterministic bit).
         this->Attr("deterministic").AttrType(OPTIONAL).Bool(false);
         FeatureAttributes(*this);
+        ScoresAttribute(*this);
         this->SetInferShape(ge::FlashCannAttentionGradInferShape)
             .SetInferDataType(ge::FlashCannAttentionGradInferDataType);
         AICoreConfigs(*this, optiling::FlashCannAttentionGradTiling);

@@ -50,8 +50,9 @@ enum Index : size_t {
     kWindowRight = 6,
     kSoftcap = 7,
     kDropoutP = 8,
+    kFp16Scores = 9,
 };
-constexpr size_t kCount = 9;
+constexpr size_t kCount = 10;
 }  // namespace attr
 namespace output {
 enum Index : size_t {
@@ -94,8 +95,9 @@ enum Index : size_t {
     kWindowRight = 7,
     kSoftcap = 8,
     kDropoutP = 9,
+    kFp16Scores = 10,
 };
-constexpr size_t kCount = 10;
+constexpr size_t kCount = 11;
 }  // namespace attr
 namespace output {
 enum Index : size_t {

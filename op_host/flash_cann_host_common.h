@@ -274,6 +274,17 @@ inline ge::graphStatus ReadVariant(gert::TilingContext* context, const FeatureIn
     return ge::GRAPH_SUCCESS;
 }
 
+// fp16_scores (a Bool attribute of the forward and backward ops) into the request; the
+// planner refuses it for inputs other than float16.
+inline ge::graphStatus ReadScores(gert::TilingContext* context, size_t index,
+                                  flash_cann::PlanRequest& request)
+{
+    const bool* fp16Scores = context->GetAttrs()->GetBool(index);
+    FLASH_CANN_CHECK(context, fp16Scores != nullptr, "fp16_scores missing");
+    request.fp16Scores = *fp16Scores;
+    return ge::GRAPH_SUCCESS;
+}
+
 // The platform the kernel runs on, as the platform API reports it.
 inline ge::graphStatus ReadPlatform(gert::TilingContext* context, flash_cann::Platform& platform)
 {
@@ -369,6 +380,13 @@ inline void FeatureAttributes(ops::OpDef& op)
     op.Attr("window_right").AttrType(ops::OPTIONAL).Int(-1);
     op.Attr("softcap").AttrType(ops::OPTIONAL).Float(0.0f);
     op.Attr("dropout_p").AttrType(ops::OPTIONAL).Float(0.0f);
+}
+
+// Both ops' last attribute: permit fp16 scores (the spec's fp16_scores; the tiling key's
+// fp16-score digit).
+inline void ScoresAttribute(ops::OpDef& op)
+{
+    op.Attr("fp16_scores").AttrType(ops::OPTIONAL).Bool(false);
 }
 
 // The tiling function type spelled out: the alias for it moved between CANN versions

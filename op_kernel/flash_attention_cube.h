@@ -105,7 +105,8 @@ private:
 
 // The cube needs no FEATURES flag: the features change which key blocks a tile visits
 // (TileKeys, the same on both halves) and the vector side's arithmetic, not the products.
-template <typename T, bool CAUSAL, bool MASK>
+// S: the element type of the S workspace (ScoreType; half on the fp16_scores fast path).
+template <typename T, bool CAUSAL, bool MASK, typename S = float>
 class FlashAttentionCube {
     using L1Ring = EventRing<T, AscendC::HardEvent::MTE2_MTE1, AscendC::HardEvent::MTE1_MTE2>;
     using L0Ring = EventRing<T, AscendC::HardEvent::MTE1_M, AscendC::HardEvent::M_MTE1>;
@@ -298,10 +299,11 @@ private:
                                               static_cast<uint16_t>(d), 0, false, true));
             l0b_.EndUse();
             sL0c_.EndFill();
-            AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-                exchange_.Scores(seq, sub * bk), sL0c_.BeginUse(),
-                AscendC::FixpipeParamsV220(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
-                                           static_cast<uint16_t>(rows16_), round.width, false));
+            AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
+                                                 static_cast<uint16_t>(rows16_), round.width, false);
+            scoresOut.quantPre = ScoreType<S>::kFixpipeMode;
+            AscendC::Fixpipe<S, float, AscendC::CFG_ROW_MAJOR>(exchange_.Scores(seq, sub * bk),
+                                                               sL0c_.BeginUse(), scoresOut);
             sL0c_.EndUse();
         }
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagScores);
@@ -367,7 +369,7 @@ private:
     uint32_t rows16_ = 0;
     uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
     uint32_t outputSeq_ = 0;
-    ExchangeBuffers<T> exchange_;
+    ExchangeBuffers<T, S> exchange_;
     DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> q_, k_, v_;
     AscendC::TBuf<AscendC::TPosition::A1> qL1Buf_, pL1Buf_;

@@ -9,6 +9,7 @@
 #include "kernel_operator.h"
 #include "flash_cann_grad_tiling.h"
 #include "flash_cann_packed.h"
+#include "flash_attention_scores.h"
 #include "flash_attention_seqlens.h"
 
 namespace flash_cann {
@@ -38,8 +39,9 @@ struct GradTensors {
 };
 
 // Both halves' view of the workspace: the global fp32 accumulators and this AI core's
-// exchange slots.
-template <typename T>
+// exchange slots. S: the element type of the S slots (ScoreType; fp16 S fills half of a
+// slot sized for fp32, so the workspace layout is the same for both).
+template <typename T, typename S = float>
 class GradBuffers {
 public:
     __aicore__ inline void Init(GM_ADDR userWorkspace, uint32_t core, const GradTilingData& t)
@@ -52,11 +54,12 @@ public:
         GM_ADDR mine = userWorkspace + ws.exchange + core * ws.exchangePerCore;
         const uint64_t scoreBytes = kGradExchangeSlots * ws.scoresSlot;
         const uint64_t probBytes = kGradExchangeSlots * ws.probsSlot;
-        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine));
+        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ S*>(mine));
         gradProbs_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + scoreBytes));
         probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes));
         gradScores_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes + probBytes));
-        scoreSlot_ = ws.scoresSlot / sizeof(float);
+        scoreSlot_ = ws.scoresSlot / sizeof(S);
+        gradProbSlot_ = ws.scoresSlot / sizeof(float);
         probSlot_ = ws.probsSlot / sizeof(T);
         pad_ = t.headDimPad;
     }
@@ -69,13 +72,13 @@ public:
     __aicore__ inline AscendC::GlobalTensor<float> KeyGrad(uint64_t row) const { return dk_[row * pad_]; }
     __aicore__ inline AscendC::GlobalTensor<float> ValueGrad(uint64_t row) const { return dv_[row * pad_]; }
     // Exchange slot `slot` (0 .. kGradExchangeSlots - 1), from element `offset`.
-    __aicore__ inline AscendC::GlobalTensor<float> Scores(uint32_t slot, uint64_t offset) const
+    __aicore__ inline AscendC::GlobalTensor<S> Scores(uint32_t slot, uint64_t offset) const
     {
         return scores_[slot * scoreSlot_ + offset];
     }
     __aicore__ inline AscendC::GlobalTensor<float> ProbsGrad(uint32_t slot, uint64_t offset) const
     {
-        return gradProbs_[slot * scoreSlot_ + offset];
+        return gradProbs_[slot * gradProbSlot_ + offset];
     }
     __aicore__ inline AscendC::GlobalTensor<T> Probs(uint32_t slot, uint64_t offset) const
     {
@@ -87,9 +90,10 @@ public:
     }
 
 private:
-    AscendC::GlobalTensor<float> delta_, dq_, dk_, dv_, scores_, gradProbs_;
+    AscendC::GlobalTensor<float> delta_, dq_, dk_, dv_, gradProbs_;
+    AscendC::GlobalTensor<S> scores_;
     AscendC::GlobalTensor<T> probs_, gradScores_;
-    uint64_t scoreSlot_ = 0, probSlot_ = 0;
+    uint64_t scoreSlot_ = 0, gradProbSlot_ = 0, probSlot_ = 0;
     uint32_t pad_ = 0;
 };
 

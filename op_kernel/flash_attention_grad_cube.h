@@ -35,7 +35,8 @@
 
 namespace flash_cann {
 
-template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
+// S: the element type of the S exchange slots (ScoreType; half on the fp16_scores path).
+template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC, typename S = float>
 class FlashAttentionGradCube {
 public:
     __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR gradOut,
@@ -188,11 +189,12 @@ private:
     }
 
     // C = A B of the operands in a (m rows, Zz) and b (Zn), out through Fixpipe
-    // (row-major, fp32) to `dst` (row pitch `pitch`, the first rowsOut rows), in pieces of
+    // (row-major; fp32, or fp16 through F322F16 for D = half) to `dst` (row pitch `pitch`, the first rowsOut rows), in pieces of
     // productRows rows: each piece is a Mmad into one L0C scratch copy and its Fixpipe, so
     // the next piece's Mmad fills the other copy while this one drains. The caller frees
     // a and b after the last piece's Mmad (lastUse).
-    __aicore__ inline void MultiplyInPieces(const AscendC::GlobalTensor<float>& dst, AscendC::LocalTensor<T>& a,
+    template <typename D>
+    __aicore__ inline void MultiplyInPieces(const AscendC::GlobalTensor<D>& dst, AscendC::LocalTensor<T>& a,
                                             AscendC::LocalTensor<T>& b, uint32_t m, uint32_t n, uint32_t k,
                                             uint32_t rowsOut, uint32_t pitch, bool atomicAdd, bool freeA,
                                             bool freeB)
@@ -217,10 +219,11 @@ private:
             if (atomicAdd) {
                 AscendC::SetAtomicAdd<float>();
             }
-            AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-                dst[uint64_t{row0} * pitch], c,
-                AscendC::FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(MinU32(rows, rowsOut - row0)),
-                                           static_cast<uint16_t>(rows), pitch, false));
+            AscendC::FixpipeParamsV220 params(static_cast<uint16_t>(n),
+                                              static_cast<uint16_t>(MinU32(rows, rowsOut - row0)),
+                                              static_cast<uint16_t>(rows), pitch, false);
+            params.quantPre = ScoreType<D>::kFixpipeMode;
+            AscendC::Fixpipe<D, float, AscendC::CFG_ROW_MAJOR>(dst[uint64_t{row0} * pitch], c, params);
             if (atomicAdd) {
                 AscendC::SetAtomicNone();
             }
@@ -229,7 +232,8 @@ private:
     }
 
     // One product out to `dst`: the caller has loaded the operands into `a` and `b`.
-    __aicore__ inline void MultiplyOut(const AscendC::GlobalTensor<float>& dst, AscendC::LocalTensor<T>& a,
+    template <typename D>
+    __aicore__ inline void MultiplyOut(const AscendC::GlobalTensor<D>& dst, AscendC::LocalTensor<T>& a,
                                        AscendC::LocalTensor<T>& b, uint32_t m, uint32_t n, uint32_t k,
                                        uint32_t rowsOut, uint32_t pitch)
     {
@@ -398,7 +402,7 @@ private:
     uint32_t issued_ = 0;
     uint32_t finished_ = 0;
     InFlight flight_[kGradStepsInFlight];
-    GradBuffers<T> buffers_;
+    GradBuffers<T, S> buffers_;
     AscendC::GlobalTensor<T> q_, k_, v_, do_;
     AscendC::TQue<AscendC::TPosition::A1, 1> qdoQue_, pdsQue_;
     AscendC::TQue<AscendC::TPosition::B1, 1> kvQue_;

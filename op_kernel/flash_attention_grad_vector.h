@@ -40,7 +40,9 @@ static_assert(GradPhiloxScratchBytes(96) == PhiloxScratchBytes(GradDropoutPass(9
 // The zeroing pass moves whole 512-byte units (the workspace alignment).
 constexpr uint32_t kZeroUnitFloats = kGradWorkspaceAlign / sizeof(float);
 
-template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
+// S: the element type of the S exchange slots (half on the fp16_scores path: each loaded
+// block is clamped and widened to fp32 once, WidenScores; the rest is the fp32 path's).
+template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC, typename S = float>
 class FlashAttentionGradVector {
 public:
     __aicore__ inline void Init(const GradTensors& gm, GM_ADDR userWorkspace, const GradTilingData& tiling,
@@ -73,6 +75,10 @@ public:
 
         const GradBufferBytes bytes = ComputeGradBufferBytes(t_, sizeof(T));
         pipe->InitBuffer(sQue_, 1, bytes.sUb);
+        if constexpr (ScoreType<S>::kHalf) {
+            pipe->InitBuffer(scoreBuf_, bytes.sF32Ub);
+            scores_ = scoreBuf_.template Get<float>();
+        }
         pipe->InitBuffer(dpQue_, 1, bytes.dpUb);
         pipe->InitBuffer(pQue_, 1, bytes.pUb);
         pipe->InitBuffer(dsQue_, 1, bytes.dsUb);
@@ -302,13 +308,26 @@ private:
         return que.template DeQue<float>();
     }
 
-    __aicore__ inline AscendC::LocalTensor<float> LoadBlock(AscendC::TQue<AscendC::TPosition::VECIN, 1>& que,
-                                                           const AscendC::GlobalTensor<float>& src)
+    template <typename U>
+    __aicore__ inline AscendC::LocalTensor<U> LoadBlock(AscendC::TQue<AscendC::TPosition::VECIN, 1>& que,
+                                                       const AscendC::GlobalTensor<U>& src)
     {
-        AscendC::LocalTensor<float> block = que.template AllocTensor<float>();
+        AscendC::LocalTensor<U> block = que.template AllocTensor<U>();
         AscendC::DataCopy(block, src, rows_ * t_.blockK);
         que.EnQue(block);
-        return que.template DeQue<float>();
+        return que.template DeQue<U>();
+    }
+
+    // The block's scores as fp32: the loaded block itself, or (fp16 scores) clamped and
+    // widened into scores_ (WidenScores).
+    __aicore__ inline AscendC::LocalTensor<float> Widen(const AscendC::LocalTensor<S>& loaded, uint32_t count)
+    {
+        if constexpr (ScoreType<S>::kHalf) {
+            WidenScores(scores_, loaded, count);
+            return scores_;
+        } else {
+            return loaded;
+        }
     }
 
     __aicore__ inline void StoreBlock(AscendC::TQue<AscendC::TPosition::VECOUT, 1>& que,
@@ -338,7 +357,8 @@ private:
             const float slope = alibi_ ? alibiBias_.Slope(unit.batch, step.headQ) : 0.0f;
             AscendC::LocalTensor<float> lse = LoadRowValues(lseQue_, lse_[row]);
             AscendC::LocalTensor<float> delta = LoadRowValues(deltaQue_, buffers_.Delta(row));
-            AscendC::LocalTensor<float> s = LoadBlock(sQue_, buffers_.Scores(slot, rowOffset * bk));
+            AscendC::LocalTensor<S> loaded = LoadBlock(sQue_, buffers_.Scores(slot, rowOffset * bk));
+            AscendC::LocalTensor<float> s = Widen(loaded, count);
             AscendC::LocalTensor<float> dp = LoadBlock(dpQue_, buffers_.ProbsGrad(slot, rowOffset * bk));
             // P = exp(features(S scale) + mask - lse)
             AscendC::Muls(s, s, t_.scale, static_cast<int32_t>(count));
@@ -392,7 +412,7 @@ private:
                 StoreBlock(pQue_, buffers_.Probs(slot, rowOffset * bk), s);
             }
             StoreBlock(dsQue_, buffers_.ScoresGrad(slot, rowOffset * bk), dp);
-            sQue_.FreeTensor(s);
+            sQue_.FreeTensor(loaded);
             dpQue_.FreeTensor(dp);
         }
         AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(kFlagGradProbs);
@@ -556,7 +576,7 @@ private:
     float softcap_ = 0.0f;
     bool dropout_ = false;
     float keepScale_ = 1.0f;  // 1 / (1 - p) with dropout
-    GradBuffers<T> buffers_;
+    GradBuffers<T, S> buffers_;
     ScoreMasking<GradTilingData, CAUSAL, MASK> masking_;
     AlibiBias alibiBias_;
     BandMasking band_;
@@ -567,9 +587,10 @@ private:
     AscendC::TQue<AscendC::TPosition::VECIN, 2> passInQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, dsQue_, passOutQue_, rowOutQue_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> brcBuf_, passBuf_, rowBuf_, featureBuf_, tanhBuf_, philoxBuf_,
-        keepBuf_;
+        keepBuf_, scoreBuf_;
     AscendC::LocalTensor<uint8_t> keep_;
     AscendC::LocalTensor<float> broadcast_, acc_, operand_, rowPartial_, feature_, tanh_;
+    AscendC::LocalTensor<float> scores_;  // fp16 scores: the block widened to fp32
 };
 
 }  // namespace flash_cann

@@ -3,8 +3,9 @@
 // Ascend C toolchain and, for tests, with g++ against the CPU twin (twin/).
 //
 // The grad tiling key (flash_cann_grad_tiling.h, GradTilingKey) picks the element type,
-// whether the causal and key-padding masks are compiled in, and the dQ variant (fast
-// atomic accumulation or deterministic per-chunk slots); everything else comes from the
+// whether the causal and key-padding masks are compiled in, the dQ variant (fast
+// atomic accumulation or deterministic per-chunk slots) and the S element type (fp16 on
+// the fp16_scores path, flash_attention_scores.h); everything else comes from the
 // planner's GradTilingData, the features too (GradTilingData::variant: window, softcap,
 // ALiBi, dropout, sinks are run-time flags, docs/kernel.md says why).
 #include "kernel_operator.h"
@@ -14,19 +15,19 @@
 
 namespace {
 
-template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC>
+template <typename T, bool CAUSAL, bool MASK, bool DETERMINISTIC, typename S = float>
 __aicore__ inline void RunBackward(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR gradOut,
                                    const flash_cann::GradTensors& gm,
                                    GM_ADDR userWorkspace, const flash_cann::GradTilingData& tiling)
 {
     AscendC::TPipe pipe;
     if ASCEND_IS_AIC {
-        flash_cann::FlashAttentionGradCube<T, CAUSAL, MASK, DETERMINISTIC> cube;
+        flash_cann::FlashAttentionGradCube<T, CAUSAL, MASK, DETERMINISTIC, S> cube;
         cube.Init(query, key, value, gradOut, gm.cuSeqlensQ, gm.cuSeqlensK, userWorkspace, tiling, &pipe);
         cube.Process();
     }
     if ASCEND_IS_AIV {
-        flash_cann::FlashAttentionGradVector<T, CAUSAL, MASK, DETERMINISTIC> vector;
+        flash_cann::FlashAttentionGradVector<T, CAUSAL, MASK, DETERMINISTIC, S> vector;
         vector.Init(gm, userWorkspace, tiling, &pipe);
         vector.Process();
     }
@@ -48,8 +49,8 @@ extern "C" __global__ __aicore__ void flash_cann_attention_grad(
     const flash_cann::GradTensors gm{out,       gradOut,     softmaxLse, gradSoftmaxLse, keyPaddingMask,
                                      cuSeqlensQ, cuSeqlensK, alibiSlopes, rngState,       sinks,
                                      gradQuery, gradKey,     gradValue,  gradSinks};
-    // Keys: flash_cann::GradTilingKey(isBf16, causal, hasMask, deterministic)
-    //     = 20000 + 1000 x + 100 b + 10 c + m.
+    // Keys: flash_cann::GradTilingKey(isBf16, causal, hasMask, deterministic, fp16Scores)
+    //     = 20000 + 1000 x + 100 (b + 2 s) + 10 c + m.
     if (TILING_KEY_IS(20000)) {
         RunBackward<half, false, false, false>(query, key, value, gradOut, gm, user, tilingData);
     } else if (TILING_KEY_IS(20001)) {
@@ -82,5 +83,21 @@ extern "C" __global__ __aicore__ void flash_cann_attention_grad(
         RunBackward<bfloat16_t, true, false, true>(query, key, value, gradOut, gm, user, tilingData);
     } else if (TILING_KEY_IS(21111)) {
         RunBackward<bfloat16_t, true, true, true>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(20200)) {
+        RunBackward<half, false, false, false, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(20201)) {
+        RunBackward<half, false, true, false, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(20210)) {
+        RunBackward<half, true, false, false, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(20211)) {
+        RunBackward<half, true, true, false, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(21200)) {
+        RunBackward<half, false, false, true, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(21201)) {
+        RunBackward<half, false, true, true, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(21210)) {
+        RunBackward<half, true, false, true, half>(query, key, value, gradOut, gm, user, tilingData);
+    } else if (TILING_KEY_IS(21211)) {
+        RunBackward<half, true, true, true, half>(query, key, value, gradOut, gm, user, tilingData);
     }
 }

@@ -36,11 +36,13 @@
 namespace flash_cann {
 
 // The grad tiling key selects one kernel instantiation. Decimal fields, so a key reads as
-// what it is: 2XDCM (X: deterministic dQ, D: 0 fp16 / 1 bf16, C: causal, M: key mask).
+// what it is: 2XDCM (X: deterministic dQ, D: 0 fp16 / 1 bf16 / 2 fp16 with fp16 scores,
+// C: causal, M: key mask).
 constexpr uint64_t GradTilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask,
-                                 uint32_t deterministic)
+                                 uint32_t deterministic, uint32_t fp16Scores)
 {
-    return 20000u + deterministic * 1000u + isBf16 * 100u + causal * 10u + hasMask;
+    return 20000u + deterministic * 1000u + (isBf16 + 2u * fp16Scores) * 100u + causal * 10u +
+           hasMask;
 }
 
 // Cube <-> vector exchange slots per AI core (S, dP, P, dS each), used round-robin.
@@ -113,6 +115,9 @@ struct GradTilingData {
     uint32_t reserved3;
     uint64_t queryUnits;
     uint64_t queryStart[kMaxCores + 1];
+    // Added with the fp16-score fast path (additive). 1: S leaves the cube as fp16 into
+    // the exchange slots (fp16 inputs only; the tiling key's D digit 2); dP stays fp32.
+    uint32_t fp16Scores;
 };
 
 // The most L0C product scratch copies the planner gives the kernel.
@@ -139,7 +144,7 @@ struct GradBufferBytes {
                         // query pass accumulates dQ (blockQ x D <= 2 blockK x D) in the
                         // place of both
     // AIV, main loop (rows = blockQ / 2 per vector core)
-    uint32_t sUb;       // S rows, fp32 (becomes P in fp32)
+    uint32_t sUb;       // S rows as the exchange slot holds them (fp32; fp16 with fp16Scores)
     uint32_t dpUb;      // dP rows, fp32 (becomes dS in fp32)
     uint32_t pUb;       // P rows, input dtype
     uint32_t dsUb;      // dS rows, input dtype
@@ -163,6 +168,8 @@ struct GradBufferBytes {
     uint32_t bandBitsUb;  // the window's comparison bit mask
     uint32_t philoxUb;    // dropout: PhiloxDropout's scratch for passes of GradDropoutPass
     uint32_t keepUb;      // dropout: the tile's keep bits (rows x blockK bits)
+    // AIV, the fp16-score path only (0 bytes, no buffer, otherwise).
+    uint32_t sF32Ub;      // S rows widened to fp32 (becomes P in fp32)
 };
 
 // Per-row statistics of the main loop's vector core: lse, D.
@@ -207,7 +214,8 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     b.l0c = t.productRows * (bk > t.dqColumns ? bk : t.dqColumns) * 4u;
     b.dkL0c = bk * d * 4u;
     b.dvL0c = bk * d * 4u;
-    b.sUb = rows * bk * 4u;
+    b.sUb = rows * bk * (t.fp16Scores != 0 ? 2u : 4u);
+    b.sF32Ub = t.fp16Scores != 0 ? rows * bk * 4u : 0u;
     b.dpUb = rows * bk * 4u;
     b.pUb = rows * bk * elemBytes;
     b.dsUb = rows * bk * elemBytes;

@@ -36,7 +36,7 @@ EXPECTED_PROTOTYPES = {
            "const aclTensor *rngStateOptional, const aclTensor *sinksOptional, double scale, "
            "bool causal, char *layoutOptional, int64_t maxSeqlenQ, int64_t maxSeqlenK, "
            "int64_t windowLeft, int64_t windowRight, "
-           "double softcap, double dropoutP, const aclTensor *outOut, "
+           "double softcap, double dropoutP, bool fp16Scores, const aclTensor *outOut, "
            "const aclTensor *softmaxLseOut, uint64_t *workspaceSize, aclOpExecutor **executor)",
     "bwd": "aclnnStatus aclnnFlashCannAttentionGradGetWorkspaceSize(const aclTensor *gradOut, "
            "const aclTensor *query, const aclTensor *key, const aclTensor *value, "
@@ -47,7 +47,7 @@ EXPECTED_PROTOTYPES = {
            "const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional, "
            "bool deterministic, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_t windowLeft, "
            "int64_t windowRight, double softcap, "
-           "double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, "
+           "double dropoutP, bool fp16Scores, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut, "
            "const aclTensor *gradValueOut, const aclTensor *gradSinksOut, "
            "uint64_t *workspaceSize, aclOpExecutor **executor)",
 }

@@ -269,3 +269,43 @@ def test_public_api_refuses_sinks_that_are_not_a_tensor_or_not_per_head(api):
         getattr(flash_cann, api)(q, k, v, sinks=[0.0] * 4, **layout)
     with pytest.raises(ValueError, match=r"sinks must be float32 of shape \(nheads,\) = \(4,\)"):
         getattr(flash_cann, api)(q, k, v, sinks=torch.zeros(2), **layout)
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (torch.bfloat16, r"fp16_scores=True is refused for bfloat16 inputs: scores held in bfloat16 "
+                     r"keep an 8-bit mantissa"),
+    (torch.float32, r"fp16_scores=True takes float16 inputs only \(got float32\)"),
+])
+def test_fp16_scores_is_refused_by_name_for_other_dtypes(dtype, message):
+    """The same contract check on every backend (the flag is a permission the cpu backend
+    ignores for fp16): eagerly by both ops and the public API, and at trace time."""
+    q, k, v = _qkv(dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.flash_cann.fwd(q, k, v, None, 0.25, fp16_scores=True)
+    out, lse = _op(q, k, v)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.flash_cann.bwd(out, q, k, v, out, lse, None, None, 0.25, fp16_scores=True)
+    with pytest.raises(ValueError, match=message):
+        flash_cann.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), fp16_scores=True)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(q_, k_, v_):
+        return torch.ops.flash_cann.fwd(q_, k_, v_, None, 0.25, fp16_scores=True)
+
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=message):
+        fn(q, k, v)
+    with pytest.raises(TypeError, match=r"fp16_scores must be a bool \(or 0 / 1\) \(got str"):
+        flash_cann.flash_attn_func(*(t.transpose(1, 2).half() for t in (q, k, v)),
+                                   fp16_scores="yes")
+
+
+def test_fp16_scores_reaches_the_backward_and_the_cpu_backend_ignores_it():
+    """A permission: on the cpu backend (no fp16-score path) results equal the default
+    path's bit for bit, forward and backward (autograd hands the flag to bwd)."""
+    q, k, v = (t.transpose(1, 2).requires_grad_() for t in _qkv(dtype=torch.float16))
+    grads = []
+    for fp16_scores in (False, True):
+        out = flash_cann.flash_attn_func(q, k, v, causal=True, fp16_scores=fp16_scores)
+        grads.append((out, *torch.autograd.grad(out.float().sum(), (q, k, v))))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -192,6 +192,7 @@ VARY = {
     "grad_softmax_lse": lambda _: torch.zeros(1, 4, 4),
     "scale": lambda s: s * 2, "causal": lambda c: not c,
     "layout": lambda _: "BNSD", "deterministic": lambda d: not d,
+    "fp16_scores": lambda f: not f,
     # The features: a call with any of them is not plain and never replays a plan (it
     # may also be refused on its own, e.g. cu_seqlens without layout TND).
     "cu_seqlens_q": lambda _: torch.tensor([0, 4], dtype=torch.int32),

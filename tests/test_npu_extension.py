@@ -270,7 +270,7 @@ def test_a_failing_grad_call_is_explained_like_the_forwards(results, case, stage
     assert error.startswith(f"RuntimeError: flash_cann: flash_cann::bwd on NPU: {stage} "
                             f"returned aclnn status {status} (")
     assert ("layout=BNSD, deterministic=False, max_seqlen_q=0, max_seqlen_k=0, window_left=-1, "
-            "window_right=-1, softcap=0, dropout_p=0, grad_query=Half[1, 2, 4, 8], "
+            "window_right=-1, softcap=0, dropout_p=0, fp16_scores=False, grad_query=Half[1, 2, 4, 8], "
             "grad_key=Half[1, 2, 6, 8], "
             "grad_value=Half[1, 2, 6, 8], grad_sinks=Float[2]") in error
     assert len(_calls(log, "aclCreateTensor")) == len(_calls(log, "aclDestroyTensor"))
@@ -319,7 +319,7 @@ def test_every_failing_status_is_an_exception_that_explains_it(results, case, st
             "value=Half[2, 2, 12, 16], key_padding_mask=None, cu_seqlens_q=None, "
             "cu_seqlens_k=None, alibi_slopes=None, rng_state=None, sinks=None, scale=0.25, "
             "causal=False, layout=BNSD, max_seqlen_q=0, max_seqlen_k=0, window_left=-1, "
-            "window_right=-1, softcap=0, dropout_p=0, out=Half[2, 4, 8, 16], "
+            "window_right=-1, softcap=0, dropout_p=0, fp16_scores=False, out=Half[2, 4, 8, 16], "
             "softmax_lse=Float[2, 4, 8]") in error
     assert error.rstrip().endswith("CANN: fake CANN: the op rejected its arguments")
     # Nothing leaks on failure, and a failed stage 1 never reaches stage 2.

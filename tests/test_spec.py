@@ -64,7 +64,8 @@ def test_contract_header_follows_the_spec():
     assert "kMaxSeqlenQ = 4,\n    kMaxSeqlenK = 5," in attrs
     assert ("kWindowLeft = 6,\n    kWindowRight = 7,\n    kSoftcap = 8,\n    kDropoutP = 9,"
             in attrs)
-    assert "kWindowSize = 10," in attrs and "kCount = 11;" in attrs
+    assert "kFp16Scores = 10," in attrs  # no feature's: every op with it has it last
+    assert "kWindowSize = 11," in attrs and "kCount = 12;" in attrs
     fwd = header[header.index("namespace fwd {"):header.index("namespace bwd {")]
     assert "kDeterministic" not in fwd  # autograd-only: the CANN op does not have it
     inputs = bwd[bwd.index("namespace input {"):bwd.index("}  // namespace input")]
@@ -122,12 +123,15 @@ def test_layout_choices_are_the_declared_layouts():
 def test_autograd_only_attributes_are_the_torch_ops_not_the_cann_ops():
     s = spec.load()
     assert [a.name for a in s.ops["fwd"].attrs if not a.feature] == ["scale", "causal", "layout",
-                                                                    "deterministic"]
+                                                                    "deterministic",
+                                                                    "fp16_scores"]
     features = ["max_seqlen_q", "max_seqlen_k", "window_left", "window_right", "softcap",
                 "dropout_p"]
-    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout", *features]
+    assert [a.name for a in s.ops["fwd"].cann_attrs] == ["scale", "causal", "layout", *features,
+                                                         "fp16_scores"]
     assert [a.name for a in s.ops["bwd"].cann_attrs] == ["scale", "causal", "layout",
-                                                         "deterministic", *features]
+                                                         "deterministic", *features,
+                                                         "fp16_scores"]
 
 
 def test_backward_pairing_is_declared():

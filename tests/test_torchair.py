@@ -70,9 +70,11 @@ def _meta_outputs(torchair, op, *args):
 
 
 # The features' attributes of a plain call: the schema's defaults, as GE attrs.
+# The attributes after the shared ones in a plain call: the features', then fp16_scores.
 PLAIN_FEATURE_ATTRS = {"max_seqlen_q": ("Int", 0), "max_seqlen_k": ("Int", 0),
                        "window_left": ("Int", -1), "window_right": ("Int", -1),
-                       "softcap": ("Float", 0.0), "dropout_p": ("Float", 0.0)}
+                       "softcap": ("Float", 0.0), "dropout_p": ("Float", 0.0),
+                       "fp16_scores": ("Bool", False)}
 PLAIN_FEATURE_INPUTS = {"cu_seqlens_q": None, "cu_seqlens_k": None, "alibi_slopes": None,
                         "rng_state": None, "sinks": None}
 
@@ -159,7 +161,8 @@ def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
     ge = registered.ge
     q, k, v = make_qkv(2, 4, 2, 5, 7, 16, torch.float16, "BNSD", generator=gen)
     slopes, rng_state, sinks = torch.rand(2, 4), torch.tensor([7, 0]), torch.randn(4)
-    features = dict(window_left=3, window_right=1, softcap=30.0, dropout_p=0.125)
+    features = dict(window_left=3, window_right=1, softcap=30.0, dropout_p=0.125,
+                    fp16_scores=True)
     fwd = torch.ops.flash_cann.fwd.default
     names = ["query", "key", "value", "alibi_slopes", "rng_state", "sinks"]
     ge_in = dict(zip(names, _ge_inputs(registered, names)))
@@ -174,7 +177,7 @@ def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
                           "layout": ("Str", "BNSD"), "max_seqlen_q": ("Int", 0),
                           "max_seqlen_k": ("Int", 0), "window_left": ("Int", 3),
                           "window_right": ("Int", 1), "softcap": ("Float", 30.0),
-                          "dropout_p": ("Float", 0.125)}
+                          "dropout_p": ("Float", 0.125), "fp16_scores": ("Bool", True)}
 
     out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 0.25, alibi_slopes=slopes,
                                         rng_state=rng_state, sinks=sinks, **features)
@@ -193,7 +196,7 @@ def test_converters_carry_the_features_to_the_ge_nodes(registered, gen):
     assert [(o.node, o.index) for o in outputs] == [(node, i) for i in range(4)]
     assert {k: node.attrs[k] for k in features} == {
         "window_left": ("Int", 3), "window_right": ("Int", 1), "softcap": ("Float", 30.0),
-        "dropout_p": ("Float", 0.125)}
+        "dropout_p": ("Float", 0.125), "fp16_scores": ("Bool", True)}
 
 
 @pytest.mark.parametrize("name, value, kind", [
@@ -351,7 +354,7 @@ def test_standin_rejects_what_ge_would(registered, break_it, message):
                     "layout": ge.attr.Str("BNSD"), "max_seqlen_q": ge.attr.Int(0),
                     "max_seqlen_k": ge.attr.Int(0), "window_left": ge.attr.Int(-1),
                     "window_right": ge.attr.Int(-1), "softcap": ge.attr.Float(0.0),
-                    "dropout_p": ge.attr.Float(0.0)},
+                    "dropout_p": ge.attr.Float(0.0), "fp16_scores": ge.attr.Bool(False)},
           "outputs": ["out", "softmax_lse"]}
     kw["inputs"].update(key_padding_mask=None, **PLAIN_FEATURE_INPUTS)
     ge.custom_op("FlashCannAttention", inputs=kw["inputs"], outputs=kw["outputs"],
@@ -417,7 +420,7 @@ def test_packed_sequences_reach_both_nodes(registered, gen):
     grads = ["grad_out", "out", "softmax_lse"]
     ge_in.update(zip(grads, _ge_inputs(registered, grads)))
     meta = _meta_outputs(registered, bwd, out, q, k, v, out, lse, None, None, 0.25, True, "TND",
-                         False, cu_q, cu_k, None, None, None, 5, 7)
+                         False, False, cu_q, cu_k, None, None, None, 5, 7)
     registered.convert_node(
         bwd, tuple(ge_in[n] for n in ["grad_out", "query", "key", "value", "out",
                                       "softmax_lse"]) + (None, None, 0.25, True, "TND"),

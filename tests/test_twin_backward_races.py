@@ -37,7 +37,8 @@ def _problems():
     core whose units are single steps (the dK/dV accumulators reused back to back); the
     features: window + ALiBi + dropout + sinks with causal and a mask, and a window (hiding key
     blocks from every query) with softcap alone, and with ALiBi alone, where the band's mask
-    reads the scores straight after the feature wrote them."""
+    reads the scores straight after the feature wrote them; last, the fp16-score kernel
+    (causal, key mask, deterministic, 2 cores), for the sites only it runs."""
     g = torch.Generator().manual_seed(11)
     problems = []
     for b, hq, hk, sq, sk, d, causal, masked, det, cores, features in [
@@ -50,7 +51,8 @@ def _problems():
             (1, 2, 2, 40, 300, 32, False, False, False, 1,
              dict(window_left=20, window_right=5, softcap=3.0)),
             (1, 1, 1, 256, 256, 32, False, False, False, 1,
-             dict(window_left=10, window_right=10, alibi_slopes=torch.tensor([[0.2]])))]:
+             dict(window_left=10, window_right=10, alibi_slopes=torch.tensor([[0.2]]))),
+            (1, 2, 1, 130, 150, 32, True, True, True, 2, dict(fp16_scores=True))]:
         q, k, v = make_qkv(b, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=g)
         mask = random_key_padding_mask(b, sk, g) if masked else None
         sinks = features.pop("sinks", None)

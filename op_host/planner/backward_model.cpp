@@ -26,7 +26,7 @@ struct StepCosts {
     double mmad;                                // one of the products, whole
     uint32_t scorePieces = 1;                   // Mmad + Fixpipe pieces of S, dP (productRows)
     uint32_t dqPieces = 0;                      // ... of the fast dQ (0: no dQ product in the step)
-    double fixScores, fixDq, fixUnit;           // S or dP; dQ (atomic); dK + dV (dQ) per unit
+    double fixScores, fixDp, fixDq, fixUnit;    // S; dP; dQ (atomic); dK + dV (dQ) per unit
     double vecIn, vecCompute, vecOut;           // one vector core
     double l2BytesStep, l2BytesUnit;
 };
@@ -79,11 +79,16 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     c.scorePieces = static_cast<uint32_t>(pieces);
     c.dqPieces = queryPass || d.deterministic ? 0
                                               : c.scorePieces * static_cast<uint32_t>(std::ceil(dim / dqColumns));
-    c.fixScores = r.Fixpipe(bq * bk * 4, pieces);
+    c.fixScores = r.Fixpipe(bq * bk * d.scoreBytes, pieces);  // fp16 with fp16 scores
+    c.fixDp = r.Fixpipe(bq * bk * 4, pieces);
     c.fixDq = r.Fixpipe(bq * dim * 4, std::max<uint32_t>(c.dqPieces, 1));
     c.fixUnit = queryPass ? r.Fixpipe(bq * dim * 4, 1) : r.Fixpipe(2 * bk * dim * 4, 2);
     const double tile = FloatRepeats(rows * bk);
     VecProgram v;
+    if (d.scoreBytes < 4) {  // fp16 S: widened to fp32, clamped to +-65504
+        const VecProgram widen = ScoreWidenProgram(rows, bk);
+        v.insert(v.end(), widen.begin(), widen.end());
+    }
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
     if (variant.softcap > 0) {  // Softcap (flash_attention_features.h)
         AppendVec(v, VecOp::kScalarArith, tile, true, 2);           // 2x / softcap, Mins
@@ -120,15 +125,15 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
         AppendVec(v, VecOp::kSelect, tile, true, queryPass ? 1 : 2); // (P,) dP where kept
         AppendVec(v, VecOp::kScalarArith, tile, true);              // dP / (1 - p)
     }
-    c.vecIn = r.L2ToUb(2 * rows * bk * 4, 2);                   // S, dP
+    c.vecIn = r.L2ToUb(rows * bk * (d.scoreBytes + 4), 2);      // S, dP
     c.vecCompute = VecSeconds(v, r);
     const double pds = queryPass ? 1 : 2;
     c.vecOut = r.UbToL2(pds * rows * bk * e, pds);               // P and dS (dS)
     c.l2BytesStep = (queryPass ? 2 * bk * dim * e : 2 * bq * dim * e)  // K, V (Q, dO) into L1
                     + pds * bq * bk * e                                 // P, dS (dS) into L1
-                    + 2 * bq * bk * 4                                   // S, dP out
+                    + bq * bk * (d.scoreBytes + 4)                      // S, dP out
                     + (c.dqPieces > 0 ? 2 * bq * dim * 4 : 0)           // dQ read-add-write
-                    + 2 * bq * bk * 4 + pds * bq * bk * e;              // vector in and out
+                    + bq * bk * (d.scoreBytes + 4) + pds * bq * bk * e; // vector in and out
     c.l2BytesUnit = queryPass ? 2 * bq * dim * e + bq * dim * 4       // Q, dO in; dQ out
                               : 2 * bk * dim * e + 2 * bk * dim * 4;  // K, V in; dK, dV out
     return c;
@@ -186,7 +191,7 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         const Id load = t.Add(Engine::kCubeMte2, c.loadStep);
         t.After(load, unitLoad[u]);
         ids[i].fixS = product(c.mte1S, c.mmad, c.scorePieces, c.fixScores, load).second;
-        ids[i].fixDp = product(c.mte1Dp, c.mmad, c.scorePieces, c.fixScores, load).second;
+        ids[i].fixDp = product(c.mte1Dp, c.mmad, c.scorePieces, c.fixDp, load).second;
         if (i >= d.exchangeSlots) {  // workspace slot free once the vector has read it
             t.After(ids[i].fixS, ids[i - d.exchangeSlots].vecIn, flag);
         }

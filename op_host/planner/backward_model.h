@@ -47,6 +47,8 @@ struct BackwardDesign {
     uint32_t productRows = 0;      // rows per Mmad/Fixpipe piece of S, dP, dQ (0: blockQ)
     uint32_t dqColumns = 0;        // columns per piece of the fast dQ (0: headDimPad)
     bool deterministic = false;    // dQ by a query pass, accumulated in L0C, no atomics
+    double scoreBytes = 4;         // S through Fixpipe and the workspace (2: fp16 scores,
+                                   // widened to fp32 on the vector; dP stays fp32)
     // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
     // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
     // (dV's 1 / (1 - p) folds into the post-pass).

@@ -45,6 +45,7 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
                                       static_cast<Alibi>(variant->alibi), variant->sinks != 0);
         request.tokensQ = variant->tokens_q;
         request.tokensK = variant->tokens_k;
+        request.fp16Scores = variant->fp16_scores != 0;
     }
     return "";
 }
@@ -79,6 +80,9 @@ std::string ReadDecodeProblem(const flash_cann_decode_problem& p, const flash_ca
         }
         if (variant->dropout_p != 0) {
             return "dropout is not a feature of fwd_kvcache";
+        }
+        if (variant->fp16_scores != 0) {
+            return "fp16_scores is not an argument of fwd_kvcache";
         }
         request.variant = MakeVariant(variant->window_left, variant->window_right, variant->softcap, 0.0,
                                       static_cast<Alibi>(variant->alibi), variant->sinks != 0);

@@ -119,7 +119,7 @@ size_t RankedFirst(std::vector<Candidate>& candidates, const BackwardProblem& re
                                  request.variant.dropoutP > 0};
     for (const Candidate& c : candidates) {
         const GradTilingData& t = c.tiling;
-        key.insert(key.end(), {t.blockQ, t.blockK, t.l0cScratchBuffers, t.productRows, t.dqColumns});
+        key.insert(key.end(), {t.blockQ, t.blockK, t.l0cScratchBuffers, t.productRows, t.dqColumns, t.fp16Scores});
     }
     {
         const std::lock_guard<std::mutex> lock(mutex);
@@ -175,7 +175,7 @@ std::vector<uint64_t> BlockChoiceKey(const GradTilingData& t, const GradPlanRequ
     const PlanRequest& r = request.problem;
     std::vector<uint64_t> key = {t.headDimPad, elemBytes, uint64_t(r.dtype), r.causal, r.hasMask,
                                  request.deterministic, r.variant.softcap > 0, r.variant.alibi != 0,
-                                 IsWindowed(r.variant), r.variant.dropoutP > 0};
+                                 IsWindowed(r.variant), r.variant.dropoutP > 0, r.fp16Scores};
     for (const MemLevel level : {MemLevel::L1, MemLevel::L0A, MemLevel::L0B, MemLevel::L0C, MemLevel::UB}) {
         key.push_back(Capacity(level, p));
     }
@@ -324,7 +324,8 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
          t.l0cScratchBuffers},
         {"cube: dK accumulator of a unit, fp32", "dk_l0c", MemLevel::L0C, b.dkL0c, 1},
         {"cube: dV accumulator of a unit, fp32", "dv_l0c", MemLevel::L0C, b.dvL0c, 1},
-        {"vector: S rows, fp32 (becomes P)", "s_ub", MemLevel::UB, b.sUb, 1},
+        {t.fp16Scores ? "vector: S rows, fp16" : "vector: S rows, fp32 (becomes P)", "s_ub",
+         MemLevel::UB, b.sUb, 1},
         {"vector: dP rows, fp32 (becomes dS)", "dp_ub", MemLevel::UB, b.dpUb, 1},
         {"vector: P rows", "p_ub", MemLevel::UB, b.pUb, 1},
         {"vector: dS rows", "ds_ub", MemLevel::UB, b.dsUb, 1},
@@ -339,8 +340,10 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
         {"post-pass: gradient rows out", "pass_out_ub", MemLevel::UB, b.passOutUb, 1},
         {"pre-pass: D and partial row sums", "pass_row_ub", MemLevel::UB, b.passRowUb, 2},
     };
-    // The features' buffers, only where the call uses the feature (GradBufferBytes).
+    // The features' buffers, only where the call uses the feature (GradBufferBytes), and
+    // the fp16-score path's widened S.
     const std::vector<BufferUse> features = {
+        {"vector: S rows widened to fp32 (becomes P)", "s_f32_ub", MemLevel::UB, b.sF32Ub, 1},
         {"vector: tanh(S / softcap), fp32 (the softcap chain rule)", "softcap_tanh_ub", MemLevel::UB,
          b.tanhUb, 1},
         {"vector: feature scratch rows, fp32 (softcap, ALiBi)", "feature_ub", MemLevel::UB, b.featureUb, 1},
@@ -378,6 +381,7 @@ BackwardDesign GradDesign(const GradTilingData& t, DType dtype, bool determinist
     d.dqColumns = t.dqColumns;
     d.deterministic = deterministic;
     d.dropoutPassElements = t.variant.dropoutP > 0.0f ? GradDropoutPass(t.blockK) : 0;
+    d.scoreBytes = t.fp16Scores != 0 ? 2 : 4;
     return d;
 }
 
@@ -445,6 +449,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     GradTilingData& t = plan.tiling;
     const uint32_t elemBytes = ElementBytes(r.dtype);
     SetProblem(t, r);
+    t.fp16Scores = r.fp16Scores ? 1 : 0;
     result.error = ChooseGradBlocks(t, request, elemBytes, platform);
     if (!result.ok()) {
         return result;
@@ -523,7 +528,7 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     plan.userWorkspaceBytes = ws.total;
     plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};
     plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
-                                   request.deterministic);
+                                   request.deterministic, t.fp16Scores);
     return result;
 }
 

@@ -181,7 +181,8 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         {"cube: B operand ring (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
         {"cube: O of a round, fp32, accumulated over the stack", "o_l0c", MemLevel::L0C, b.oL0c, 1},
         {"cube: S sub-block ring, fp32", "s_l0c", MemLevel::L0C, b.sL0c, t.l0cBuffers},
-        {"vector: S slice, fp32", "s_ub", MemLevel::UB, b.sUb, kVecBuffers},
+        {t.fp16Scores ? "vector: S slice, fp16" : "vector: S slice, fp32", "s_ub", MemLevel::UB,
+         b.sUb, kVecBuffers},
         {"vector: P slice (also row-reduction scratch)", "p_ub", MemLevel::UB, b.pUb, kVecBuffers},
         {"vector: O partial slice, fp32", "o_ub", MemLevel::UB, b.oUb, kVecBuffers},
         {"vector: output slice", "out_ub", MemLevel::UB, b.outUb, kVecBuffers},
@@ -193,6 +194,9 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb * kKeyRows, 1},
         {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
     };
+    if (t.fp16Scores) {
+        buffers.push_back({"vector: S slice widened to fp32", "s_f32_ub", MemLevel::UB, b.sF32Ub, 1});
+    }
     if (t.hasMask) {
         buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
         buffers.push_back({"vector: key mask as half", "mask_half_ub", MemLevel::UB, b.maskHalfUb, 1});
@@ -258,6 +262,9 @@ std::string CheckRequest(const PlanRequest& request, const Platform& platform)
     }
     if (platform.aicCores < 1) {
         return Message("platform ", platform.name, " reports no AI cores");
+    }
+    if (request.fp16Scores && request.dtype != DType::Float16) {
+        return "fp16_scores needs float16 inputs (contract.checks refuses the others by name)";
     }
     return "";
 }
@@ -379,6 +386,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.causal = request.causal ? 1 : 0;
     t.hasMask = request.hasMask ? 1 : 0;
     t.features = IsPlain(request.variant) ? 0 : 1;
+    t.fp16Scores = request.fp16Scores ? 1 : 0;
     const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
     if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
@@ -418,7 +426,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask,
-                               t.features);
+                               t.features, t.fp16Scores);
     return result;
 }
 

@@ -39,6 +39,8 @@ struct PlanRequest {
     // are read by the kernel on the device (flash_cann_packed.h).
     int64_t tokensQ = 0;
     int64_t tokensK = 0;
+    // fp16_scores: S = Q K^T leaves the cube as fp16 (fp16 inputs only; TilingData).
+    bool fp16Scores = false;
 };
 
 enum class MemLevel : uint32_t { L1, L0A, L0B, L0C, UB };

@@ -50,7 +50,8 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.fixOutput = d.outputBytes > 0 ? r.Fixpipe(rows16 * dim * d.outputBytes, 1) : 0;
     c.inScores = r.L2ToUb(sliceRows * k * d.scoreBytes, 1);
     c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r) +
-                VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r);
+                VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r) +
+                (d.widenScores ? VecSeconds(ScoreWidenProgram(sliceRows, k), r) : 0);
     c.outProbs = r.UbToL2(sliceRows * k * e, 1);
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
@@ -445,6 +446,17 @@ VecProgram SoftmaxProgram(double rows, double keys, bool b)
     AppendVec(p, VecOp::kBinary, row, b);             // l * alpha
     AppendVec(p, VecOp::kBinary, row, false);         // + block sum
     AppendVec(p, VecOp::kCast, tile, false);          // P in the input dtype
+    return p;
+}
+
+VecProgram ScoreWidenProgram(double rows, double keys)
+{
+    const double tile = FloatRepeats(rows * keys);
+    const double halfTile = std::ceil(tile / 2);    // 128 fp16 elements per repeat
+    VecProgram p;
+    AppendVec(p, VecOp::kScalarArith, halfTile, true);  // Mins 65504, on fp16
+    AppendVec(p, VecOp::kScalarArith, halfTile, true);  // Maxs -65504, on fp16
+    AppendVec(p, VecOp::kCast, tile, true);             // fp16 S -> fp32
     return p;
 }
 

@@ -53,6 +53,8 @@ VecProgram CausalMaskProgram(double rows, double keys, bool perRow);
 VecProgram KeyMaskProgram(double rows, double keys);
 //   per round, the features' score arithmetic (softcap's tanh, ALiBi's bias)
 VecProgram FeatureProgram(double rows, double keys, bool softcap, bool alibi);
+//   per slice of fp16 scores (fp16_scores): clamp to +-65504 (fp16), widen to fp32
+VecProgram ScoreWidenProgram(double rows, double keys);
 
 // Dropout's keep mask (op_kernel/flash_attention_philox.h): which Philox draws, and how
 // many elements' keep bits one Philox4x32 call gives.
@@ -100,6 +102,8 @@ struct KernelDesign {
     bool outputOwnL0c = false;   // O has its own single L0C buffer
     // Workspace bytes per element.
     double scoreBytes = 4;       // S from Fixpipe to the vector cores
+    bool widenScores = false;    // fp16 S (fp16_scores): the vector widens each slice to
+                                 // fp32 and clamps it (ScoreWidenProgram) before the softmax
     double outputBytes = 4;      // O partial per output element per round (0: none)
     double finalOutputBytes = 2; // the tile's output per element (the input dtype's)
     bool vectorBarriers = true;  // PipeBarrier<PIPE_V> between softmax steps

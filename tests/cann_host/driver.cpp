@@ -167,7 +167,7 @@ void AddOptionalInput(gert::StubNode& node, const char* name, ge::DataType dtype
 // The features' optional inputs (cu_seqlens_q/k, alibi_slopes, rng_state, sinks) and
 // attributes (max_seqlen_q/k, window_left, window_right, softcap, dropout_p), in spec
 // order, from the NAME=VALUE arguments (an input's value: its dimensions, "2x8"); an
-// attribute not given has the OpDef's default, as CANN fills it in.
+// attribute not given has the OpDef's default, as CANN fills it in; then fp16_scores.
 void AddFeatures(gert::StubNode& node)
 {
     for (const auto& [name, dtype] : {std::pair{"cu_seqlens_q", ge::DT_INT32},
@@ -188,6 +188,8 @@ void AddFeatures(gert::StubNode& node)
         node.attrs.values.push_back(V{V::kFloat, std::strtof(Feature(name, "0").c_str(), nullptr),
                                       false, "", 0});
     }
+    // fp16_scores, both ops' last attribute (no feature's).
+    node.attrs.values.push_back(V{V::kBool, 0, Feature("fp16_scores", "0") == "1", "", 0});
 }
 
 // What the shell passed to the planner: the problem and its features.

@@ -989,6 +989,11 @@ const std::vector<RuleCase>& RuleCases()
              GlobalTensor<float> g; g.SetGlobalBuffer(gm, 256);
              Fixpipe<float, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 8, false));
          }},
+        {"R96", CoreType::AIC, [](float* gm) {
+             TPipe pipe; TBuf<TPosition::CO1> c; pipe.InitBuffer(c, 1024);
+             GlobalTensor<half> g; g.SetGlobalBuffer(reinterpret_cast<half*>(gm), 256);
+             Fixpipe<half, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 16, false));
+         }},
         {"R14", CoreType::AIV, [](float*) { LocalTensor<float> unbound; unbound.GetValue(0); }},
         {"R16", CoreType::AIV, [](float*) { TBuf<TPosition::VECCALC> b; b.Get<float>(); }},
         {"R17", CoreType::AIV, [](float*) {

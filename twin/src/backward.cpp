@@ -27,7 +27,8 @@ extern "C" void flash_cann_attention_grad(GM_ADDR gradOut, GM_ADDR query, GM_ADD
 // per (batch, head): (batch, heads_q)); sinks (fp32, heads_q) when not null. rngState
 // (int64 seed, offset) with dropout. gradSinks (fp32, heads_q) is always written.
 // Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
-// number of sequences and seqlen_q/k are max_seqlen_q/k.
+// number of sequences and seqlen_q/k are max_seqlen_q/k. fp16Scores: the fp16_scores
+// fast path (S in fp16; fp16 inputs only).
 extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, void* value, void* out,
                                         void* softmaxLse, void* keyPaddingMask, void* gradSoftmaxLse,
                                         void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
@@ -37,7 +38,8 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                                         int64_t headDim, int32_t dtype, int32_t layout, int32_t causal,
                                         double scale, int32_t deterministic, int32_t aicCores,
                                         int64_t windowLeft, int64_t windowRight, double softcap,
-                                        double dropoutP, int32_t alibi, uint64_t* allocatedBytes,
+                                        double dropoutP, int32_t alibi, int32_t fp16Scores,
+                                        uint64_t* allocatedBytes,
                                         char* unorderedAtomicAdds, uint64_t unorderedCapacity, char* error,
                                         uint64_t errorCapacity)
 {
@@ -54,6 +56,7 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
                             deterministic != 0};
     request.problem.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
                                           static_cast<Alibi>(alibi), sinks != nullptr);
+    request.problem.fp16Scores = fp16Scores != 0;
     const bool packed = layout == static_cast<int32_t>(Layout::TND);
     if (packed) {
         request.problem.tokensQ = tokensQ;

@@ -22,7 +22,8 @@ extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
 // contract.variant normalised them, softcap and dropout_p (0: off), alibi 0/1/2 (none,
 // slopes (heads_q,), slopes (batch, heads_q)); the tensors are null when unused.
 // Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
-// number of sequences and seqlen_q/k are max_seqlen_q/k.
+// number of sequences and seqlen_q/k are max_seqlen_q/k. fp16Scores: the fp16_scores
+// fast path (S in fp16; fp16 inputs only).
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
                                        int64_t tokensK, void* alibiSlopes, void* rngState, void* sinks,
@@ -31,7 +32,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                                        int64_t headDim, int32_t dtype, int32_t layout,
                                        int32_t causal, double scale, int64_t windowLeft,
                                        int64_t windowRight, double softcap, double dropoutP,
-                                       int32_t alibi, int32_t aicCores,
+                                       int32_t alibi, int32_t fp16Scores, int32_t aicCores,
                                        uint64_t* allocatedBytes, char* error,
                                        uint64_t errorCapacity)
 {
@@ -43,6 +44,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
                         causal != 0, keyPaddingMask != nullptr, scale};
     request.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
                                   static_cast<Alibi>(alibi), sinks != nullptr);
+    request.fp16Scores = fp16Scores != 0;
     const bool packed = layout == static_cast<int32_t>(Layout::TND);
     if (packed) {
         request.tokensQ = tokensQ;

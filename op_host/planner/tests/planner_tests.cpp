@@ -409,6 +409,61 @@ void TestTargetsReport()
     }
 }
 
+// The fp16-score fast path (fp16_scores): the plan's key, buffers and workspace, and the
+// model's predictions beside the default path's, forward and backward (printed for the
+// log, not asserted: the model must not be tuned to a target).
+void TestFp16ScoresReport()
+{
+    const Platform& b2 = *FindPlatform("Ascend910B2");
+    for (bool causal : {false, true}) {
+        for (int64_t seqlen : {8192, 16384, 32768}) {
+            PlanRequest r = Square(16, seqlen, causal);
+            const PlanResult base = MakePlan(r, b2);
+            r.fp16Scores = true;
+            const PlanResult fast = MakePlan(r, b2);
+            EXPECT(fast.ok() && fast.plan.tilingKey == base.plan.tilingKey + 200,
+                   "fp16-score key %llu vs %llu", static_cast<unsigned long long>(fast.plan.tilingKey),
+                   static_cast<unsigned long long>(base.plan.tilingKey));
+            const TilingData& t = fast.plan.tiling;
+            // The same blocks (the fp32 widening buffer takes the UB the halved S queue
+            // frees), S slots of half the bytes.
+            EXPECT(t.blockQ == base.plan.tiling.blockQ && RoundKeys(t) == RoundKeys(base.plan.tiling) &&
+                       Workspace(t, 2).slotBytes[0] == Workspace(base.plan.tiling, 2).slotBytes[0] / 2,
+                   "fp16 S: blocks %u x %u, S slot %llu bytes (fp32: %u x %u, %llu)", t.blockQ,
+                   RoundKeys(t), static_cast<unsigned long long>(Workspace(t, 2).slotBytes[0]),
+                   base.plan.tiling.blockQ, RoundKeys(base.plan.tiling),
+                   static_cast<unsigned long long>(Workspace(base.plan.tiling, 2).slotBytes[0]));
+            const Prediction p = Predict(fast.plan, r, b2);
+            const Prediction d = Predict(base.plan, r, b2);
+            EXPECT(p.seconds > 0 && p.cubeUtilization < 1, "fp16-score prediction");
+            std::printf("fp16 scores: forward %s seqlen %5lld: %.1f%% of cube peak (default path "
+                        "%.1f%%); bound: %s\n", causal ? "causal    " : "non-causal",
+                        static_cast<long long>(seqlen), 100 * p.cubeUtilization,
+                        100 * d.cubeUtilization, p.bound.c_str());
+            const BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
+            const auto backward = [&](bool fp16Scores) {
+                PlanRequest g = r;
+                g.fp16Scores = fp16Scores;
+                const GradPlanResult grad = MakeGradPlan(GradPlanRequest{g, false}, b2);
+                EXPECT(grad.ok(), "backward plan: %s", grad.error.c_str());
+                EXPECT(grad.plan.tiling.fp16Scores == (fp16Scores ? 1u : 0u), "grad fp16Scores");
+                const BackwardDesign design = GradDesign(grad.plan, g.dtype, false);
+                return PredictBackward(design, problem, EvenBackwardSplit(design, problem, 24), b2);
+            };
+            const BackwardPrediction bd = backward(false);
+            const BackwardPrediction bf = backward(true);
+            std::printf("fp16 scores: backward %s seqlen %5lld: %.1f%% of "
+                        "cube peak (default path %.1f%%); bound: %s\n",
+                        causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
+                        100 * bf.cubeUtilization, 100 * bd.cubeUtilization, bf.bound.c_str());
+        }
+    }
+    PlanRequest bf16 = Square(16, 4096, false);
+    bf16.dtype = DType::BFloat16;
+    bf16.fp16Scores = true;
+    EXPECT(!MakePlan(bf16, b2).ok(), "fp16 scores are refused for bfloat16");
+}
+
 // Rounds of 1024 keys where the model predicts a gain (long non-causal key sequences at
 // head_dim >= 128, when UB allows), 512 elsewhere; likewise 160-row query tiles.
 void TestRoundWidth()
@@ -730,6 +785,7 @@ int main(int argc, char** argv)
     TestRoundWidth();
     TestDesignChangesReport();
     TestSensitivityReport();
+    TestFp16ScoresReport();
     TestDropoutCost();
     TestRefusals();
     TestBalance();

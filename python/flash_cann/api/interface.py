@@ -39,7 +39,8 @@ import torch
 
 from ..contract import capture, eager
 from ..contract import layout as layouts
-from ..contract.checks import key_padding_mask_as_bool, reads_values, require_tensor
+from ..contract.checks import (check_fp16_scores, key_padding_mask_as_bool, reads_values,
+                               require_tensor)
 from ..contract.variant import Variant, keep_mask, window_bounds
 from . import rotary
 
@@ -115,7 +116,8 @@ def _rng_state(dropout_p: float, device: torch.device, generator) -> torch.Tenso
 def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, window_size=(-1, -1),
                softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
                generator=None, return_probs=False, cu_seqlens_q=None, cu_seqlens_k=None,
-               max_seqlen_q=0, max_seqlen_k=0, sinks=None, scale_name="softmax_scale"):
+               max_seqlen_q=0, max_seqlen_k=0, sinks=None, fp16_scores=False,
+               scale_name="softmax_scale"):
     """Every public function's one call of torch.ops.flash_cann.fwd: (out, lse, S_dmask).
 
     S_dmask (``return_probs`` with dropout): a debug output that materialises
@@ -129,7 +131,7 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
             and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float
             and dropout_p == 0.0 and alibi_slopes is None and cu_seqlens_q is None
             and cu_seqlens_k is None and not (max_seqlen_q or max_seqlen_k) and sinks is None
-            and eager.applies(q, k, v, key_padding_mask)):
+            and fp16_scores is False and eager.applies(q, k, v, key_padding_mask)):
         return (*eager.attention(q, k, v, key_padding_mask,
                                  _softmax_scale(softmax_scale, q, scale_name), causal, layout,
                                  deterministic), None)
@@ -148,7 +150,8 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
     out, lse = torch.ops.flash_cann.fwd(
         q, k, v, key_padding_mask, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         alibi_slopes=alibi_slopes, rng_state=rng_state, sinks=sinks,
-        deterministic=_flag(deterministic, "deterministic"), **options)
+        deterministic=_flag(deterministic, "deterministic"),
+        fp16_scores=_flag(fp16_scores, "fp16_scores"), **options)
     probs = None
     if _flag(return_probs, "return_attn_probs") and rng_state is not None:
         capture.refuse_host_read(q.device, "the dropout seed (return_attn_probs=True with "
@@ -194,7 +197,7 @@ def _returned(out, lse, probs, return_attn_probs):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False, *, sinks=None,
-                    generator=None):
+                    generator=None, fp16_scores=False):
     """dropout_p should be set to 0.0 during evaluation.
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in KV with
     fewer heads than Q. Note that the number of heads in Q must be divisible by the
@@ -243,6 +246,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         generator: torch.Generator on q's device for the dropout mask's seed (flash_cann's
             extension; default: the device's default generator, seeded by
             torch.manual_seed). Under torch.compile leave it None.
+        fp16_scores: bool, keyword-only (flash_cann's extension). Permit the kernel to hold
+            the attention scores S = QK^T in fp16 (the Ascend fast path), forward and
+            backward. Its error against exact attention, measured on the twin: within 3x
+            the default path's for out and the gradients at unit-scale logits, not for
+            softmax_lse, nor for anything at large logits (docs/kernel.md, "The fp16-score
+            fast path"). fp16 inputs only: refused for bfloat16 (an 8-bit mantissa rounds
+            scores 8x coarser) and float32. A permission: backends without a fast path
+            (cpu, triton) compute at their default precision, as torch's
+            allow_fp16_reduced_precision_reduction.
     Return:
         out: (batch_size, seqlen, nheads, headdim).
         softmax_lse [optional, if return_attn_probs=True]: (batch_size, nheads, seqlen),
@@ -256,7 +268,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         q, k, v, None, layout="BSND", softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
-        return_probs=return_attn_probs, sinks=sinks), return_attn_probs)
+        return_probs=return_attn_probs, sinks=sinks, fp16_scores=fp16_scores),
+        return_attn_probs)
 
 
 def _unpacked(packed, name: str, count: int, shape: str, dim: int):
@@ -270,23 +283,23 @@ def _unpacked(packed, name: str, count: int, shape: str, dim: int):
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False, *, sinks=None,
-                              generator=None):
+                              generator=None, fp16_scores=False):
     """As :func:`flash_attn_func`, with qkv: (batch_size, seqlen, 3, nheads, headdim)."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(batch_size, seqlen, 3, nheads, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
-                           generator=generator)
+                           generator=generator, fp16_scores=fp16_scores)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False, *, sinks=None,
-                             generator=None):
+                             generator=None, fp16_scores=False):
     """As :func:`flash_attn_func`, with kv: (batch_size, seqlen_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
-                           generator=generator)
+                           generator=generator, fp16_scores=fp16_scores)
 
 
 def _max_seqlen(value, name: str) -> int:
@@ -311,7 +324,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            seqused_k=None, return_softmax_lse=False, out=None, num_splits=0,
-                           sinks=None, generator=None):
+                           sinks=None, generator=None, fp16_scores=False):
     """As :func:`flash_attn_func`, for a batch of sequences of different lengths packed
     one after another (layout TND; nothing is padded). Also vLLM's call over a paged KV
     cache (block_table, seqused_k): mixed prefill and decode rows in one call, forward
@@ -350,6 +363,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         num_splits (keyword): with block_table or seqused_k, split-KV as in
             flash_attn_with_kvcache (0: the backend chooses); ignored otherwise. Results
             equal the unsplit ones up to rounding.
+        fp16_scores (keyword): as in flash_attn_func (with block_table or seqused_k the
+            decode kernel holds no S: it is checked, then ignored).
     Return:
         out: (total_q, nheads, headdim).
         softmax_lse [optional, if return_attn_probs or return_softmax_lse]: (nheads,
@@ -362,6 +377,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     max_seqlen_q, max_seqlen_k = (_max_seqlen(max_seqlen_q, "max_seqlen_q"),
                                   _max_seqlen(max_seqlen_k, "max_seqlen_k"))
     if block_table is not None or seqused_k is not None:
+        check_fp16_scores(_flag(fp16_scores, "fp16_scores"), q.dtype)
         result = _cache_varlen(
             q, k, v, require_tensor(cu_seqlens_q, "cu_seqlens_q"), cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, seqused_k, block_table, dropout_p=dropout_p,
@@ -376,7 +392,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         return_probs=return_attn_probs, cu_seqlens_q=require_tensor(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=None if cu_seqlens_k is None else require_tensor(cu_seqlens_k,
                                                                        "cu_seqlens_k"),
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks)
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks,
+        fp16_scores=fp16_scores)
     return _varlen_returned(*result, out, return_attn_probs, return_softmax_lse)
 
 
@@ -493,27 +510,29 @@ def _int32_vector(t, name: str, length: int, device) -> torch.Tensor:
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, sinks=None, generator=None):
+                                     return_attn_probs=False, *, sinks=None, generator=None,
+                                     fp16_scores=False):
     """As :func:`flash_attn_varlen_func`, with qkv: (total, 3, nheads, headdim) and one
     cu_seqlens / max_seqlen for queries and keys."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(total, 3, nheads, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs,
-                                  sinks=sinks, generator=generator)
+                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False, *, sinks=None, generator=None):
+                                    return_attn_probs=False, *, sinks=None, generator=None,
+                                    fp16_scores=False):
     """As :func:`flash_attn_varlen_func`, with kv: (total_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(total_k, 2, nheads_k, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  sinks=sinks, generator=generator)
+                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -634,7 +653,7 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
               key_padding_mask=None, return_lse=False, deterministic=False,
               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-              sinks=None, generator=None):
+              sinks=None, generator=None, fp16_scores=False):
     """Attention for CANN-style callers.
 
     Arguments:
@@ -660,8 +679,8 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: for "TND" only, as in
            :func:`flash_attn_varlen_func` (cumulative offsets: [0, len_0, len_0 + len_1,
            ...], not npu_fusion_attention's actual_seq_qlen which omits the leading 0).
-        window_size, softcap, alibi_slopes, dropout_p, sinks, generator: as in
-           :func:`flash_attn_func`.
+        window_size, softcap, alibi_slopes, dropout_p, sinks, generator, fp16_scores: as
+           in :func:`flash_attn_func`.
     Return:
         out: same shape and layout as q.
         softmax_lse [if return_lse]: (batch, heads_q, seqlen_q), float32; (heads_q,
@@ -702,6 +721,7 @@ def attention(q, k, v, *, layout="BNSD", num_heads=None, causal=False, scale=Non
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=0 if max_seqlen_q is None else max_seqlen_q,
         max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, sinks=sinks,
+        fp16_scores=fp16_scores,
         scale_name="scale")
     if layout == "BSH":
         out = out.flatten(-2)

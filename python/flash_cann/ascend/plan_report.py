@@ -72,6 +72,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
                         help="dropout probability (default: 0)")
     parser.add_argument("--sinks", action="store_true", help="learnable attention sinks")
+    parser.add_argument("--fp16-scores", action="store_true",
+                        help="the fp16-score fast path (S = QK^T in fp16; --dtype fp16 only)")
     parser.add_argument("--decode", action="store_true",
                         help="the decode kernel's plan (fwd_kvcache, flash_attn_with_kvcache): "
                              "--shape B,heads,new_tokens,D, --seqlen-k the keys per sequence")
@@ -123,6 +125,8 @@ def _feature_names(args) -> list[str]:
         names.append(f"dropout {args.dropout:g}")
     if args.sinks:
         names.append("sinks")
+    if getattr(args, "fp16_scores", False):
+        names.append("fp16 scores")
     return names
 
 
@@ -142,7 +146,8 @@ def _forward_report(p: dict) -> None:
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']}; head_dim padded to {t['head_dim_pad']}; {p['block_dim']} AI cores "
           f"launched; tiling data {t['tiling_bytes']} bytes")
-    print(f"kernel     {'FEATURES (window, softcap, ALiBi, dropout, sinks as runtime branches)' if t['features'] else 'plain'}")
+    print(f"kernel     {'FEATURES (window, softcap, ALiBi, dropout, sinks as runtime branches)' if t['features'] else 'plain'}"
+          f"{', fp16 scores (S in fp16 through Fixpipe and L2)' if t['fp16_scores'] else ''}")
     print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
           f"cube/vector round; vector slices of {t['vec_rows']} rows")
     cores = p["cores"]
@@ -283,6 +288,8 @@ def run(args) -> int:
     if args.deterministic and not args.backward:
         raise Refused("--deterministic applies to --backward only")
     if getattr(args, "decode", False):
+        if args.fp16_scores:
+            raise Refused("--fp16-scores applies to the forward and backward kernels, not --decode")
         return _run_decode(args, batch, heads, seqlen, head_dim, dtype)
     try:
         window = tuple(args.window) if args.window is not None else (-1, -1)
@@ -295,7 +302,8 @@ def run(args) -> int:
         elif args.tokens:
             raise Refused("--tokens applies to --layout TND only")
         features = planner.variant(window=window, softcap=args.softcap, dropout_p=args.dropout,
-                                   alibi=args.alibi, sinks=args.sinks, tokens=tokens)
+                                   alibi=args.alibi, sinks=args.sinks, tokens=tokens,
+                                   fp16_scores=args.fp16_scores)
         options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
                        layout=args.layout, causal=args.causal, has_mask=args.mask,
                        aic_cores=_cores(args.soc, args.cores), features=features)

@@ -27,7 +27,8 @@ class Variant(ctypes.Structure):
     _fields_ = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
                 ("softcap", ctypes.c_double), ("dropout_p", ctypes.c_double),
                 ("alibi", ctypes.c_int32), ("sinks", ctypes.c_int32),
-                ("tokens_q", ctypes.c_int64), ("tokens_k", ctypes.c_int64)]
+                ("tokens_q", ctypes.c_int64), ("tokens_k", ctypes.c_int64),
+                ("fp16_scores", ctypes.c_int32)]
 
 
 # The ``alibi`` argument's values: how the kernel indexes the slopes.
@@ -36,16 +37,17 @@ ALIBI = {None: 0, "head": 1, "batch_head": 2}
 
 def variant(window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dropout_p: float = 0.0,
             alibi: str | None = None, sinks: bool = False,
-            tokens: tuple[int, int] = (0, 0)) -> Variant:
+            tokens: tuple[int, int] = (0, 0), fp16_scores: bool = False) -> Variant:
     """The C ABI's encoding of a call's features. ``window``: (left, right) as
     flash_cann.contract.variant.window_bounds normalised them (-1: unbounded); ``alibi``:
     None, "head" ((heads_q,) slopes) or "batch_head" ((batch, heads_q)); ``tokens``: with
     layout TND, the packed query and key tokens (batch is then the number of sequences,
-    seqlen_q/k are max_seqlen_q/k)."""
+    seqlen_q/k are max_seqlen_q/k); ``fp16_scores``: the fp16-score fast path (float16)."""
     if alibi not in ALIBI:
         raise ValueError(f"flash_cann: alibi must be one of {list(ALIBI)} (got {alibi!r})")
     return Variant(int(window[0]), int(window[1]), float(softcap), float(dropout_p),
-                   ALIBI[alibi], int(bool(sinks)), int(tokens[0]), int(tokens[1]))
+                   ALIBI[alibi], int(bool(sinks)), int(tokens[0]), int(tokens[1]),
+                   int(bool(fp16_scores)))
 
 
 class DecodeProblem(ctypes.Structure):

@@ -190,6 +190,22 @@ def _sinks(sinks, heads_q: int, dtype: torch.dtype, device) -> torch.Tensor | No
     return sinks
 
 
+def check_fp16_scores(fp16_scores: bool, dtype: torch.dtype) -> bool:
+    """fp16_scores (a bool: the schema's, or the API's _flag) is a permission for fp16 inputs
+    only, the same on every backend (those without an fp16-score path ignore it): the
+    spec's comment on the attribute says why."""
+    if fp16_scores and dtype == torch.bfloat16:
+        raise ValueError(_prefix(
+            "fp16_scores=True is refused for bfloat16 inputs: scores held in bfloat16 keep an "
+            "8-bit mantissa, 8x coarser than fp16's (whose own error already exceeds 3x the "
+            "default path's for lse); use fp16 inputs or fp16_scores=False"))
+    if fp16_scores and dtype != torch.float16:
+        raise ValueError(_prefix(f"fp16_scores=True takes float16 inputs only (got "
+                                 f"{_dtype_name(dtype)}): it permits fp16 scores, a loss of "
+                                 f"precision only fp16 inputs are held to"))
+    return fp16_scores
+
+
 def _check_dropout(dropout_p, rng_state, device) -> None:
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(_prefix(f"dropout_p must be in [0, 1) (got {dropout_p!r})"))
@@ -258,7 +274,8 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
               backend: BackendSpec | None = None, *, cu_seqlens_q=None, cu_seqlens_k=None,
               alibi_slopes=None, rng_state=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-              dropout_p: float = 0.0, sinks=None, op: str = "fwd") -> Problem:
+              dropout_p: float = 0.0, sinks=None, fp16_scores: bool = False,
+              op: str = "fwd") -> Problem:
     """Validate the forward op's arguments; return the problem sizes and its variant."""
     spec = load()
     tensors = {n: require_tensor(t, n) for n, t in
@@ -275,6 +292,7 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                     backend,
                     query.device.type)
     _check_scores(scale, window_left, window_right, softcap)
+    fp16_scores = check_fp16_scores(fp16_scores, query.dtype)
     if key_padding_mask is not None:
         tensors["key_padding_mask"] = require_tensor(key_padding_mask, "key_padding_mask")
     hq, hk, d = _check_qkv({n: tensors[n] for n in ("query", "key", "value")}, layout, backend)
@@ -330,7 +348,8 @@ def check_fwd(query, key, value, key_padding_mask, scale: float, causal: bool, l
                       cu_seqlens_k=cu_seqlens_k if packed else None,
                       max_seqlen_q=max_seqlen_q if packed else 0,
                       max_seqlen_k=max_seqlen_k if packed else 0,
-                      sinks=_sinks(sinks, hq, query.dtype, query.device))
+                      sinks=_sinks(sinks, hq, query.dtype, query.device),
+                      fp16_scores=fp16_scores)
     return Problem(b, hq, hk, sq, sk, d, query.dtype, layout, bool(causal),
                    key_padding_mask is not None, variant, tokens_q)
 

@@ -39,8 +39,11 @@ KVCACHE = SPEC.qualname("fwd_kvcache")
 _FWD_OP = SPEC.ops["fwd"]
 _BWD_OP = SPEC.ops[_FWD_OP.backward]
 _KVCACHE_OP = SPEC.ops["fwd_kvcache"]
-_FWD_PLAIN = _FWD_OP.feature_defaults()
-_BWD_PLAIN = _BWD_OP.feature_defaults()
+# Attributes of no feature that the checks fold into the variant: a permission every
+# backend takes (fp16_scores: spec comment), so a call that gives it is not plain.
+_PERMISSIONS = {"fp16_scores": False}
+_FWD_PLAIN = {**_FWD_OP.feature_defaults(), **_PERMISSIONS}
+_BWD_PLAIN = {**_BWD_OP.feature_defaults(), **_PERMISSIONS}
 # The arguments the checks and backends take positionally, in their order.
 _FWD_CORE = ("query", "key", "value", "key_padding_mask", "scale", "causal", "layout")
 _BWD_CORE = ("grad_out", "query", "key", "value", "out", "softmax_lse", "key_padding_mask",
@@ -155,8 +158,10 @@ def _arguments(op: OpSpec, args: tuple, kwargs: dict) -> dict:
 
 
 def _features(op: OpSpec, args: dict) -> dict:
-    """The arguments of the op's features, by name (what the checks take beyond the core)."""
-    return {name: args[name] for name, _ in op.featured()}
+    """The arguments of the op's features and its permissions, by name (what the checks
+    take beyond the core)."""
+    return {**{name: args[name] for name, _ in op.featured()},
+            **{name: args[name] for name in _PERMISSIONS if name in args}}
 
 
 def _backend_call(backend: BackendSpec, device_type: str, function: str, *args, variant,

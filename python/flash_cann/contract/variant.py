@@ -60,7 +60,9 @@ class Variant:
     max_seqlen_q/k bound every sequence's length (the caller's promise, as in flash-attn:
     read on the host, so no synchronisation with the device).
     sinks: the attention sinks' logits, (heads_q,) in the accumulator dtype (float32;
-    float64 for float64 inputs), on the query's device."""
+    float64 for float64 inputs), on the query's device.
+    fp16_scores: the caller permits S = Q Kᵀ in fp16 (fp16 inputs only; a permission, not
+    a feature: backends without an fp16-score path ignore it)."""
 
     window_left: int = -1
     window_right: int = -1
@@ -73,6 +75,7 @@ class Variant:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     sinks: torch.Tensor | None = None
+    fp16_scores: bool = False
 
     @property
     def varlen(self) -> bool:

@@ -45,6 +45,7 @@ class _Setup:
     softcap: float
     deterministic: bool
     method: str   # "p2p" | "allgather"
+    fp16_scores: bool = False  # the op's fp16-score permission, handed to every block call
 
     @property
     def seq_dim(self) -> int:
@@ -63,7 +64,7 @@ class _Setup:
     def attrs(self, call: blocks.Call) -> dict:
         return dict(scale=self.scale, causal=call.causal, layout=self.layout,
                     window_left=call.window_left, window_right=call.window_right,
-                    softcap=self.softcap)
+                    softcap=self.softcap, fp16_scores=self.fp16_scores)
 
 
 @lru_cache(maxsize=256)
@@ -197,7 +198,7 @@ def _check(q, k, v, layout: str, ring: Ring) -> int:
 
 def prepare(q, k, v, group, *, scale: float, causal: bool, window: tuple[int, int],
             softcap: float, sharding: str, rotate: str, deterministic: bool,
-            layout: str) -> _Setup:
+            layout: str, fp16_scores: bool = False) -> _Setup:
     """The setup of one call (checked; the rotation chosen), for :func:`forward` and
     :func:`backward`."""
     ring = Ring.of(group)
@@ -208,7 +209,8 @@ def prepare(q, k, v, group, *, scale: float, causal: bool, window: tuple[int, in
     kv = sum(t.numel() * t.element_size() for t in (k, v))
     setup = _Setup(ring=ring, layout=layout, sharding=sharding, seqlen=seqlen, left=left,
                    right=right, scale=scale, softcap=softcap, deterministic=deterministic,
-                   method=rotation.choose(rotate, local, kv, ring.world, windowed))
+                   method=rotation.choose(rotate, local, kv, ring.world, windowed),
+                   fp16_scores=fp16_scores)
     setup.plans  # refuses an unknown sharding or a length it cannot split
     return setup
 

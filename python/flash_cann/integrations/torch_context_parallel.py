@@ -110,7 +110,8 @@ def _setup(attention, named, q, k, v):
         softcap=named["softcap"], sharding="zigzag" if options.enable_load_balance
         else "contiguous", rotate="allgather" if options.rotate_method
         == attention._RotateMethod.ALL_GATHER else "p2p",
-        deterministic=named["deterministic"], layout=named["layout"])
+        deterministic=named["deterministic"], layout=named["layout"],
+        fp16_scores=named["fp16_scores"])
 
 
 def _handlers(attention):

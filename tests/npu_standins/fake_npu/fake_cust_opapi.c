@@ -242,13 +242,18 @@ static void FeatureAttrs(FILE *f, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_
           (long long)windowRight, softcap, dropoutP);
 }
 
+/* fp16_scores: both ops' last attribute (Bool -> bool). */
+static void ScoresAttr(FILE *f, bool fp16Scores) {
+  fprintf(f, ", \"fp16_scores\": %s", fp16Scores ? "true" : "false");
+}
+
 int aclnnFlashCannAttentionGetWorkspaceSize(
     const aclTensor *query, const aclTensor *key, const aclTensor *value,
     const aclTensor *keyPaddingMaskOptional, const aclTensor *cuSeqlensQOptional,
     const aclTensor *cuSeqlensKOptional, const aclTensor *alibiSlopesOptional,
     const aclTensor *rngStateOptional, const aclTensor *sinksOptional, double scale,
     bool causal, char *layoutOptional, int64_t maxSeqlenQ, int64_t maxSeqlenK,
-    int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP,
+    int64_t windowLeft, int64_t windowRight, double softcap, double dropoutP, bool fp16Scores,
     const aclTensor *outOut, const aclTensor *softmaxLseOut, uint64_t *workspaceSize,
     aclOpExecutor **executor) {
   FILE *f = Log();
@@ -264,6 +269,7 @@ int aclnnFlashCannAttentionGetWorkspaceSize(
   Tensor(f, "sinks", sinksOptional);
   Attrs(f, scale, causal, layoutOptional);
   FeatureAttrs(f, maxSeqlenQ, maxSeqlenK, windowLeft, windowRight, softcap, dropoutP);
+  ScoresAttr(f, fp16Scores);
   Tensor(f, "out", outOut);
   Tensor(f, "softmax_lse", softmaxLseOut);
   return Stage1("aclnnFlashCannAttentionGetWorkspaceSize", workspaceSize, executor);
@@ -282,7 +288,8 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
     const aclTensor *alibiSlopesOptional, const aclTensor *rngStateOptional,
     const aclTensor *sinksOptional, double scale, bool causal, char *layoutOptional,
     bool deterministic, int64_t maxSeqlenQ, int64_t maxSeqlenK, int64_t windowLeft,
-    int64_t windowRight, double softcap, double dropoutP, const aclTensor *gradQueryOut, const aclTensor *gradKeyOut,
+    int64_t windowRight, double softcap, double dropoutP, bool fp16Scores,
+    const aclTensor *gradQueryOut, const aclTensor *gradKeyOut,
     const aclTensor *gradValueOut, const aclTensor *gradSinksOut, uint64_t *workspaceSize,
     aclOpExecutor **executor) {
   FILE *f = Log();
@@ -303,6 +310,7 @@ int aclnnFlashCannAttentionGradGetWorkspaceSize(
   Attrs(f, scale, causal, layoutOptional);
   fprintf(f, ", \"deterministic\": %s", deterministic ? "true" : "false");
   FeatureAttrs(f, maxSeqlenQ, maxSeqlenK, windowLeft, windowRight, softcap, dropoutP);
+  ScoresAttr(f, fp16Scores);
   Tensor(f, "grad_query", gradQueryOut);
   Tensor(f, "grad_key", gradKeyOut);
   Tensor(f, "grad_value", gradValueOut);

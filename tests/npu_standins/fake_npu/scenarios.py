@@ -246,7 +246,7 @@ for name, fail in [("stage1_161002", "aclnnFlashCannAttentionGetWorkspaceSize=16
                      "log": log_lines()}
 os.environ.pop("FAKE_ACLNN_FAIL")
 results["strided_output"] = {"error": error_of(lambda: torch.ops.flash_cann_npu.fwd(
-    q, k, v, None, None, None, None, None, None, 0.25, False, "BNSD", 0, 0, -1, -1, 0.0, 0.0,
+    q, k, v, None, None, None, None, None, None, 0.25, False, "BNSD", 0, 0, -1, -1, 0.0, 0.0, False,
     on_npu(2, 16, 8, 4).transpose(1, 3), on_npu(2, 4, 8, dtype=torch.float32)))}
 
 print(json.dumps(results))

@@ -438,17 +438,27 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& a, const LocalTensor<
 
 // L0C (Nz fp32) -> GM. Row-major output: element (m, n) goes to m * dstStride + n;
 // srcStride is the L0C distance between column blocks, in 16-element rows.
+// float -> float takes quantPre NoQuant (CheckFixpipeL0C2GMParam of dav_c220); float ->
+// half takes F322F16, which the twin converts as IEEE round-to-nearest-even with overflow
+// to +-inf (the kernel must survive an inf: it clamps; no saturation is assumed).
 template <typename T, typename U, const FixpipeConfig& config = CFG_ROW_MAJOR>
 void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const FixpipeParamsV220& p, TWIN_SITE)
 {
-    static_assert(std::is_same<T, float>::value && std::is_same<U, float>::value,
-                  "twin Fixpipe: float -> float (NoQuant) only");
+    constexpr bool toHalf = std::is_same<T, half>::value;
+    static_assert(std::is_same<U, float>::value && (std::is_same<T, float>::value || toHalf),
+                  "twin Fixpipe: float -> float (NoQuant) or float -> half (F322F16) only");
     static_assert(config.format == CO2Layout::ROW_MAJOR, "twin Fixpipe: row-major output only");
     twin_detail::RequireCore(twin::CoreType::AIC, TWIN_HERE, "Fixpipe");
     twin_detail::RequireMemory(src.Memory(), {twin::Memory::L0C}, TWIN_HERE, "Fixpipe source");
     twin_detail::RequireAligned(src.ByteOffset(), 64, TWIN_HERE, "Fixpipe source");
-    twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE, "[R11] ",
-                  "Fixpipe float -> float needs quantPre NoQuant");
+    if constexpr (toHalf) {
+        twin::Require(p.quantPre == QuantMode_t::F322F16, TWIN_HERE, "[R96] ",
+                      "Fixpipe float -> half needs quantPre F322F16 (the conversion is the "
+                      "quant mode's; NoQuant would store fp32 bits as half)");
+    } else {
+        twin::Require(p.quantPre == QuantMode_t::NoQuant, TWIN_HERE, "[R11] ",
+                      "Fixpipe float -> float needs quantPre NoQuant");
+    }
     twin::Require(p.srcStride >= p.mSize && p.srcStride % 16 == 0, TWIN_HERE, "[R12] ",
                   "Fixpipe srcStride ", p.srcStride, " must be a multiple of 16 and >= mSize ",
                   p.mSize);
@@ -465,11 +475,11 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
             uint64_t{p.srcStride} * 16 * sizeof(float), false);
     op.Rows(twin::Memory::GM, dst.Data(), p.mSize, uint64_t{p.nSize} * sizeof(T),
             uint64_t{p.dstStride} * sizeof(T), true);
-    std::vector<float> row(p.nSize);
+    std::vector<T> row(p.nSize);
     for (uint32_t m = 0; m < p.mSize; ++m) {
         for (uint32_t n = 0; n < p.nSize; ++n) {
             const float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
-            row[n] = p.reluEn && v < 0 ? 0.0f : v;
+            row[n] = static_cast<T>(p.reluEn && v < 0 ? 0.0f : v);
         }
         twin_detail::StoreGm(dst.Data() + uint64_t{m} * p.dstStride, row.data(), p.nSize, TWIN_HERE,
                              "Fixpipe");

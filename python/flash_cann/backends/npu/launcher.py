@@ -164,7 +164,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     lse = _empty(_lse_shape(query, layout), accumulator_dtype(query.dtype), query)
     launchers.fwd(query=query, key=key, value=value, key_padding_mask=key_padding_mask,
                   scale=scale, causal=causal, layout=layout, **_features(variant),
-                  out=out, softmax_lse=lse)
+                  fp16_scores=variant.fp16_scores, out=out, softmax_lse=lse)
     return out, lse
 
 
@@ -183,7 +183,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     launchers.bwd(grad_out=grad_out, query=query, key=key, value=value, out=out,
                   softmax_lse=softmax_lse, key_padding_mask=key_padding_mask,
                   grad_softmax_lse=grad_softmax_lse, scale=scale, causal=causal, layout=layout,
-                  deterministic=deterministic, **_features(variant), grad_query=grad_query,
+                  deterministic=deterministic, **_features(variant),
+                  fp16_scores=variant.fp16_scores, grad_query=grad_query,
                   grad_key=grad_key, grad_value=grad_value, grad_sinks=grad_sinks)
     return grad_query, grad_key, grad_value, None if variant.sinks is None else grad_sinks
 

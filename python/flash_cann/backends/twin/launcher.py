@@ -42,13 +42,13 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_forward.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 5
         + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
+        + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 3
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_backward.restype = ctypes.c_int
     lib.flash_cann_twin_backward.argtypes = (
         [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 7
         + [ctypes.c_int64] * 6 + [ctypes.c_int32] * 3 + [ctypes.c_double]
-        + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32]
+        + [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2 + [ctypes.c_int32] * 2
         + [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
            ctypes.c_uint64])
     lib.flash_cann_twin_kvcache.restype = ctypes.c_int
@@ -136,7 +136,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
     ``variant``: the features (packed sequences, window, softcap, ALiBi slopes, dropout_p
-    with rng_state, sinks), as the cpu backend takes them. ``allocated``, if given,
+    with rng_state, sinks), as the cpu backend takes them; with ``fp16_scores`` the fast
+    path's kernel (S in fp16). ``allocated``, if given,
     receives the bytes the kernel allocated per memory level (every ``InitBuffer``; AIC
     levels per cube core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
@@ -159,7 +160,8 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             *p.sizes(), DTYPES[str(query.dtype).removeprefix("torch.")],
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
-            AI_CORES if ai_cores is None else ai_cores, allocated=allocated)
+            int(variant.fp16_scores), AI_CORES if ai_cores is None else ai_cores,
+            allocated=allocated)
     return out, lse
 
 
@@ -267,7 +269,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     the kernel's output is then checked to be zeros, as the op promises.
 
     ``variant``: the features (packed sequences, window, softcap, ALiBi, dropout, sinks),
-    as the cpu backend's backward takes it.
+    as the cpu backend's backward takes it; with ``fp16_scores`` the fast path's kernel
+    (S in fp16).
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
     run and every split of the work over cores; ``allocated`` as for ``forward``.
     ``unordered_atomic_adds``, if given, receives the names of the tensors the kernel
@@ -295,7 +298,7 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
             *p.sizes(), DTYPES[str(query.dtype).removeprefix("torch.")], LAYOUTS[layout],
             int(causal), float(scale), int(deterministic), AI_CORES if ai_cores is None else ai_cores,
             variant.window_left, variant.window_right, float(variant.softcap),
-            float(variant.dropout_p), alibi,
+            float(variant.dropout_p), alibi, int(variant.fp16_scores),
             allocated=allocated, reports=(names, 0 if names is None else len(names)))
     if unordered_atomic_adds is not None:
         unordered_atomic_adds.extend(filter(None, names.value.decode().split(",")))
