@@ -221,7 +221,7 @@ double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal, int64_t windo
 KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
 {
     KernelDesign d;
-    d.name = "flash-cann pipelined kernel";
+    d.name = "flash-cann pipelined kernel (S two rounds ahead of P.V, one round stream over the core's tiles)";
     d.keysPerRound = RoundKeys(t);
     d.keysPerMatmul = t.blockK;
     d.headDimPad = t.headDimPad;
