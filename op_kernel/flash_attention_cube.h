@@ -156,7 +156,8 @@ public:
     __aicore__ inline void Process()
     {
         coreTiles_.Start(t_, seqlens_, core_);
-        for (uint32_t ahead = 0; ahead < kScoresAhead && NextScores(); ++ahead) {
+        for (uint32_t ahead = 0; ahead < kScoresAhead; ++ahead) {
+            NextScores();
         }
         while (outputSeq_ < scoreSeq_) {
             NextScores();
@@ -195,13 +196,14 @@ private:
     __aicore__ inline StreamTile& OutputTile() { return stream_[outputTiles_ % kStreamTiles]; }
 
     // S of the stream's next round, starting the core's next tile with keys when the
-    // current one has no round left; false once the core's tiles are done.
-    __aicore__ inline bool NextScores()
+    // current one has no round left; nothing once the core's tiles are done.
+    __aicore__ inline void NextScores()
     {
         while (scoreTiles_ == 0 || scoreRound_ == ScoreTile().rounds) {
             QueryTile tile;
-            if (!coreTiles_.Next(tile)) {
-                return false;
+            if (tilesDone_ || !coreTiles_.Next(tile)) {
+                tilesDone_ = true;  // the walk is not asked again once it has ended
+                return;
             }
             const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
             const uint32_t rounds = RoundCount(t_, keys);
@@ -216,7 +218,6 @@ private:
             scoreRound_ = 0;
         }
         ComputeScores(scoreRound_++);
-        return true;
     }
 
     // `rows` rows of Q, K or V (ND in GM, row pitch `pitch`) -> Nz in L1 with `padRows`
@@ -403,6 +404,7 @@ private:
     uint32_t core_ = 0;
     CoreTiles<CAUSAL> coreTiles_;
     StreamTile stream_[kStreamTiles] = {};
+    bool tilesDone_ = false;    // the core's tile walk has ended
     uint32_t scoreTiles_ = 0;   // tiles begun (the S tile is the last of them)
     uint32_t scoreRound_ = 0;   // the S tile's rounds whose S was computed
     uint32_t outputTiles_ = 0;  // tiles whose P.V is done (the P.V tile is the next)
