@@ -4,10 +4,15 @@
 //
 // Per query tile: Q is loaded into L1 and then into L0A once, and stays in L0A for
 // every S product of the tile. The tile's keys are walked in rounds of keyStack
-// sub-blocks of blockK keys (flash_cann_tiling.h, MakeRound). The order is
-//   ComputeScores(0), ComputeScores(1), then per round r: ComputeScores(r + 2), ComputeOutput(r)
+// sub-blocks of blockK keys (flash_cann_tiling.h, MakeRound). The rounds of all the
+// core's tiles form one stream, numbered g, and the order is
+//   ComputeScores(0), ComputeScores(1), then per round g: ComputeScores(g + 2), ComputeOutput(g)
 // so S of the next two rounds goes to the workspace before the cube blocks on P of this one:
 // the vector cores always have S to work on, and the Fixpipe has S to write while the cube waits.
+// The stream crosses tile boundaries: S of the next tile's first rounds is computed
+// before the P.V of this tile's last ones, so a tile's end does not drain the pipeline
+// (short causal tiles gain most). The vector cores need no change for it: they count
+// rounds over all their tiles, and the workspace rings and flags are indexed by g.
 //   ComputeScores  per sub-block: K -> L1 -> L0B, S = Q K^T (L0C), Fixpipe -> S slot;
 //                  one cross-core flag per round
 //   ComputeOutput  V and the next K loads are issued, then the wait for P; per
@@ -151,11 +156,16 @@ public:
 
     __aicore__ inline void Process()
     {
-        CoreTiles<CAUSAL> tiles;
-        tiles.Start(t_, seqlens_, core_);
-        QueryTile tile;
-        while (tiles.Next(tile)) {
-            ProcessTile(tile);
+        coreTiles_.Start(t_, seqlens_, core_);
+        for (uint32_t ahead = 0; ahead < kScoresAhead; ++ahead) {
+            NextScores();
+        }
+        while (outputSeq_ < scoreSeq_) {
+            NextScores();
+            ComputeOutput();
+        }
+        if (scoreTiles_ > 0) {
+            qL0a_.EndUse();  // the last S product of the core has read Q
         }
         qL1_.Drain();
         kL1_.Drain();
@@ -169,26 +179,46 @@ public:
     }
 
 private:
-    __aicore__ inline void ProcessTile(const QueryTile& tile)
+    // A tile of the round stream: the tiles whose rounds are between the S and the P.V
+    // end of the stream. S leads P.V by at most kScoresAhead rounds and every tile in the
+    // stream has a round, so at most kScoresAhead + 1 tiles are live at once.
+    struct StreamTile {
+        QueryTile tile;
+        KeyRange keys;
+        uint32_t rounds;
+        uint32_t blocks;        // key sub-blocks of the tile
+        uint32_t rows16;        // tile.rows rounded up to the cube block
+        uint32_t keysIssued;    // K sub-blocks whose load has been issued
+        uint32_t valuesIssued;  // V sub-blocks whose load has been issued
+    };
+    static constexpr uint32_t kStreamTiles = kScoresAhead + 1;
+
+    __aicore__ inline StreamTile& ScoreTile() { return stream_[(scoreTiles_ - 1) % kStreamTiles]; }
+    __aicore__ inline StreamTile& OutputTile() { return stream_[outputTiles_ % kStreamTiles]; }
+
+    // S of the stream's next round, starting the core's next tile with keys when the
+    // current one has no round left; nothing once the core's tiles are done.
+    __aicore__ inline void NextScores()
     {
-        const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
-        const uint32_t rounds = RoundCount(t_, keys);
-        if (rounds == 0) {
-            return;  // no key to attend to: the vector cores write the empty rows
-        }
-        BeginTile(tile, keys);
-        // S runs kScoresAhead rounds ahead of P.V: while the cube waits for P(r), the
-        // Fixpipe still has S(r+1) and S(r+2) to write out.
-        for (uint32_t round = 0; round < MinU32(kScoresAhead, rounds); ++round) {
-            ComputeScores(round);
-        }
-        for (uint32_t round = 0; round < rounds; ++round) {
-            if (round + kScoresAhead < rounds) {
-                ComputeScores(round + kScoresAhead);
+        while (scoreTiles_ == 0 || scoreRound_ == ScoreTile().rounds) {
+            QueryTile tile;
+            if (tilesDone_ || !coreTiles_.Next(tile)) {
+                tilesDone_ = true;  // the walk is not asked again once it has ended
+                return;
             }
-            ComputeOutput(round);
+            const KeyRange keys = TileKeys<CAUSAL>(t_, tile);
+            const uint32_t rounds = RoundCount(t_, keys);
+            if (rounds == 0) {
+                continue;  // no key to attend to: the vector cores write the empty rows
+            }
+            if (scoreTiles_ > 0) {
+                qL0a_.EndUse();  // the previous tile's last S product has read Q
+            }
+            ++scoreTiles_;
+            BeginTile(tile, keys, rounds);
+            scoreRound_ = 0;
         }
-        qL0a_.EndUse();  // the last S product of the tile has read Q
+        ComputeScores(scoreRound_++);
     }
 
     // `rows` rows of Q, K or V (ND in GM, row pitch `pitch`) -> Nz in L1 with `padRows`
@@ -214,73 +244,80 @@ private:
                                                static_cast<uint16_t>(padRows), 1, 0));
     }
 
-    __aicore__ inline void BeginTile(const QueryTile& tile, const KeyRange& keys)
+    __aicore__ inline void BeginTile(const QueryTile& tile, const KeyRange& keys, uint32_t rounds)
     {
-        tile_ = tile;
-        keys_ = keys;
-        blocks_ = (keys.end - keys.begin + t_.blockK - 1) / t_.blockK;
-        keysIssued_ = valuesIssued_ = 0;
-        rows16_ = AlignUp(tile.rows, kCubeBlock);
+        StreamTile& st = ScoreTile();
+        st.tile = tile;
+        st.keys = keys;
+        st.rounds = rounds;
+        st.blocks = (keys.end - keys.begin + t_.blockK - 1) / t_.blockK;
+        st.rows16 = AlignUp(tile.rows, kCubeBlock);
+        st.keysIssued = st.valuesIssued = 0;
         const uint64_t offset = tile.qBase + uint64_t{tile.row0} * t_.qStrideRow;
         // Q: GM -> L1 (MTE2) -> L0A (MTE1), where it stays until the tile's last S product.
         // Rows past tile.rows are stale: they only reach S and O rows nobody reads.
-        LoadRows(qL1_.BeginFill(), q_[offset], tile.rows, rows16_, t_.qStrideRow, false);
+        LoadRows(qL1_.BeginFill(), q_[offset], tile.rows, st.rows16, t_.qStrideRow, false);
         qL1_.EndFill();
         const AscendC::LocalTensor<T> qL1 = qL1_.BeginUse();
-        LoadLeft(qL0a_.BeginFill(), qL1, rows16_, t_.headDimPad);
+        LoadLeft(qL0a_.BeginFill(), qL1, st.rows16, t_.headDimPad);
         qL1_.EndUse();
         qL0a_.EndFill();
         qA_ = qL0a_.BeginUse();
     }
 
-    // Sub-block `block` of the tile holds keys keys_.begin + block * blockK onwards.
-    __aicore__ inline uint64_t KeyOffset(uint32_t block) const
+    // Sub-block `block` of a tile holds keys keys.begin + block * blockK onwards.
+    __aicore__ inline uint64_t KeyOffset(const StreamTile& st, uint32_t block) const
     {
-        return tile_.kvBase + (uint64_t{keys_.begin} + uint64_t{block} * t_.blockK) * t_.kvStrideRow;
+        return st.tile.kvBase + (uint64_t{st.keys.begin} + uint64_t{block} * t_.blockK) * t_.kvStrideRow;
     }
 
-    __aicore__ inline uint32_t Columns(uint32_t block) const
+    __aicore__ inline uint32_t Columns(const StreamTile& st, uint32_t block) const
     {
-        return MinU32(t_.blockK, keys_.end - keys_.begin - block * t_.blockK);
+        return MinU32(t_.blockK, st.keys.end - st.keys.begin - block * t_.blockK);
     }
 
-    // Start the K (or V) loads of the tile's next sub-blocks into every free L1 buffer:
-    // MTE2 works on them while the other pipes (and the vector cores) are busy.
+    // Start the K loads of the S tile's next sub-blocks (or the V loads of the P.V
+    // tile's) into every free L1 buffer: MTE2 works on them while the other pipes (and
+    // the vector cores) are busy. A ring's loads are for one tile at a time: the S (P.V)
+    // tile changes only once all its K (V) sub-blocks have been used.
     __aicore__ inline void IssueKeys()
     {
-        for (; keysIssued_ < blocks_ && kL1_.InFlight() < kL1_.Copies(); ++keysIssued_) {
-            LoadRows(kL1_.BeginFill(), k_[KeyOffset(keysIssued_)], Columns(keysIssued_), t_.blockK,
-                     t_.kvStrideRow, true);
+        StreamTile& st = ScoreTile();
+        for (; st.keysIssued < st.blocks && kL1_.InFlight() < kL1_.Copies(); ++st.keysIssued) {
+            LoadRows(kL1_.BeginFill(), k_[KeyOffset(st, st.keysIssued)], Columns(st, st.keysIssued),
+                     t_.blockK, t_.kvStrideRow, true);
             kL1_.EndFill();
         }
     }
 
     __aicore__ inline void IssueValues()
     {
-        for (; valuesIssued_ < blocks_ && vL1_.InFlight() < vL1_.Copies(); ++valuesIssued_) {
-            LoadRows(vL1_.BeginFill(), v_[KeyOffset(valuesIssued_)], Columns(valuesIssued_),
+        StreamTile& st = OutputTile();
+        for (; st.valuesIssued < st.blocks && vL1_.InFlight() < vL1_.Copies(); ++st.valuesIssued) {
+            LoadRows(vL1_.BeginFill(), v_[KeyOffset(st, st.valuesIssued)], Columns(st, st.valuesIssued),
                      t_.blockK, t_.kvStrideRow, true);
             vL1_.EndFill();
         }
     }
 
     // P sub-blocks of the round with sequence number `seq` (rows of `width` elements).
-    __aicore__ inline void IssueProbs(const KeyRound& round, uint32_t seq)
+    __aicore__ inline void IssueProbs(const StreamTile& st, const KeyRound& round, uint32_t seq)
     {
         for (; probsIssued_ < round.subBlocks && pL1_.InFlight() < pL1_.Copies(); ++probsIssued_) {
             AscendC::DataCopy(pL1_.BeginFill(), exchange_.Probs(seq, probsIssued_ * t_.blockK),
-                              AscendC::Nd2NzParams(1, static_cast<uint16_t>(tile_.rows),
+                              AscendC::Nd2NzParams(1, static_cast<uint16_t>(st.tile.rows),
                                                    static_cast<uint16_t>(t_.blockK), 0,
                                                    static_cast<uint16_t>(round.width),
-                                                   static_cast<uint16_t>(rows16_), 1, 0));
+                                                   static_cast<uint16_t>(st.rows16), 1, 0));
             pL1_.EndFill();
         }
     }
 
-    // S = Q K^T for every sub-block of round `index`, into the next S slot.
+    // S = Q K^T for every sub-block of round `index` of the S tile, into the next S slot.
     __aicore__ inline void ComputeScores(uint32_t index)
     {
-        const KeyRound round = MakeRound(t_, keys_, index);
+        const uint32_t rows16 = ScoreTile().rows16;
+        const KeyRound round = MakeRound(t_, ScoreTile().keys, index);
         const uint32_t seq = scoreSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
@@ -295,12 +332,12 @@ private:
 
             const AscendC::LocalTensor<float> c = sL0c_.BeginFill();
             AscendC::Mmad(c, qA_, l0b_.BeginUse(),
-                          AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(bk),
+                          AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(bk),
                                               static_cast<uint16_t>(d), 0, false, true));
             l0b_.EndUse();
             sL0c_.EndFill();
-            AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16_),
-                                                 static_cast<uint16_t>(rows16_), round.width, false);
+            AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16),
+                                                 static_cast<uint16_t>(rows16), round.width, false);
             scoresOut.quantPre = ScoreType<S>::kFixpipeMode;
             AscendC::Fixpipe<S, float, AscendC::CFG_ROW_MAJOR>(exchange_.Scores(seq, sub * bk),
                                                                sL0c_.BeginUse(), scoresOut);
@@ -309,10 +346,13 @@ private:
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagScores);
     }
 
-    // O = P V of round `index`, accumulated over its sub-blocks in L0C, into the next O slot.
-    __aicore__ inline void ComputeOutput(uint32_t index)
+    // O = P V of the stream's next round (a round of the P.V tile), accumulated over its
+    // sub-blocks in L0C, into the next O slot.
+    __aicore__ inline void ComputeOutput()
     {
-        const KeyRound round = MakeRound(t_, keys_, index);
+        const StreamTile& st = OutputTile();
+        const uint32_t rows16 = st.rows16;
+        const KeyRound round = MakeRound(t_, st.keys, outputRound_);
         const uint32_t seq = outputSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
@@ -322,14 +362,14 @@ private:
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
         probsIssued_ = round.firstSub;
-        IssueProbs(round, seq);
+        IssueProbs(st, round, seq);
         const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
         for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
             const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
-            LoadLeft(pL0a_.BeginFill(), pL1, rows16_, bk);
+            LoadLeft(pL0a_.BeginFill(), pL1, rows16, bk);
             pL1_.EndUse();
             pL0a_.EndFill();
-            IssueProbs(round, seq);
+            IssueProbs(st, round, seq);
 
             // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
             IssueValues();
@@ -344,7 +384,7 @@ private:
                 AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
             }
             AscendC::Mmad(o, a, l0b_.BeginUse(),
-                          AscendC::MmadParams(static_cast<uint16_t>(rows16_), static_cast<uint16_t>(d),
+                          AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(d),
                                               static_cast<uint16_t>(bk), 0, false, sub == round.firstSub));
             pL0a_.EndUse();
             l0b_.EndUse();
@@ -352,23 +392,28 @@ private:
         oL0c_.EndFill();
         AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
             exchange_.Output(seq, 0), oL0c_.BeginUse(),
-            AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16_),
-                                       static_cast<uint16_t>(rows16_), d, false));
+            AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16),
+                                       static_cast<uint16_t>(rows16), d, false));
         oL0c_.EndUse();
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagOutput);
+        if (++outputRound_ == st.rounds) {
+            outputRound_ = 0;
+            ++outputTiles_;
+        }
     }
 
     TilingData t_;
     uint32_t core_ = 0;
-    QueryTile tile_{};
-    KeyRange keys_{};
-    uint32_t blocks_ = 0;       // key sub-blocks of the tile
-    uint32_t keysIssued_ = 0;   // K sub-blocks of the tile whose load has been issued
-    uint32_t valuesIssued_ = 0;
+    CoreTiles<CAUSAL> coreTiles_;
+    StreamTile stream_[kStreamTiles] = {};
+    bool tilesDone_ = false;    // the core's tile walk has ended
+    uint32_t scoreTiles_ = 0;   // tiles begun (the S tile is the last of them)
+    uint32_t scoreRound_ = 0;   // the S tile's rounds whose S was computed
+    uint32_t outputTiles_ = 0;  // tiles whose P.V is done (the P.V tile is the next)
+    uint32_t outputRound_ = 0;  // the P.V tile's rounds whose P.V was computed
     uint32_t probsIssued_ = 0;  // P sub-blocks of the current round (from its firstSub)
-    uint32_t rows16_ = 0;
-    uint32_t scoreSeq_ = 0;     // rounds whose S was written (workspace slots: Workspace)
-    uint32_t outputSeq_ = 0;
+    uint32_t scoreSeq_ = 0;     // rounds of the stream whose S was written (Workspace's slots)
+    uint32_t outputSeq_ = 0;    // rounds of the stream whose P.V was written
     ExchangeBuffers<T, S> exchange_;
     DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> q_, k_, v_;

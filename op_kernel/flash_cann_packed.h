@@ -26,8 +26,9 @@
 //
 // Work of a forward tile: (its rounds + kScoresAhead) x its 16-row fractals. The kernel
 // works in rounds (a partly visible round, e.g. the causal diagonal, costs a whole one),
-// and a tile fills and drains the cube's pipeline: S runs kScoresAhead rounds ahead of
-// P.V, and tiles do not overlap. Counting sub-blocks + 1 instead (a first version)
+// plus a per-tile share: + kScoresAhead was the pipeline's fill and drain when tiles did
+// not overlap (the cube's round stream now crosses tiles, the vector cores' per-tile
+// epilogue remains; the constant is not re-tuned). Counting sub-blocks + 1 instead (a first version)
 // left the busiest core 1.55x the mean in the schedule model for 7 documents of 16k
 // tokens (short documents' tiles were underpriced); rounds + 2 gives 1.06 (docs/planner.md).
 // A tile that sees no key still costs its fill/drain share (it writes its rows). Work of a backward unit: its steps (query

@@ -176,6 +176,18 @@ def test_160_row_tiles_for_long_keys(causal, masked, dtype, gen):
     _check(q, k, v, mask, causal, "BSND", cores=1)
 
 
+def test_round_stream_crosses_tiles(gen):
+    """The cube's S runs two rounds ahead of its P.V over the core's whole tile stream:
+    one-round tiles (a short key sequence) on one core, so S is two tiles ahead of P.V and
+    every entry of the cube's tile ring is live; bottom-right causal with seqlen_q >
+    seqlen_k puts keyless tiles (skipped by the cube) between them."""
+    sq, sk, d = 300, 100, 32
+    t = _tiling(sq, sk, d, True, False, 1, heads=(3, 1))
+    assert t["block_k"] * t["key_stack"] >= sk and t["used_cores"] == 1 and t["block_q"] < sq - sk
+    q, k, v = make_qkv(1, 3, 1, sq, sk, d, torch.float16, "BNSD", generator=gen)
+    _check(q, k, v, None, True, "BNSD", cores=1)
+
+
 def test_256_row_tiles(gen):
     """Long query sequences with head_dim <= 64 run 256-row tiles (128 rows per vector
     core), with a partial last tile and rows past the diagonal of a several-round tile."""

@@ -45,8 +45,8 @@ GUARDS_NOTHING: dict[str, str] = {}
 # end of the kernel. They carry no happens-before edge a mutation could remove; without
 # them the first fill would wait forever and the kernel would end with events set.
 BALANCES_EVENTS = {
-    "flash_attention_cube.h:58": "EventRing::Init marks every buffer free (nothing precedes it)",
-    "flash_attention_cube.h:89": "EventRing::Drain takes the last 'free' of every buffer "
+    "flash_attention_cube.h:63": "EventRing::Init marks every buffer free (nothing precedes it)",
+    "flash_attention_cube.h:94": "EventRing::Drain takes the last 'free' of every buffer "
                                  "(nothing follows it)",
 }
 

@@ -221,7 +221,7 @@ double VisiblePairs(int64_t seqlenQ, int64_t seqlenK, bool causal, int64_t windo
 KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
 {
     KernelDesign d;
-    d.name = "flash-cann pipelined kernel";
+    d.name = "flash-cann pipelined kernel (S two rounds ahead of P.V, one round stream over the core's tiles)";
     d.keysPerRound = RoundKeys(t);
     d.keysPerMatmul = t.blockK;
     d.headDimPad = t.headDimPad;
@@ -235,6 +235,8 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.outputSlots = kOutputSlots;
     d.outputDelay = 1;               // U(r - 1) after SM(r)
     d.loadsBeforeProbWait = true;    // V(r) and K(r + 2) issued before waiting for P(r)
+    d.pipelineAcrossTiles = true;    // one round stream over the core's tiles (the cube's S
+                                     // of the next tile before this tile's last P.V)
     d.queryInL0a = true;
     d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
     d.l0cBuffers = t.l0cBuffers;     // the S ring
@@ -265,6 +267,7 @@ KernelDesign IncumbentDesign(uint32_t headDimPad, uint32_t elemBytes)
     d.scoresAhead = 2;               // bmm1(i) is issued before bmm2(i-1)
     d.outputDelay = 1;               // vec2(i-2) after vec1(i-1)
     d.pipelineAcrossTiles = true;    // taskId ring continues over S1 blocks
+    d.outputAcrossTiles = true;
     d.causalMaskPerRow = false;      // SelectWithBytesMask on the whole tile
     return d;
 }

@@ -216,14 +216,14 @@ private:
     }
 
     // The vector core's program: softmax(j), then the O update of round j - outputDelay
-    // (within a tile unless the design pipelines across tiles), the epilogue after a
+    // (within a tile unless the design's O updates cross tiles), the epilogue after a
     // tile's last O update.
     void BuildVector()
     {
         size_t pending = 0;  // next round whose O update is due
         for (size_t g = 0; g < rounds_.size(); ++g) {
             Softmax(g);
-            const bool flush = rounds_[g].last && !d_.pipelineAcrossTiles;
+            const bool flush = rounds_[g].last && !d_.outputAcrossTiles;
             while (pending <= g && (pending + d_.outputDelay <= g || flush)) {
                 UpdateOutput(pending++);
             }

@@ -91,8 +91,11 @@ struct KernelDesign {
                                  // precedes P.V(j)
     uint32_t outputDelay = 0;    // the vector updates O(j) after softmax(j + outputDelay)
     bool loadsBeforeProbWait = false;  // V(j) and the next K load issue before waiting for P(j)
-    bool pipelineAcrossTiles = false;  // the rounds of the next tile enter the pipeline
-                                       // before the current tile drains
+    bool pipelineAcrossTiles = false;  // the rounds of the next tile enter the cube's
+                                       // pipeline before the current tile drains
+    bool outputAcrossTiles = false;    // the vector's O update of a tile's last round may
+                                       // follow the next tile's first softmax (else the
+                                       // vector finishes a tile before the next one)
     bool blockPerTile = false;   // each tile is a kernel block of its own: it starts once
                                  // the previous one has finished on every engine
     bool queryInL0a = false;     // Q stays in L0A across a tile (no per-round MTE1 of Q)

@@ -510,14 +510,22 @@ void TestDesignChangesReport()
         };
         d.scoreBytes = 2;
         step("+ S written as fp16 by Fixpipe");
+        // Q of 256 rows fills L0A at head_dim 128 (docs/kernel.md, "Design changes not
+        // built"): the cube would load a 128-row half of Q from L1 per product.
         t.blockQ = 256;
         SplitRows(t, causal, b2.aicCores);
+        d.queryInL0a = false;
         step("+ 256-row query tiles");
         t.keyStack = kMaxRoundKeys / t.blockK;
-        d = [&] { KernelDesign n = DesignFromTiling(t, 2); n.scoreBytes = 2; return n; }();
+        d = [&] {
+            KernelDesign n = DesignFromTiling(t, 2);
+            n.scoreBytes = 2;
+            n.queryInL0a = false;
+            return n;
+        }();
         step("+ 1024-key rounds");
-        d.pipelineAcrossTiles = true;
-        step("+ next tile's S before this tile drains");
+        d.outputAcrossTiles = true;
+        step("+ the vector's O updates across tiles");
         d.vectorBarriers = false;
         step("+ no vector barrier between dependent steps");
     }
