@@ -42,10 +42,13 @@ def test_serves_plain_fp16_bf16_at_head_dims_64_and_128(on_sm90):
             assert serves(q, bnsd(heads=2, seqlen=100, head_dim=head_dim, dtype=dtype))
     contiguous_bnsd = torch.randn(2, 4, 256, 128, dtype=torch.bfloat16)
     assert serves(contiguous_bnsd)
+    one_sequence = torch.randn(1, 256, 4, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert serves(one_sequence.expand(1, 4, 256, 128))
 
 
 @pytest.mark.parametrize("case", ["feature", "packed", "mask", "scale", "fp32", "head_dim",
-                                  "unaligned_row", "strided_dim", "setting"])
+                                  "unaligned_row", "strided_dim", "expanded_heads",
+                                  "expanded_batch", "setting"])
 def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     q = bnsd()
     kwargs = {}
@@ -65,6 +68,10 @@ def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
         q = torch.randn(2, 256, 4, 68, dtype=torch.bfloat16)[..., :64].transpose(1, 2)
     elif case == "strided_dim":
         q = torch.randn(2, 4, 256, 128, 2, dtype=torch.bfloat16)[..., 0]
+    elif case == "expanded_heads":  # a head stride of 0 (MQA through expand)
+        q = torch.randn(2, 256, 1, 128, dtype=torch.bfloat16).expand(2, 256, 4, 128).transpose(1, 2)
+    elif case == "expanded_batch":  # a batch stride of 0: the 4-D descriptor carries it
+        q = torch.randn(1, 256, 4, 128, dtype=torch.bfloat16).expand(2, 256, 4, 128).transpose(1, 2)
     elif case == "setting":
         monkeypatch.setenv("FLASH_CANN_SM90", "0")
     assert not serves(q, **kwargs)
@@ -78,6 +85,11 @@ def test_setting_is_named_when_bad(monkeypatch):
     monkeypatch.setenv("FLASH_CANN_SM90", "yes")
     with pytest.raises(ValueError, match="FLASH_CANN_SM90 must be auto or 0"):
         sm90.setting()
+
+
+def test_host_and_kernel_agree_on_the_consumers():
+    from flash_cann.backends.triton.kernels import forward_sm90
+    assert sm90.CONSUMERS == forward_sm90.CONSUMERS.value
 
 
 def test_grid_is_persistent_except_long_causal():

@@ -44,6 +44,7 @@ from ...contract.variant import PLAIN, Variant
 from . import kernels, sm90
 from .arguments import cache_call, feature_arguments, packed_views, sink_arguments
 from .buffers import empty
+from .descriptors import tma_compatible
 from .launch import Launch, current_stream, launch_and_record
 
 # Tune only calls with at least this many scores (batch * heads * seqlen_q * seqlen_k,
@@ -290,15 +291,6 @@ def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return buffer
 
 
-def _tma_compatible(t: torch.Tensor) -> bool:
-    """A BNSD view the kernels' (heads, seqlen, head_dim) descriptors can address: unit
-    head_dim stride, 16-byte aligned base and strides, positive head and row strides
-    (the batch stride only offsets the base, so it may be 0)."""
-    b, h, s, _ = (stride * t.element_size() for stride in t.stride())
-    return (t.data_ptr() % 16 == 0 and t.stride(3) == 1 and h > 0 and s > 0
-            and b % 16 == 0 and h % 16 == 0 and s % 16 == 0)
-
-
 def _tma_setting() -> str:
     return os.environ.get("FLASH_CANN_TRITON_TMA", "auto")
 
@@ -327,7 +319,7 @@ def _use_tma(*bnsd_views: torch.Tensor) -> bool:
     if setting == "0" or (setting == "auto" and not (
             device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)):
         return False
-    return all(_tma_compatible(t) for t in bnsd_views)
+    return all(tma_compatible(t) for t in bnsd_views)
 
 
 def _on_device(device: torch.device):
@@ -413,7 +405,7 @@ def _forward(query, key, value, key_padding_mask, scale, causal, layout, variant
                      key_padding_mask=key_padding_mask, scale=scale):
         return out, lse, _forward_sm90(q, k, v, o, lse, scale, causal, record)
     # Packed sequences take descriptors too: a sequence's view starts q_start rows in,
-    # 16-byte aligned whenever the row stride is (_tma_compatible), and its bounds are
+    # 16-byte aligned whenever the row stride is (descriptors.tma_compatible), and its bounds are
     # the sequence's own rows.
     use_tma = _use_tma(q, k, v, o)
     features = feature_arguments(variant, causal)

@@ -16,8 +16,12 @@ import os
 import torch
 import triton
 
-# Tiles: 2 consumers x 64 query rows, 128 keys a block; K/V ring depth by head_dim (the
+from .descriptors import tma_compatible
+
+# Tiles: CONSUMERS x 64 query rows (kernels/forward_sm90.CONSUMERS, which the kernel's
+# warp_specialize call spells out), 128 keys a block; K/V ring depth by head_dim (the
 # deepest ring that fits 227 KiB of shared memory: 3 x 2 x 32 KiB + Q at head_dim 128).
+CONSUMERS = 2
 BLOCK_M = 64
 BLOCK_N = 128
 STAGES = {64: 4, 128: 3}
@@ -51,11 +55,10 @@ def _is_sm90(device: torch.device) -> bool:
 
 
 def _descriptor_strides(t: torch.Tensor) -> bool:
-    """TMA addresses (batch, head, row, head_dim) with 16-byte-aligned base and strides
-    and a unit head_dim stride."""
-    size = t.element_size()
-    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
-            and all((stride * size) % 16 == 0 for stride in t.stride()[:3]))
+    """What the FA2 kernels' descriptors need (descriptors.tma_compatible), and a positive
+    batch stride where there is more than one batch: this kernel's 4-D descriptors carry
+    the batch stride, where the FA2 kernels fold it into a base address."""
+    return tma_compatible(t) and (t.shape[0] == 1 or t.stride(0) > 0)
 
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *,
@@ -77,7 +80,7 @@ def grid(tiles: int, multiprocessors: int, causal: bool, seqlen_k: int) -> tuple
 
 
 def tiles(batch: int, heads_q: int, seqlen_q: int) -> int:
-    return batch * heads_q * triton.cdiv(seqlen_q, 2 * BLOCK_M)
+    return batch * heads_q * triton.cdiv(seqlen_q, CONSUMERS * BLOCK_M)
 
 
 def kernel():
