@@ -192,6 +192,36 @@ def test_sm90_forward_serves_plain_calls(dtype, gen, monkeypatch):
         assert launched, (causal, heads, head_dim, seqlens, layout)
 
 
+SM90_BACKWARD_CASES = [  # as SM90_CASES; at least sm90.BACKWARD_MIN_KEYS keys
+    (False, (4, 2), 128, (2048, 2048), "BSND"),   # whole blocks, GQA
+    (True, (2, 2), 64, (3000, 2100), "BNSD"),     # rows that see no key, key and row tails
+    (True, (4, 1), 128, (1000, 2300), "BSND"),    # bottom-right diagonal, a group of 4
+    (False, (2, 2), 64, (1, 4096), "BSND"),       # one query row in a 64-row block
+]
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_sm90_backward_serves_long_calls(dtype, gen, monkeypatch):
+    """The Hopper backward (kernels/backward_sm90.py) serves long plain backwards --
+    counted -- and matches the float64 oracle; a deterministic call takes the FA2
+    kernels (the Hopper one reduce-adds dQ)."""
+    from flash_cann.backends.triton import sm90
+    launched = []
+    kernel = sm90.backward_kernel
+    monkeypatch.setattr(sm90, "backward_kernel", lambda: launched.append(True) or kernel())
+    ops.forget_plans()
+    for causal, heads, head_dim, seqlens, layout in SM90_BACKWARD_CASES:
+        launched.clear()
+        assert_all_ok(check("cuda", dtype, causal=causal, masked=False, heads=heads,
+                            head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
+        assert launched, (causal, heads, head_dim, seqlens, layout)
+    launched.clear()
+    q = torch.randn(1, 2048, 2, 64, device="cuda", dtype=dtype, requires_grad=True)
+    flash_cann.flash_attn_func(q, q, q, deterministic=True).sum().backward()
+    assert not launched
+
+
 def test_cuda_graph_capture_replays(gen):
     """flash_attn_func's forward and backward captured in a CUDA graph (after warm-up
     calls that compile and plan them) and replayed on new inputs copied into the static

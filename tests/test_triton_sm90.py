@@ -1,11 +1,12 @@
-"""The Hopper forward's host side on the CPU: which calls it serves (sm90.eligible), its
-grid, its setting, and the Gluon kernel itself compiled for sm90 (Triton's compiler and
-the wheel's ptxas, no GPU): every variant the host can launch builds without spilling.
-On a GPU, tests/test_triton.py runs it (test_sm90_forward_*)."""
+"""The Hopper kernels' host side on the CPU: which calls they serve (sm90.eligible,
+sm90.backward_eligible), their grids, their setting, and the Gluon kernels themselves
+compiled for sm90 (Triton's compiler and the wheel's ptxas, no GPU). On a GPU,
+tests/test_triton.py runs them (test_sm90_*)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 
@@ -24,7 +25,7 @@ def bnsd(batch=2, heads=4, seqlen=256, head_dim=128, dtype=torch.bfloat16):
 def on_sm90(monkeypatch):
     """Pretend the tensors live on an sm90 GPU with Gluon available."""
     monkeypatch.setattr(sm90, "_is_sm90", lambda device: True)
-    monkeypatch.setattr(sm90, "_gluon_available", lambda: True)
+    monkeypatch.setattr(sm90, "_gluon_available", lambda module="forward_sm90": True)
     monkeypatch.delenv("FLASH_CANN_SM90", raising=False)
 
 
@@ -77,6 +78,32 @@ def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     assert not serves(q, **kwargs)
 
 
+def serves_backward(q, k=None, *, deterministic=False, **kwargs):
+    k = q if k is None else k
+    return sm90.backward_eligible(q, k, k, torch.empty_like(q), deterministic=deterministic,
+                                  plain=kwargs.get("plain", True),
+                                  packed=kwargs.get("packed", False),
+                                  key_padding_mask=kwargs.get("mask"),
+                                  scale=kwargs.get("scale", 0.1))
+
+
+def test_backward_serves_long_nondeterministic_plain_calls(on_sm90):
+    keys = sm90.BACKWARD_MIN_KEYS
+    q = bnsd(seqlen=100)
+    assert serves_backward(q, bnsd(heads=2, seqlen=keys))
+    assert not serves_backward(q, bnsd(heads=2, seqlen=keys - 1))  # the FA2 kernels win
+    assert not serves_backward(q, bnsd(heads=2, seqlen=keys), deterministic=True)
+    for refused in ({"plain": False}, {"packed": True}, {"scale": -0.1},
+                    {"mask": torch.ones(2, keys, dtype=torch.bool)}):
+        assert not serves_backward(q, bnsd(heads=2, seqlen=keys), **refused)
+
+
+def test_backward_grid_and_kernel_agree():
+    from flash_cann.backends.triton.kernels import backward_sm90
+    assert sm90.BACKWARD_BLOCK_N == backward_sm90.CONSUMERS.value * backward_sm90.KEYS.value
+    assert sm90.backward_grid(batch=2, heads_kv=4, seqlen_k=1000) == (8, 4, 2)
+
+
 def test_refuses_cpu_tensors_and_other_gpus():
     assert not serves(bnsd())  # CPU tensors: the interpreter's kernels
 
@@ -101,13 +128,34 @@ def test_grid_is_persistent_except_long_causal():
     assert sm90.grid(10, 132, causal=False, seqlen_k=1024) == (10,)
 
 
-@pytest.mark.parametrize("head_dim,causal,dtype", [(128, True, "bf16"), (64, False, "fp16")])
-def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
-    """The Gluon kernel through Triton's sm90 pipeline to PTX, then the wheel's ptxas:
-    no spill stores or loads, and shared memory within the 227 KiB an H100 CTA gets."""
+def compile_for_sm90(kernel, signature, constexprs) -> tuple[int, str, str]:
+    """(shared bytes, PTX, ptxas -v's report) of a Gluon kernel built for sm90."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4})
+    ptx = compiled.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", path, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    return compiled.metadata.shared, ptx, report
+
+
+def spilled_bytes(report: str) -> int:
+    match = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return int(match[1]) + int(match[2])
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype", [(128, True, "bf16"), (64, False, "fp16")])
+def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
+    """The Gluon forward through Triton's sm90 pipeline to PTX, then the wheel's ptxas:
+    no spill stores or loads, and shared memory within the 227 KiB an H100 CTA gets."""
     pointer = f"*{dtype}"
     signature = {"Q": pointer, "K": pointer, "V": pointer, "Out": pointer, "Lse": "*fp32"}
     for name in ("stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
@@ -117,17 +165,38 @@ def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
     signature["qk_scale"] = "fp32"
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": sm90.BLOCK_M, "BLOCK_N": sm90.BLOCK_N,
                   "STAGES": sm90.STAGES[head_dim], "CAUSAL": causal}
-    signature.update({name: "constexpr" for name in constexprs})
-    source = GluonASTSource(fn=sm90.kernel(), signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4})
-    assert compiled.metadata.shared <= 227 * 1024
-    ptx = compiled.asm["ptx"]
+    shared, ptx, report = compile_for_sm90(sm90.kernel(), signature, constexprs)
+    assert shared <= 227 * 1024
     assert "wgmma.mma_async" in ptx
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", path, "-o", os.devnull],
-                                capture_output=True, text=True, check=True).stderr
-    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert spilled_bytes(report) == 0, report
+
+
+# ptxas -v of the backward's consumers at head_dim 128 (dK, dV, Sᵀ, dPᵀ and dQ live
+# at once: ~240 registers): 200 / 940 bytes spilled non-causal / causal; none at 64.
+BACKWARD_SPILL_BOUND = {(128, False): 256, (128, True): 1024, (64, False): 0, (64, True): 64}
+
+
+@pytest.mark.parametrize("head_dim,causal,dtype",
+                         [(128, True, "bf16"), (128, False, "fp16"), (64, True, "fp16")])
+def test_backward_compiles_for_sm90(head_dim, causal, dtype):
+    """The Gluon backward for sm90: within an H100 CTA's 227 KiB of shared memory, its
+    products on wgmma, dQ through TMA reduce-adds, and its spills within the bound
+    measured when it was written (a change that spills more shows here)."""
+    pointer = f"*{dtype}"
+    signature = {name: pointer for name in ("Q", "K", "V", "DOut", "DK", "DV")}
+    signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQAccum")})
+    for name in ("stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
+                 "stride_vb", "stride_vh", "stride_vs", "stride_dob", "stride_doh",
+                 "stride_dos", "stride_dkb", "stride_dkh", "stride_dks", "stride_dvb",
+                 "stride_dvh", "stride_dvs", "batch", "heads_q", "heads_kv", "seqlen_q",
+                 "seqlen_k"):
+        signature[name] = "i32"
+    signature.update(scale="fp32", qk_scale="fp32")
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": sm90.BACKWARD_BLOCK_M,
+                  "STAGES": sm90.BACKWARD_STAGES[head_dim], "CAUSAL": causal,
+                  "DQ_BUFFERS": sm90.BACKWARD_DQ_BUFFERS}
+    shared, ptx, report = compile_for_sm90(sm90.backward_kernel(), signature, constexprs)
+    assert shared <= 227 * 1024
+    assert "wgmma.mma_async" in ptx
+    assert "cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx
+    assert spilled_bytes(report) <= BACKWARD_SPILL_BOUND[head_dim, causal], report

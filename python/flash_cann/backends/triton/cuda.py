@@ -478,9 +478,10 @@ def backward_planned(grad_out, query, key, value, out, softmax_lse, key_padding_
 
 def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, deterministic, variant, record=False):
-    """((dq, dk, dv, dsinks or None), {stage: its Launch if ``record`` and replayable}). Always
-    deterministic: no atomic adds (NOTES.md, step 9: an atomic dQ was slower)."""
-    del deterministic
+    """((dq, dk, dv, dsinks or None), {stage: its Launch if ``record`` and replayable}). The
+    FA2 kernels are deterministic (no atomic adds: NOTES.md, step 9, an atomic dQ was
+    slower there); the Hopper backward (sm90.backward_eligible) reduce-adds dQ, so a
+    deterministic call never takes it."""
     packed = layout == layouts.PACKED
     device = query.device
     grad_query = empty(query.shape, query.dtype, device)
@@ -524,6 +525,9 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
         sinks = dict(SINKS=True, Lse=lse, Sinks=variant.sinks.contiguous(),
                      DSinkParts=empty((q.shape[0], heads_q, triton.cdiv(seqlen_q, rows)),
                                       torch.float32, device))
+    hopper = sm90.backward_eligible(q, k, v, do, plain=variant.plain, packed=packed,
+                                    key_padding_mask=key_padding_mask, scale=scale,
+                                    deterministic=deterministic)
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
         launches["preprocess"] = _launch(
@@ -532,6 +536,11 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
             BLOCK_M=rows, **sinks)
+    if hopper:
+        launches.update(_backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal,
+                                       record))
+        return (grad_query, grad_key, grad_value, None), launches
+    with _launching_on(device, use_tma):
         # Stage: dK, dV per key block.
         launches["dkdv"] = DKDV.launch(
             lambda meta: (triton.cdiv(rows_k, meta["BLOCK_N"]), heads_kv, batch),
@@ -545,6 +554,31 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             **shared, **varlen, **({"max_seqlen_q": rows_q} if packed else {}))
     grad_sinks = sinks["DSinkParts"].sum((0, 2)) if sinks else None
     return (grad_query, grad_key, grad_value, grad_sinks), launches
+
+
+def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, record):
+    """The Hopper backward (sm90.py) on BNSD views, after the preprocess: dK, dV, and dQ
+    reduce-added in fp32, then scaled and cast into dq; {stage: its Launch if
+    ``record``}."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1:3]
+    dq_accum = torch.zeros((batch, heads_q, seqlen_q, head_dim), dtype=torch.float32,
+                           device=q.device)
+    grid = sm90.backward_grid(batch, heads_kv, seqlen_k)
+    with _launching_on(q.device, True):
+        main = _launch(sm90.backward_kernel(), lambda meta: grid, 9 * record, q, k, v, do, lse,
+                       delta, dq_accum, dk, dv, *q.stride()[:3], *k.stride()[:3],
+                       *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+                       batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale,
+                       scale * math.log2(math.e), HEAD_DIM=head_dim,
+                       BLOCK_M=sm90.BACKWARD_BLOCK_M, STAGES=sm90.BACKWARD_STAGES[head_dim],
+                       CAUSAL=causal, DQ_BUFFERS=sm90.BACKWARD_DQ_BUFFERS, num_warps=4)
+        rows = max(16, PREPROCESS_TILE // head_dim)
+        convert = _launch(kernels.attn_bwd_dq_convert,
+                          lambda meta: (triton.cdiv(seqlen_q, rows), heads_q, batch),
+                          2 * record, dq_accum, dq, *dq.stride()[:3], seqlen_q, scale,
+                          HEAD_DIM=head_dim, BLOCK_M=rows)
+    return {"sm90": main, "dq_convert": convert}
 
 
 class _ForwardPlan:
@@ -573,11 +607,11 @@ class _BackwardPlan:
 
     def __init__(self, launches: dict, lse_shape, device: torch.device, attrs: dict):
         self.launches, self.lse_shape, self.device, self.attrs = launches, lse_shape, device, attrs
-        self.tma_setting = _tma_setting()
+        self.settings = (_tma_setting(), sm90.setting())
 
     def __call__(self, grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                  grad_softmax_lse):
-        if _tma_setting() != self.tma_setting:
+        if (_tma_setting(), sm90.setting()) != self.settings:
             return backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                             grad_softmax_lse, **self.attrs)
         device = self.device
@@ -592,8 +626,15 @@ class _BackwardPlan:
         with _on_device(device):
             stream = current_stream(device.index)
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
-            launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
-            launches["dq"](*inputs, grad_query, stream=stream)
+            if "sm90" in launches:  # the Hopper backward (_backward_sm90)
+                dq_accum = torch.zeros((*self.lse_shape, query.shape[-1]), dtype=torch.float32,
+                                       device=device)
+                launches["sm90"](query, key, value, grad_out, lse, delta, dq_accum, grad_key,
+                                 grad_value, stream=stream)
+                launches["dq_convert"](dq_accum, grad_query, stream=stream)
+            else:
+                launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)
+                launches["dq"](*inputs, grad_query, stream=stream)
         return grad_query, grad_key, grad_value, None
 
 

@@ -1,10 +1,14 @@
-"""When the Hopper forward (kernels/forward_sm90.py) serves a call, and its launch.
+"""When the Hopper kernels (kernels/forward_sm90.py, kernels/backward_sm90.py) serve a
+call, and their launch shapes.
 
-It serves the plain path on sm90: fp16/bf16, head_dim 64 or 128, causal or not, GQA,
+They serve the plain path on sm90: fp16/bf16, head_dim 64 or 128, causal or not, GQA,
 any BNSD view whose strides TMA can address, a positive scale; everything else --
 features, packed sequences, KV caches, key padding masks, other GPUs and head dims --
-takes kernels/forward.py, as does every call with FLASH_CANN_SM90=0 (for A/B timings).
-The backward is kernels/backward.py's either way: the lse contract is the same.
+takes kernels/forward.py and kernels/backward.py, as does every call with
+FLASH_CANN_SM90=0 (for A/B timings). The Hopper backward adds dQ with atomic TMA
+reduce-adds, so it also leaves deterministic backwards, and short ones (where its
+fixed costs lose to the FA2 kernels, measured), to kernels/backward.py. The lse
+contract is the same, so either backward follows either forward.
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ HEAD_DIMS = tuple(STAGES)
 NON_PERSISTENT_CAUSAL_KEYS = 8192
 
 
+# The backward: one CTA per key block of BACKWARD_BLOCK_N keys, query blocks of
+# BACKWARD_BLOCK_M rows through a ring of BACKWARD_STAGES[head_dim] slots (at head_dim 128
+# two slots fill shared memory beside K, V, dS and dQ; more bought nothing at 64), and
+# BACKWARD_DQ_BUFFERS shared dQ tiles per warpgroup (one TMA reduce in flight while the
+# next tile is written: 0.79x -> 0.85x cuDNN at 16k, head_dim 128, H200).
+BACKWARD_BLOCK_M = 64
+BACKWARD_BLOCK_N = 128
+BACKWARD_STAGES = {64: 4, 128: 2}
+BACKWARD_DQ_BUFFERS = 2
+# Below this many keys the FA2 kernels' backward is faster (NOTES.md, issue 28).
+BACKWARD_MIN_KEYS = 2048
+
+
 def setting() -> str:
     """FLASH_CANN_SM90: ``auto`` (the Hopper forward wherever eligible) or ``0`` (never)."""
     value = os.environ.get("FLASH_CANN_SM90", "auto")
@@ -41,9 +58,9 @@ def setting() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_available() -> bool:
-    try:  # Triton with Gluon's Hopper API (3.5 on)
-        importlib.import_module(".kernels.forward_sm90", __package__)
+def _gluon_available(module: str = "forward_sm90") -> bool:
+    try:  # Triton with Gluon's Hopper API (3.5 on; the backward's reduce-add: 3.6)
+        importlib.import_module(f".kernels.{module}", __package__)
     except ImportError:
         return False
     return True
@@ -70,6 +87,20 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
             and all(_descriptor_strides(t) for t in (q, k, v, out)))
 
 
+def backward_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                      *, plain: bool, packed: bool, key_padding_mask, scale: float,
+                      deterministic: bool) -> bool:
+    """Whether the Hopper backward serves this call (BNSD views; it reads q, k, v and dO
+    through descriptors and writes dK, dV with plain stores)."""
+    return (not deterministic and k.shape[2] >= BACKWARD_MIN_KEYS
+            and _gluon_available("backward_sm90") and eligible(q, k, v, grad_out, plain=plain, packed=packed,
+                         key_padding_mask=key_padding_mask, scale=scale))
+
+
+def backward_grid(batch: int, heads_kv: int, seqlen_k: int) -> tuple[int, int, int]:
+    return triton.cdiv(seqlen_k, BACKWARD_BLOCK_N), heads_kv, batch
+
+
 def persistent(causal: bool, seqlen_k: int) -> bool:
     return not (causal and seqlen_k >= NON_PERSISTENT_CAUSAL_KEYS)
 
@@ -86,3 +117,8 @@ def tiles(batch: int, heads_q: int, seqlen_q: int) -> int:
 def kernel():
     from .kernels.forward_sm90 import attn_fwd_sm90
     return attn_fwd_sm90
+
+
+def backward_kernel():
+    from .kernels.backward_sm90 import attn_bwd_sm90
+    return attn_bwd_sm90

@@ -3,7 +3,9 @@ NVIDIA GPUs (upstream Triton) and Ascend NPUs (triton-ascend).
 
 By family: ``forward.py``, ``decode.py`` (KV cache, GQA packed, split-KV), ``backward.py``, with
 the tile helpers they share in ``tiles.py`` and the features' score helpers in
-``scores.py``. ``cuda.py`` (CUDA) and ``npu.py`` (NPU) pick the tiles and launch them.
+``scores.py``; on sm90 the plain path's Gluon kernels, ``forward_sm90.py`` and
+``backward_sm90.py`` (their own conventions in their docstrings). ``cuda.py`` (CUDA) and
+``npu.py`` (NPU) pick the tiles and launch them.
 The source stays within what both compilers take (triton-ascend 3.2 has no tuple
 arguments, so strides travel as scalars). Conventions:
 
@@ -30,9 +32,9 @@ arguments, so strides travel as scalars). Conventions:
   backward turns that lse into +inf so the row's recomputed P is exactly 0.
 """
 
-from .backward import attn_bwd_dkdv, attn_bwd_dq, attn_bwd_preprocess
+from .backward import attn_bwd_dkdv, attn_bwd_dq, attn_bwd_dq_convert, attn_bwd_preprocess
 from .decode import attn_decode, attn_decode_combine
 from .forward import attn_fwd
 
 __all__ = ["attn_fwd", "attn_decode", "attn_decode_combine", "attn_bwd_preprocess",
-           "attn_bwd_dkdv", "attn_bwd_dq"]
+           "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dq_convert"]

@@ -402,3 +402,21 @@ def attn_bwd_dq(Q, K, V, DOut, Lse, Delta, Keep, DQ,
                  dropout_threshold, dropout_scale, CuSeqQ, CuSeqK, HEAD_DIM, BLOCK_D, CAUSAL,
                  HAS_MASK, USE_TMA, BLOCK_M, BLOCK_N, LEFT_BOUNDED, SOFTCAP, ALIBI, DROPOUT,
                  VARLEN)
+
+
+@triton.jit
+def attn_bwd_dq_convert(DQAccum, DQ, stride_dqb, stride_dqh, stride_dqs, seqlen_q,
+                        scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tiles (query blocks, heads_q, batch): dQ = scale * DQAccum in dQ's dtype, where
+    DQAccum (batch, heads_q, seqlen_q, head_dim), contiguous fp32, holds the Hopper
+    backward's reduce-added dS K (kernels/backward_sm90.py)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    cols = tl.arange(0, HEAD_DIM)
+    keep = rows[:, None] < seqlen_q
+    src = DQAccum + ((b * tl.num_programs(1) + h).to(tl.int64) * seqlen_q
+                     + rows[:, None]) * HEAD_DIM + cols[None, :]
+    dst = (DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+           + rows[:, None].to(tl.int64) * stride_dqs + cols[None, :])
+    tl.store(dst, (tl.load(src, mask=keep) * scale).to(DQ.dtype.element_ty), mask=keep)
