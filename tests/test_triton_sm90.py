@@ -172,8 +172,8 @@ def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
 
 
 # ptxas -v of the backward's consumers at head_dim 128 (dK, dV, Sᵀ, dPᵀ and dQ live
-# at once: ~240 registers): 200 / 940 bytes spilled non-causal / causal; none at 64.
-BACKWARD_SPILL_BOUND = {(128, False): 256, (128, True): 1024, (64, False): 0, (64, True): 64}
+# at once: ~240 registers): 240 / 388 bytes spilled non-causal / causal; none at 64.
+BACKWARD_SPILL_BOUND = {(128, False): 256, (128, True): 512, (64, False): 0, (64, True): 0}
 
 
 @pytest.mark.parametrize("head_dim,causal,dtype",

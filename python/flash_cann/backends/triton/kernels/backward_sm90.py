@@ -36,6 +36,7 @@ from triton._C.libtriton import gluon_ir, ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
@@ -71,9 +72,11 @@ def _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, CAUSAL: gl.cons
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_ready,
-            qdo_ready, qdo_free, b, h_kv, n0, group, seqlen_q, seqlen_k,
-            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, stats_smem,
+            kv_ready, qdo_ready, qdo_free, stats_ready, Lse, Delta, b, h_kv, n0, group, heads_q,
+            seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+            CAUSAL: gl.constexpr):
+    stats_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, h_kv, n0, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, h_kv, n0, 0], kv_ready, v_smem)
@@ -90,11 +93,21 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
                                         qdo_ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [b, h_kv * group + g, m0, 0],
                                         qdo_ready.index(slot), do_smem.index(slot))
+        # The block's lse and D (rows past seqlen_q: 0, which the consumers replace),
+        # by cp.async: their rows need not be 16-byte aligned, as TMA's would.
+        rows = m0 + gl.arange(0, BLOCK_M, stats_layout)
+        row_vector = ((b * heads_q + h_kv * group + g).to(gl.int64) * seqlen_q + rows)
+        async_copy.async_copy_global_to_shared(stats_smem.index(2 * slot), Lse + row_vector,
+                                               mask=rows < seqlen_q)
+        async_copy.async_copy_global_to_shared(stats_smem.index(2 * slot + 1),
+                                               Delta + row_vector, mask=rows < seqlen_q)
+        async_copy.mbarrier_arrive(stats_ready.index(slot))
+        mbarrier.arrive(stats_ready.index(slot), count=1)
 
 
 @gluon.jit
-def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, kv_ready,
-              qdo_ready, qdo_free, ds_ready, ds_free, Lse, Delta, dq_desc, DK, DV, stride_dkb, stride_dkh,
+def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem,
+              kv_ready, qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
               stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group, heads_q,
               seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -135,12 +148,13 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
         s_t = warpgroup_mma(k_mine, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_mine, do.permute((1, 0)), no_scores, use_acc=False,
                              is_async=True)
-        # lse (log2 units) and D of the block's rows, along the columns.
+        # lse (log2 units; +inf where P must be 0) and D of the block's rows, along the
+        # columns, from the loader's copies.
         rows = m0 + gl.arange(0, BLOCK_M, col_layout)
-        row_vector = (b * heads_q + h).to(gl.int64) * seqlen_q + rows
-        lse = gl.load(Lse + row_vector, mask=rows < seqlen_q, other=float("-inf"))
-        lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-        delta = gl.load(Delta + row_vector, mask=rows < seqlen_q, other=0.0)
+        mbarrier.wait(stats_ready.index(slot), (i // STAGES) & 1)
+        lse = stats_smem.index(2 * slot).load(col_layout)
+        lse2 = gl.where((lse == float("-inf")) | (rows >= seqlen_q), float("inf"), lse * LOG2E)
+        delta = stats_smem.index(2 * slot + 1).load(col_layout)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
         if CAUSAL:
@@ -229,6 +243,9 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS * DQ_BUFFERS, 1, 1, BLOCK_M, HALF_D],
                                         dq_layout)
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    stats_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -238,6 +255,7 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     for i in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_free.index(i), count=CONSUMERS)
+        mbarrier.init(stats_ready.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=CONSUMERS)
         mbarrier.init(ds_free.index(i), count=CONSUMERS)
@@ -247,17 +265,17 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     b = gl.program_id(2)
     group = heads_q // heads_kv
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, kv_ready, qdo_ready, qdo_free,
-                     ds_ready, ds_free, Lse, Delta, dq_desc, DK, DV, stride_dkb, stride_dkh,
+        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem, kv_ready,
+                     qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
                      stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group,
                      heads_q, seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM, BLOCK_M, STAGES,
                      CAUSAL, DQ_BUFFERS)),
-        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, kv_ready, qdo_ready, qdo_free,
-                     ds_ready, ds_free, Lse, Delta, dq_desc, DK, DV, stride_dkb, stride_dkh,
+        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem, kv_ready,
+                     qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
                      stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group,
                      heads_q, seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM, BLOCK_M, STAGES,
                      CAUSAL, DQ_BUFFERS)),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_ready,
-                   qdo_ready, qdo_free, b, h_kv, n0, group, seqlen_q, seqlen_k, BLOCK_M, STAGES,
-                   CAUSAL)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, stats_smem,
+                   kv_ready, qdo_ready, qdo_free, stats_ready, Lse, Delta, b, h_kv, n0, group,
+                   heads_q, seqlen_q, seqlen_k, BLOCK_M, STAGES, CAUSAL)),
     ], [4, LOADER_WARPS], [CONSUMER_REGISTERS, LOADER_REGISTERS])
