@@ -20,14 +20,6 @@
 //                  the whole stack); one Fixpipe of O and one flag per round
 // K, V and P stream through double-buffered L1 rings, loaded as far ahead as their ring
 // allows, so MTE2 runs ahead of MTE1 and M (docs/kernel.md has the timeline).
-//
-// Row passes (CubeInPasses: cubeRows < blockQ, the 256-row tile at head_dim 128, where Q of
-// the tile would fill L0A and O of the tile L0C): the cube works on a tile in passes of
-// cubeRows rows. Q of the tile stays in L1 (each pass its own Nz block) and a pass's Q goes
-// into L0A per S product, through one double-buffered L0A ring that P uses in P.V; K^T of
-// a sub-block stays in L0B for every pass's product; P.V accumulates O of one pass over
-// the round's stack, Fixpipes it, then the next pass, so V of the whole round is loaded
-// into L1 once (a round-sized V ring) and read by every pass.
 #ifndef FLASH_CANN_FLASH_ATTENTION_CUBE_H
 #define FLASH_CANN_FLASH_ATTENTION_CUBE_H
 
@@ -116,6 +108,14 @@ private:
     uint32_t used_ = 0;
 };
 
+// Row passes (CubeInPasses: cubeRows < blockQ, the 256-row tile at head_dim 128, where Q of
+// the tile would fill L0A and O of the tile L0C): the cube works on a tile in passes of
+// cubeRows rows. Q of the tile stays in L1 (each pass its own Nz block) and a pass's Q goes
+// into L0A per S product, through one double-buffered L0A ring that P uses in P.V; K^T of
+// a sub-block stays in L0B for every pass's product; P.V accumulates O of one pass over
+// the round's stack, Fixpipes it, then the next pass, so V of the whole round is loaded
+// into L1 once (a round-sized V ring) and read by every pass.
+//
 // The cube needs no FEATURES flag: the features change which key blocks a tile visits
 // (TileKeys, the same on both halves) and the vector side's arithmetic, not the products.
 // S: the element type of the S workspace (ScoreType; half on the fp16_scores fast path).
