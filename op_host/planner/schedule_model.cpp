@@ -15,7 +15,6 @@ constexpr double kFloatsPerRepeat = 64;   // 256 bytes of fp32
 // linearly from two simulated lengths (the pipeline's steady state is periodic).
 constexpr uint32_t kExactRounds = 8;
 constexpr uint32_t kExtrapolationStep = 4;
-constexpr uint32_t kAllPasses = ~0u;
 
 // Costs of one round and one tile of a design for a tile of `rows` query rows.
 struct RoundCosts {
@@ -153,14 +152,14 @@ private:
         matmuls_.push_back({i.mte1S, i.mmadS, i.fixS, false});
     }
 
-    // P.V of round g's cube passes [first, last): one product per pass, each into the one
-    // O buffer, so a pass's Mmads wait for the previous pass's O Fixpipe (the own-L0C
-    // ring of depth 1 in Connect).
-    void Output(size_t g, uint32_t first, uint32_t last)
+    // P.V of round g: one product per cube pass, each into the one O buffer, so a pass's
+    // Mmads wait for the previous pass's O Fixpipe (the own-L0C ring of depth 1 in
+    // Connect), which Fixpipe writes after the S of the round before it.
+    void Output(size_t g)
     {
         RoundIds& i = ids_[g];
         const RoundCosts& c = Cost(g);
-        for (uint32_t pass = first; pass < std::min(last, c.passes); ++pass) {
+        for (uint32_t pass = 0; pass < c.passes; ++pass) {
             i.mte1O.push_back(timeline_.Add(Engine::kCubeMte1, c.mte1Output / c.passes));
             i.mmadO.push_back(timeline_.Add(Engine::kCube, c.mmad / c.passes));
             i.fixO.push_back(timeline_.Add(Engine::kFixpipe, c.fixOutput / c.passes));
@@ -197,14 +196,10 @@ private:
                         LoadKey(next);
                     }
                 }
-                // With cube passes, S(j + scoresAhead) between P.V's first pass and the
-                // rest: its products run while Fixpipe writes the first pass's O out.
-                const uint32_t split = d_.scoresBetweenPasses ? 1 : kAllPasses;
-                Output(g, 0, split);
+                Output(g);
                 if (next < end) {
                     Scores(next);
                 }
-                Output(g, split, kAllPasses);
             }
             begin = end;
         }

@@ -102,11 +102,10 @@ struct KernelDesign {
     uint32_t cubeRows = 0;       // > 0: the cube works on a tile in passes of this many rows
                                  // (Q and O of the whole tile overflow L0A/L0C): per pass
                                  // an Mmad, a Fixpipe of S and a load of P per sub-block,
-                                 // P.V accumulated over the round's stack and one Fixpipe of
-                                 // O, the passes' O serialised through the one O buffer
-    bool scoresBetweenPasses = false;  // with cubeRows: the S products issued after P.V's
-                                 // first pass (else before P.V) run while Fixpipe writes
-                                 // that pass's O
+                                 // and P.V accumulated over the round's stack, one Fixpipe
+                                 // of O per pass: the passes' O take turns in the one O
+                                 // buffer (outputOwnL0c), so a pass's Mmads wait for the
+                                 // previous pass's O Fixpipe
     bool valuesPerPass = false;  // with cubeRows: V of a round is loaded into L1 for every
                                  // pass (else it stays in L1 for all passes); MTE1 moves it
                                  // into L0B for every pass either way
