@@ -414,8 +414,12 @@ PlanResult PlanBlocks(const PlanRequest& request, const Platform& platform, bool
     t.features = IsPlain(request.variant) ? 0 : 1;
     t.fp16Scores = request.fp16Scores ? 1 : 0;
     const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
-    if (halves ? !TryHalves(t, elemBytes, platform)
-               : !ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
+    if (halves && !TryHalves(t, elemBytes, platform)) {
+        result.error = Message("cube_passes: the 256-row tile in two 128-row cube passes does not fit ",
+                               platform.name, "'s buffers for head_dim ", request.headDim);
+        return result;
+    }
+    if (!halves && !ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;
