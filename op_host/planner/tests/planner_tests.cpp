@@ -521,6 +521,14 @@ void TestCubePasses()
     never.cubePasses = -1;
     EXPECT(MakePlan(never, b2).plan.tiling.cubeRows == MakePlan(never, b2).plan.tiling.blockQ,
            "cubePasses -1 keeps the tile whole");
+    // Packed sequences are compared as the dense problem of their max_seqlen.
+    PlanRequest packed = Square(16, 16384, true);
+    packed.fp16Scores = true;
+    const bool densePasses = CubeInPasses(MakePlan(packed, b2).plan.tiling);
+    packed.layout = Layout::TND;
+    packed.tokensQ = packed.tokensK = 16384;
+    EXPECT(CubeInPasses(MakePlan(packed, b2).plan.tiling) == densePasses && densePasses,
+           "TND fp16-score causal 16k: passes as the dense plan");
     PlanRequest d256 = Square(2, 4096, false);
     d256.headDim = 256;
     d256.cubePasses = 1;
