@@ -446,7 +446,8 @@ private:
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
         // V of this round and K of the next ones do not depend on the vector cores: their
-        // loads are in flight while the cube waits for P.
+        // loads are in flight while the cube waits for P (in passes: V of this round, and
+        // of the next where the V ring has a second buffer, the previous round's freed).
         IssueValues();
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
@@ -504,9 +505,6 @@ private:
         if (++outputRound_ == st.rounds) {
             outputRound_ = 0;
             ++outputTiles_;
-        }
-        if (passes_) {
-            IssueValues();  // the buffer just freed takes a later round's V
         }
     }
 
