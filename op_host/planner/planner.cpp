@@ -484,11 +484,12 @@ bool HalvesPredictedFaster(const PlanRequest& request, const Plan& whole, const 
 
 // The blocks ChooseBlocks picks; for long sequences where the 256-row tile does not fit
 // whole, on the fp16-score path, the 256-row tile in two cube passes instead where the
-// schedule model predicts it faster (a prediction per plan: a few ms). On the default
-// (fp32 S) path the model predicts the passes slower at every shape planner_tests sweeps
-// (the O passes serialise through one L0C buffer behind S's Fixpipe, and the chain to the
-// vector cores grows: docs/kernel.md, "The cube in row passes"), so it is not asked there;
-// TestCubePasses fails if that changes.
+// schedule model predicts it faster (two predictions per plan: a few ms). On the default
+// (fp32 S) path the model predicts the passes slower at the targets' shapes by 6-10 points
+// (the passes' O serialise through one L0C buffer behind S's Fixpipe: docs/kernel.md, "The
+// cube in row passes") and at most 1.4 % faster anywhere planner_tests sweeps (causal 1k,
+// many heads: inside the model's error), so it is not asked there, which keeps the plans
+// of the common path cheap; TestCubePasses fails if a gain of 2 % appears.
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     if (request.cubePasses > 0) {
