@@ -587,6 +587,25 @@ void TestCubePasses()
                             static_cast<long long>(seqlen), whole.plan.tiling.blockQ, 100 * w.cubeUtilization,
                             w.bound.c_str(), 100 * h.cubeUtilization, h.bound.c_str(), 100 * v.cubeUtilization,
                             tookPasses ? "passes" : "whole");
+                // The same two plans with the Fixpipe or shared-L2 rate scaled (as the
+                // SENSITIVITY table): whole / passes, % of cube peak.
+                std::string scaled;
+                for (const auto& [name, scale] : {std::pair<const char*, std::pair<double, double>>{"Fixpipe x0.77", {0.77, 1}},
+                                                  {"Fixpipe x1.3", {1.3, 1}}, {"L2 x0.77", {1, 0.77}},
+                                                  {"L2 x1.3", {1, 1.3}}}) {
+                    EngineRates rates = RatesFor(b2);
+                    rates.fixpipe *= scale.first;
+                    rates.l2Aggregate *= scale.second;
+                    const Platform p = WithRates(b2, rates);
+                    char cell[64];
+                    std::snprintf(cell, sizeof(cell), "; %s %.1f / %.1f%%", name,
+                                  100 * Predict(whole.plan, r, p).cubeUtilization,
+                                  100 * Predict(passes.plan, r, p).cubeUtilization);
+                    scaled += cell;
+                }
+                std::printf("cube passes: %s %-10s seqlen %5lld at scaled rates, whole / passes%s\n",
+                            fp16Scores ? "fp16 scores" : "default    ", causal ? "causal" : "non-causal",
+                            static_cast<long long>(seqlen), scaled.c_str());
             }
         }
     }
