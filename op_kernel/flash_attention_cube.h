@@ -108,6 +108,14 @@ private:
     uint32_t used_ = 0;
 };
 
+// Row passes (CubeInPasses: cubeRows < blockQ, the 256-row tile at head_dim 128, where Q of
+// the tile would fill L0A and O of the tile L0C): the cube works on a tile in passes of
+// cubeRows rows. Q of the tile stays in L1 (each pass its own Nz block) and a pass's Q goes
+// into L0A per S product, through one double-buffered L0A ring that P uses in P.V; K^T of
+// a sub-block stays in L0B for every pass's product; P.V accumulates O of one pass over
+// the round's stack, Fixpipes it, then the next pass, so V of the whole round is loaded
+// into L1 once (a round-sized V ring) and read by every pass.
+//
 // The cube needs no FEATURES flag: the features change which key blocks a tile visits
 // (TileKeys, the same on both halves) and the vector side's arithmetic, not the products.
 // S: the element type of the S workspace (ScoreType; half on the fp16_scores fast path).
@@ -137,8 +145,12 @@ public:
         pipe->InitBuffer(kL1Buf_, bytes.kL1 * t_.kvL1Buffers);
         pipe->InitBuffer(vL1Buf_, bytes.vL1 * t_.kvL1Buffers);
         pipe->InitBuffer(pL1Buf_, bytes.pL1 * t_.pL1Buffers);
-        pipe->InitBuffer(qL0aBuf_, bytes.qL0a);
-        pipe->InitBuffer(pL0aBuf_, bytes.pL0a * t_.l0aBuffers);
+        passes_ = CubeInPasses(t_);
+        // In passes, Q of a pass and P share the L0A ring (qL0a_): no separate P buffers.
+        pipe->InitBuffer(qL0aBuf_, bytes.qL0a * (passes_ ? t_.l0aBuffers : 1));
+        if (!passes_) {
+            pipe->InitBuffer(pL0aBuf_, bytes.pL0a * t_.l0aBuffers);
+        }
         pipe->InitBuffer(l0bBuf_, bytes.l0b * t_.l0bBuffers);
         pipe->InitBuffer(oL0cBuf_, bytes.oL0c);
         pipe->InitBuffer(sL0cBuf_, bytes.sL0c * t_.l0cBuffers);
@@ -147,8 +159,12 @@ public:
         kL1_.Init(pipe, kL1Buf_.template Get<T>(), bytes.kL1 / sizeof(T), t_.kvL1Buffers);
         vL1_.Init(pipe, vL1Buf_.template Get<T>(), bytes.vL1 / sizeof(T), t_.kvL1Buffers);
         pL1_.Init(pipe, pL1Buf_.template Get<T>(), bytes.pL1 / sizeof(T), t_.pL1Buffers);
-        qL0a_.Init(pipe, qL0aBuf_.template Get<T>(), 0, 1);
-        pL0a_.Init(pipe, pL0aBuf_.template Get<T>(), bytes.pL0a / sizeof(T), t_.l0aBuffers);
+        if (passes_) {
+            qL0a_.Init(pipe, qL0aBuf_.template Get<T>(), bytes.qL0a / sizeof(T), t_.l0aBuffers);
+        } else {
+            qL0a_.Init(pipe, qL0aBuf_.template Get<T>(), 0, 1);
+            pL0a_.Init(pipe, pL0aBuf_.template Get<T>(), bytes.pL0a / sizeof(T), t_.l0aBuffers);
+        }
         l0b_.Init(pipe, l0bBuf_.template Get<T>(), bytes.l0b / sizeof(T), t_.l0bBuffers);
         oL0c_.Init(pipe, oL0cBuf_.template Get<float>(), 0, 1);
         sL0c_.Init(pipe, sL0cBuf_.template Get<float>(), bytes.sL0c / sizeof(float), t_.l0cBuffers);
@@ -165,14 +181,16 @@ public:
             ComputeOutput();
         }
         if (scoreTiles_ > 0) {
-            qL0a_.EndUse();  // the last S product of the core has read Q
+            ReleaseQuery();  // the last S product of the core has read Q
         }
         qL1_.Drain();
         kL1_.Drain();
         vL1_.Drain();
         pL1_.Drain();
         qL0a_.Drain();
-        pL0a_.Drain();
+        if (!passes_) {
+            pL0a_.Drain();
+        }
         l0b_.Drain();
         oL0c_.Drain();
         sL0c_.Drain();
@@ -187,9 +205,9 @@ private:
         KeyRange keys;
         uint32_t rounds;
         uint32_t blocks;        // key sub-blocks of the tile
-        uint32_t rows16;        // tile.rows rounded up to the cube block
+        uint32_t passes;        // the cube's row passes (CubePasses)
         uint32_t keysIssued;    // K sub-blocks whose load has been issued
-        uint32_t valuesIssued;  // V sub-blocks whose load has been issued
+        uint32_t valuesIssued;  // V sub-blocks (in passes: V rounds) whose load has been issued
     };
     static constexpr uint32_t kStreamTiles = kScoresAhead + 1;
 
@@ -212,7 +230,7 @@ private:
                 continue;  // no key to attend to: the vector cores write the empty rows
             }
             if (scoreTiles_ > 0) {
-                qL0a_.EndUse();  // the previous tile's last S product has read Q
+                ReleaseQuery();  // the previous tile's last S product has read Q
             }
             ++scoreTiles_;
             BeginTile(tile, keys, rounds);
@@ -251,18 +269,63 @@ private:
         st.keys = keys;
         st.rounds = rounds;
         st.blocks = (keys.end - keys.begin + t_.blockK - 1) / t_.blockK;
-        st.rows16 = AlignUp(tile.rows, kCubeBlock);
+        st.passes = CubePasses(t_, tile.rows);
         st.keysIssued = st.valuesIssued = 0;
         const uint64_t offset = tile.qBase + uint64_t{tile.row0} * t_.qStrideRow;
-        // Q: GM -> L1 (MTE2) -> L0A (MTE1), where it stays until the tile's last S product.
-        // Rows past tile.rows are stale: they only reach S and O rows nobody reads.
-        LoadRows(qL1_.BeginFill(), q_[offset], tile.rows, st.rows16, t_.qStrideRow, false);
+        // Q: GM -> L1 (MTE2), each row pass its own Nz block (Rows16 rows). Rows past
+        // tile.rows are stale: they only reach S and O rows nobody reads.
+        const AscendC::LocalTensor<T> qFill = qL1_.BeginFill();
+        for (uint32_t pass = 0; pass < st.passes; ++pass) {
+            LoadRows(qFill[pass * t_.cubeRows * t_.headDimPad],
+                     q_[offset + uint64_t{pass} * t_.cubeRows * t_.qStrideRow],
+                     CubePassRows(t_, tile.rows, pass), Rows16(st, pass), t_.qStrideRow, false);
+        }
         qL1_.EndFill();
-        const AscendC::LocalTensor<T> qL1 = qL1_.BeginUse();
-        LoadLeft(qL0a_.BeginFill(), qL1, st.rows16, t_.headDimPad);
+        qL1Tile_ = qL1_.BeginUse();
+        if (passes_) {
+            return;  // Q stays in L1 for the tile; each S product loads its pass into L0A
+        }
+        // -> L0A (MTE1), where it stays until the tile's last S product.
+        LoadLeft(qL0a_.BeginFill(), qL1Tile_, Rows16(st, 0), t_.headDimPad);
         qL1_.EndUse();
         qL0a_.EndFill();
         qA_ = qL0a_.BeginUse();
+    }
+
+    // The tile's Q is no longer needed: in L0A (resident) or in L1 (in passes).
+    __aicore__ inline void ReleaseQuery()
+    {
+        if (passes_) {
+            qL1_.EndUse();
+        } else {
+            qL0a_.EndUse();
+        }
+    }
+
+    // Rows of row pass `pass` of a tile, rounded up to the cube block.
+    __aicore__ inline uint32_t Rows16(const StreamTile& st, uint32_t pass) const
+    {
+        return AlignUp(CubePassRows(t_, st.tile.rows, pass), kCubeBlock);
+    }
+
+    // The left operand of row pass `pass`'s S product: Q resident in L0A, or (in passes)
+    // the pass's Q loaded from L1 into the L0A ring; ReleaseLeft after the product.
+    __aicore__ inline AscendC::LocalTensor<T> QueryLeft(const StreamTile& st, uint32_t pass)
+    {
+        if (!passes_) {
+            return qA_;
+        }
+        LoadLeft(qL0a_.BeginFill(), qL1Tile_[pass * t_.cubeRows * t_.headDimPad], Rows16(st, pass),
+                 t_.headDimPad);
+        qL0a_.EndFill();
+        return qL0a_.BeginUse();
+    }
+
+    __aicore__ inline void ReleaseLeft()
+    {
+        if (passes_) {
+            qL0a_.EndUse();
+        }
     }
 
     // Sub-block `block` of a tile holds keys keys.begin + block * blockK onwards.
@@ -293,6 +356,20 @@ private:
     __aicore__ inline void IssueValues()
     {
         StreamTile& st = OutputTile();
+        if (passes_) {
+            // In passes, a ring buffer holds V of a whole round, for every pass to read.
+            for (; st.valuesIssued < st.rounds && vL1_.InFlight() < vL1_.Copies(); ++st.valuesIssued) {
+                const KeyRound round = MakeRound(t_, st.keys, st.valuesIssued);
+                const AscendC::LocalTensor<T> v = vL1_.BeginFill();
+                for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
+                    const uint32_t block = (round.key0 + sub * t_.blockK - st.keys.begin) / t_.blockK;
+                    LoadRows(v[sub * t_.blockK * t_.headDimPad], v_[KeyOffset(st, block)], Columns(st, block),
+                             t_.blockK, t_.kvStrideRow, true);
+                }
+                vL1_.EndFill();
+            }
+            return;
+        }
         for (; st.valuesIssued < st.blocks && vL1_.InFlight() < vL1_.Copies(); ++st.valuesIssued) {
             LoadRows(vL1_.BeginFill(), v_[KeyOffset(st, st.valuesIssued)], Columns(st, st.valuesIssued),
                      t_.blockK, t_.kvStrideRow, true);
@@ -300,24 +377,30 @@ private:
         }
     }
 
-    // P sub-blocks of the round with sequence number `seq` (rows of `width` elements).
+    // P sub-blocks of the round with sequence number `seq` (rows of `width` elements), pass
+    // after pass: probsIssued_ counts the round's (pass, sub-block) loads from its firstSub.
     __aicore__ inline void IssueProbs(const StreamTile& st, const KeyRound& round, uint32_t seq)
     {
-        for (; probsIssued_ < round.subBlocks && pL1_.InFlight() < pL1_.Copies(); ++probsIssued_) {
-            AscendC::DataCopy(pL1_.BeginFill(), exchange_.Probs(seq, probsIssued_ * t_.blockK),
-                              AscendC::Nd2NzParams(1, static_cast<uint16_t>(st.tile.rows),
+        const uint32_t subs = round.subBlocks - round.firstSub;
+        for (; probsIssued_ < st.passes * subs && pL1_.InFlight() < pL1_.Copies(); ++probsIssued_) {
+            const uint32_t pass = probsIssued_ / subs;
+            const uint32_t sub = round.firstSub + probsIssued_ % subs;
+            AscendC::DataCopy(pL1_.BeginFill(),
+                              exchange_.Probs(seq, uint64_t{pass} * t_.cubeRows * round.width + sub * t_.blockK),
+                              AscendC::Nd2NzParams(1, static_cast<uint16_t>(CubePassRows(t_, st.tile.rows, pass)),
                                                    static_cast<uint16_t>(t_.blockK), 0,
                                                    static_cast<uint16_t>(round.width),
-                                                   static_cast<uint16_t>(st.rows16), 1, 0));
+                                                   static_cast<uint16_t>(Rows16(st, pass)), 1, 0));
             pL1_.EndFill();
         }
     }
 
-    // S = Q K^T for every sub-block of round `index` of the S tile, into the next S slot.
+    // S = Q K^T for every sub-block of round `index` of the S tile, into the next S slot:
+    // per sub-block K^T goes into L0B once and serves every row pass's product.
     __aicore__ inline void ComputeScores(uint32_t index)
     {
-        const uint32_t rows16 = ScoreTile().rows16;
-        const KeyRound round = MakeRound(t_, ScoreTile().keys, index);
+        const StreamTile& st = ScoreTile();
+        const KeyRound round = MakeRound(t_, st.keys, index);
         const uint32_t seq = scoreSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
@@ -330,71 +413,94 @@ private:
             l0b_.EndFill();
             IssueKeys();  // the L1 buffer just freed takes a later sub-block's K
 
-            const AscendC::LocalTensor<float> c = sL0c_.BeginFill();
-            AscendC::Mmad(c, qA_, l0b_.BeginUse(),
-                          AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(bk),
-                                              static_cast<uint16_t>(d), 0, false, true));
+            const AscendC::LocalTensor<T> kT = l0b_.BeginUse();
+            for (uint32_t pass = 0; pass < st.passes; ++pass) {
+                const uint32_t rows16 = Rows16(st, pass);
+                const AscendC::LocalTensor<T> q = QueryLeft(st, pass);
+                const AscendC::LocalTensor<float> c = sL0c_.BeginFill();
+                AscendC::Mmad(c, q, kT,
+                              AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(bk),
+                                                  static_cast<uint16_t>(d), 0, false, true));
+                ReleaseLeft();
+                sL0c_.EndFill();
+                AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16),
+                                                     static_cast<uint16_t>(rows16), round.width, false);
+                scoresOut.quantPre = ScoreType<S>::kFixpipeMode;
+                AscendC::Fixpipe<S, float, AscendC::CFG_ROW_MAJOR>(
+                    exchange_.Scores(seq, uint64_t{pass} * t_.cubeRows * round.width + sub * bk),
+                    sL0c_.BeginUse(), scoresOut);
+                sL0c_.EndUse();
+            }
             l0b_.EndUse();
-            sL0c_.EndFill();
-            AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16),
-                                                 static_cast<uint16_t>(rows16), round.width, false);
-            scoresOut.quantPre = ScoreType<S>::kFixpipeMode;
-            AscendC::Fixpipe<S, float, AscendC::CFG_ROW_MAJOR>(exchange_.Scores(seq, sub * bk),
-                                                               sL0c_.BeginUse(), scoresOut);
-            sL0c_.EndUse();
         }
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagScores);
     }
 
-    // O = P V of the stream's next round (a round of the P.V tile), accumulated over its
-    // sub-blocks in L0C, into the next O slot.
+    // O = P V of the stream's next round (a round of the P.V tile), per row pass
+    // accumulated over the round's sub-blocks in L0C, into the next O slot.
     __aicore__ inline void ComputeOutput()
     {
         const StreamTile& st = OutputTile();
-        const uint32_t rows16 = st.rows16;
         const KeyRound round = MakeRound(t_, st.keys, outputRound_);
         const uint32_t seq = outputSeq_++;
         const uint32_t bk = t_.blockK;
         const uint32_t d = t_.headDimPad;
         // V of this round and K of the next ones do not depend on the vector cores: their
-        // loads are in flight while the cube waits for P.
+        // loads are in flight while the cube waits for P (in passes: V of this round, and
+        // of the next where the V ring has a second buffer, the previous round's freed).
         IssueValues();
         IssueKeys();
         AscendC::CrossCoreWaitFlag(kFlagProbs);
-        probsIssued_ = round.firstSub;
+        probsIssued_ = 0;
         IssueProbs(st, round, seq);
-        const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
-        for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
-            const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
-            LoadLeft(pL0a_.BeginFill(), pL1, rows16, bk);
-            pL1_.EndUse();
-            pL0a_.EndFill();
-            IssueProbs(st, round, seq);
-
-            // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
-            IssueValues();
-            const AscendC::LocalTensor<T> vL1 = vL1_.BeginUse();
-            LoadRight(l0b_.BeginFill(), vL1, bk, d);
-            vL1_.EndUse();
-            l0b_.EndFill();
-            IssueValues();
-
-            const AscendC::LocalTensor<T> a = pL0a_.BeginUse();
-            if (sub > round.firstSub) {
-                AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
-            }
-            AscendC::Mmad(o, a, l0b_.BeginUse(),
-                          AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(d),
-                                              static_cast<uint16_t>(bk), 0, false, sub == round.firstSub));
-            pL0a_.EndUse();
-            l0b_.EndUse();
+        // In passes, V of the round is one L1 buffer, read by every pass.
+        AscendC::LocalTensor<T> vRound;
+        if (passes_) {
+            vRound = vL1_.BeginUse();
         }
-        oL0c_.EndFill();
-        AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
-            exchange_.Output(seq, 0), oL0c_.BeginUse(),
-            AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16),
-                                       static_cast<uint16_t>(rows16), d, false));
-        oL0c_.EndUse();
+        L0Ring& pL0a = passes_ ? qL0a_ : pL0a_;
+        for (uint32_t pass = 0; pass < st.passes; ++pass) {
+            const uint32_t rows16 = Rows16(st, pass);
+            const AscendC::LocalTensor<float> o = oL0c_.BeginFill();
+            for (uint32_t sub = round.firstSub; sub < round.subBlocks; ++sub) {
+                const AscendC::LocalTensor<T> pL1 = pL1_.BeginUse();
+                LoadLeft(pL0a.BeginFill(), pL1, rows16, bk);
+                pL1_.EndUse();
+                pL0a.EndFill();
+                IssueProbs(st, round, seq);
+
+                // V (keys x head_dim) is the right matrix: Zn wants each fractal transposed.
+                if (passes_) {
+                    LoadRight(l0b_.BeginFill(), vRound[sub * bk * d], bk, d);
+                } else {
+                    IssueValues();
+                    const AscendC::LocalTensor<T> vL1 = vL1_.BeginUse();
+                    LoadRight(l0b_.BeginFill(), vL1, bk, d);
+                    vL1_.EndUse();
+                    IssueValues();
+                }
+                l0b_.EndFill();
+
+                const AscendC::LocalTensor<T> a = pL0a.BeginUse();
+                if (sub > round.firstSub) {
+                    AscendC::PipeBarrier<PIPE_M>();  // this product accumulates onto the previous one in L0C
+                }
+                AscendC::Mmad(o, a, l0b_.BeginUse(),
+                              AscendC::MmadParams(static_cast<uint16_t>(rows16), static_cast<uint16_t>(d),
+                                                  static_cast<uint16_t>(bk), 0, false, sub == round.firstSub));
+                pL0a.EndUse();
+                l0b_.EndUse();
+            }
+            oL0c_.EndFill();
+            AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
+                exchange_.Output(seq, uint64_t{pass} * t_.cubeRows * d), oL0c_.BeginUse(),
+                AscendC::FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(rows16),
+                                           static_cast<uint16_t>(rows16), d, false));
+            oL0c_.EndUse();
+        }
+        if (passes_) {
+            vL1_.EndUse();
+        }
         AscendC::CrossCoreSetFlag<2, PIPE_FIX>(kFlagOutput);
         if (++outputRound_ == st.rounds) {
             outputRound_ = 0;
@@ -411,7 +517,8 @@ private:
     uint32_t scoreRound_ = 0;   // the S tile's rounds whose S was computed
     uint32_t outputTiles_ = 0;  // tiles whose P.V is done (the P.V tile is the next)
     uint32_t outputRound_ = 0;  // the P.V tile's rounds whose P.V was computed
-    uint32_t probsIssued_ = 0;  // P sub-blocks of the current round (from its firstSub)
+    uint32_t probsIssued_ = 0;  // P loads of the current round (IssueProbs)
+    bool passes_ = false;       // CubeInPasses: the cube works on a tile in row passes
     uint32_t scoreSeq_ = 0;     // rounds of the stream whose S was written (Workspace's slots)
     uint32_t outputSeq_ = 0;    // rounds of the stream whose P.V was written
     ExchangeBuffers<T, S> exchange_;
@@ -425,7 +532,8 @@ private:
     L1Ring qL1_, kL1_, vL1_, pL1_;
     L0Ring qL0a_, pL0a_, l0b_;
     L0cRing oL0c_, sL0c_;
-    AscendC::LocalTensor<T> qA_;  // Q in L0A for the current tile
+    AscendC::LocalTensor<T> qA_;      // Q in L0A for the current tile (not in passes)
+    AscendC::LocalTensor<T> qL1Tile_;  // Q in L1 for the current tile
 };
 
 }  // namespace flash_cann

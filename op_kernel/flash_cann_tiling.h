@@ -61,9 +61,13 @@ struct TilingData {
     uint64_t qStrideBatch, qStrideHead, qStrideRow;
     uint64_t kvStrideBatch, kvStrideHead, kvStrideRow;
     // Blocking (see docs/kernel.md for the schedule these drive):
-    //   blockQ    query tile rows (at most); the two vector cores take half each. The
-    //             cube keeps the whole tile's Q in L0A, so blockQ x headDimPad is bounded
-    //             by L0A beside the P operand: 256 rows only where that fits.
+    //   blockQ    query tile rows (at most); the two vector cores take half each.
+    //   cubeRows  rows of one cube pass: blockQ, when Q of the whole tile stays in L0A
+    //             beside the P operand and O of the whole tile fits L0C beside the S
+    //             ring; else blockQ / 2 (256-row tiles at head_dim 128): the cube works on
+    //             the tile in row halves, Q from L1 into L0A per product, O of one half
+    //             accumulated over the round's stack, then the other (docs/kernel.md,
+    //             "The cube in row halves").
     //   blockK    key sub-block: the unit of one cube product (S = Q K^T of blockK keys,
     //             or the P.V contribution of blockK keys) and of the K/V/P L1 loads.
     //   keyStack  sub-blocks per round: one round = blockK * keyStack keys, at most
@@ -85,6 +89,7 @@ struct TilingData {
     uint32_t l0aBuffers;   // P operand sub-blocks in L0A (Q has its own L0A region)
     uint32_t l0bBuffers;   // B operand (K^T or V sub-block) in L0B
     uint32_t l0cBuffers;   // S sub-block results in L0C (O has its own L0C region)
+    uint32_t cubeRows;     // rows of one cube pass (see above): the L0A/L0C operands' rows
     uint32_t causal;       // 1: the causal mask is compiled in (also in the tiling key);
     uint32_t hasMask;      // 1: a key padding mask is (ditto). Both decide UB buffers.
     // Work split: AI core c owns the rows [rowStart[c], rowStart[c + 1]) of the
@@ -128,6 +133,26 @@ __aicore__ inline uint32_t RoundKeys(const TilingData& t)
     return t.blockK * t.keyStack;
 }
 
+// Whether the cube works on a tile in row passes (cubeRows < blockQ): Q comes from L1 into
+// L0A per product, P and Q share one L0A ring, and V of a whole round stays in L1 for
+// every pass (docs/kernel.md, "The cube in row passes").
+__aicore__ inline bool CubeInPasses(const TilingData& t)
+{
+    return t.cubeRows < t.blockQ;
+}
+
+// Row passes of the cube over a tile of `rows` rows (1, or 2 when cubeRows < blockQ and
+// the tile has more than cubeRows rows), and the rows of pass `pass`.
+__aicore__ inline uint32_t CubePasses(const TilingData& t, uint32_t rows)
+{
+    return (rows + t.cubeRows - 1) / t.cubeRows;
+}
+
+__aicore__ inline uint32_t CubePassRows(const TilingData& t, uint32_t rows, uint32_t pass)
+{
+    return MinU32(t.cubeRows, rows - pass * t.cubeRows);
+}
+
 // Rows of one vector core's half of a full tile.
 __aicore__ inline uint32_t VectorRows(const TilingData& t)
 {
@@ -140,15 +165,17 @@ __aicore__ inline uint32_t VectorRows(const TilingData& t)
 // rows = blockQ / 2, D = headDimPad.
 struct BufferBytes {
     // AIC
-    uint32_t qL1;      // Q tile (Nz), blockQ x D, loaded once per tile
+    // (C = cubeRows: blockQ, or the row half a cube pass works on)
+    uint32_t qL1;      // Q tile (Nz per pass: C rows each), blockQ x D, loaded once per tile
     uint32_t kL1;      // K sub-block (Nz = Zn of K^T), blockK x D
-    uint32_t vL1;      // V sub-block (Nz), blockK x D
-    uint32_t pL1;      // P sub-block (Nz), blockQ x blockK
-    uint32_t qL0a;     // Q tile (Zz), resident for the whole tile
-    uint32_t pL0a;     // P sub-block (Zz)
+    uint32_t vL1;      // V sub-block (Nz), blockK x D; in passes: V of a round, W x D
+    uint32_t pL1;      // P sub-block of a pass (Nz), C x blockK
+    uint32_t qL0a;     // Q tile (Zz), resident for the whole tile; in passes: one buffer
+                       // of the L0A ring Q of a pass and P take turns in, C x max(D, blockK)
+    uint32_t pL0a;     // P sub-block (Zz), C x blockK; in passes: 0 (P is in the Q ring)
     uint32_t l0b;      // K^T or V sub-block (Zn), blockK x D
-    uint32_t oL0c;     // O of a round, fp32, blockQ x D, accumulated over the stack
-    uint32_t sL0c;     // S of a sub-block, fp32, blockQ x blockK
+    uint32_t oL0c;     // O of a round and pass, fp32, C x D, accumulated over the stack
+    uint32_t sL0c;     // S of a sub-block and pass, fp32, C x blockK
     // AIV (per vector core)
     uint32_t sUb;      // S slice as the workspace holds it (ScoreBytes), vecRows x W
     uint32_t sF32Ub;   // fp16 scores only: the slice widened to fp32, vecRows x W
@@ -203,13 +230,15 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
     BufferBytes b{};
     b.qL1 = bq * d * elemBytes;
     b.kL1 = bk * d * elemBytes;
-    b.vL1 = bk * d * elemBytes;
-    b.pL1 = bq * bk * elemBytes;
-    b.qL0a = bq * d * elemBytes;
-    b.pL0a = bq * bk * elemBytes;
+    const uint32_t cr = t.cubeRows;
+    const bool passes = CubeInPasses(t);
+    b.vL1 = (passes ? w : bk) * d * elemBytes;
+    b.pL1 = cr * bk * elemBytes;
+    b.qL0a = cr * (passes && bk > d ? bk : d) * elemBytes;
+    b.pL0a = passes ? 0u : cr * bk * elemBytes;
     b.l0b = bk * d * elemBytes;
-    b.oL0c = bq * d * 4u;
-    b.sL0c = bq * bk * 4u;
+    b.oL0c = cr * d * 4u;
+    b.sL0c = cr * bk * 4u;
     b.sUb = vr * w * ScoreBytes(t);
     b.sF32Ub = t.fp16Scores != 0 ? vr * w * 4u : 0u;
     b.pUb = vr * w * elemBytes;

@@ -85,6 +85,10 @@ def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
 @pytest.mark.parametrize("kwargs, message", [
     ({"head_dim": 300}, "head_dim 300 exceeds the kernel's maximum of 256"),
     ({"heads_kv": 3}, "heads_q (8) must be a multiple of heads_kv (3)"),
+    ({"features": planner.variant(cube_passes=2)}, "cube_passes must be -1, 0 or 1"),
+    ({"head_dim": 256, "features": planner.variant(cube_passes=1)},
+     "cube_passes: the 256-row tile in two 128-row cube passes does not fit Ascend910B2's "
+     "buffers for head_dim 256"),
 ])
 def test_refusals_raise(kwargs, message):
     built("planner/libflash_cann_planner.so")
@@ -250,6 +254,26 @@ def test_cli_prints_the_backward_plan(capsys):
     assert cli.main([*shape, "--deterministic"]) == 2
     assert ("flash-cann: error: --deterministic applies to --backward only"
             in capsys.readouterr().err)
+
+
+def test_cli_shows_the_256_row_tile_in_cube_passes(capsys):
+    """fp16-score causal calls at head_dim 128 plan the 256-row tile in two cube passes
+    where the model predicts it faster (docs/planner.md): the plan says so and accounts
+    the passes' buffers; the default path keeps its tiles there."""
+    from flash_cann.tools import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "1,16,16384,128", "--causal"]
+    assert cli.main([*shape, "--fp16-scores"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("query blocks of 256 rows", "cube       row passes of 128 rows",
+                   "v_l1             131,072  2  cube: V round ring",
+                   "q_l0a             32,768  2  cube: A operand ring", "L0C    131,072 /   131,072"):
+        assert needle in out, needle
+    assert "p_l0a" not in out
+    assert cli.main(shape) == 0
+    out = capsys.readouterr().out
+    assert "query blocks of 160 rows" in out and "row passes" not in out
 
 
 def test_cli_plans_the_features(capsys):

@@ -18,6 +18,7 @@ from flash_cann.tools import accuracy
 from flash_cann.ascend import planner
 from flash_cann.backends.twin import launcher as twin
 from flash_cann.contract import layout as layouts
+from flash_cann.contract.variant import Variant
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -196,6 +197,78 @@ def test_256_row_tiles(gen):
     assert t["block_q"] == 256 and t["used_cores"] == 2
     q, k, v = make_qkv(1, 2, 1, sq, sk, d, torch.float16, "BSND", generator=gen)
     _check(q, k, v, random_key_padding_mask(1, sk, gen), True, "BSND", cores=2)
+
+
+def _tnd(lens_q, lens_k, heads, d, dtype, gen):
+    """Packed (TND) q, k, v and the cu_seqlens of sequences of the given lengths."""
+    cu = [torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+          for lens in (lens_q, lens_k)]
+    q, k, v = (torch.randn(int(c[-1]), h, d, generator=gen).to(dtype)
+               for c, h in ((cu[0], heads[0]), (cu[1], heads[1]), (cu[1], heads[1])))
+    return q, k, v, Variant(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=max(lens_q),
+                            max_seqlen_k=max(lens_k))
+
+
+# (layout, heads, seqlens, causal, masked, dtype, features, cores): head_dim 128, forced
+# into 256-row tiles in two 128-row cube passes at small shapes.
+PASS_CASES = {
+    "mask-fp16": ("BNSD", (2, 2), (300, 700), False, True, torch.float16, {}, 1),
+    "causal-gqa-bf16": ("BSND", (4, 2), (300, 300), True, False, torch.bfloat16, {}, 2),
+    "window-alibi": ("BNSD", (2, 1), (290, 600), False, False, torch.float16,
+                     dict(window_left=100, window_right=20, alibi=True), 1),
+    "tnd-causal": ("TND", (2, 1), ((260, 40, 0), (300, 100, 5)), True, False, torch.float16, {}, 2),
+    "fp16-scores": ("BNSD", (4, 2), (300, 600), True, True, torch.float16,
+                    dict(fp16_scores=True), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(PASS_CASES))
+def test_256_row_tiles_in_cube_passes(case, gen):
+    """The 256-row tile at head_dim 128 in two 128-row cube passes (TilingData cubeRows;
+    docs/kernel.md "The cube in row passes"), forced at small shapes: a 256-row tile of two
+    passes beside short tiles of one, two rounds with a partial last sub-block, the S and O
+    slots' row halves, V of a round kept in L1 for both passes, race detector on. The result
+    matches the oracle, is bit for bit the plan of 128-row tiles (the rows' arithmetic does
+    not depend on how they are cut into tiles), and the bytes allocated are the plan's. The
+    fp16-score path is held to the bitwise check only (its accuracy: test_twin_fp16_scores)."""
+    layout, heads, seqlens, causal, masked, dtype, features, cores = PASS_CASES[case]
+    d = 128
+    features = dict(features)
+    alibi = features.pop("alibi", False)
+    if layout == "TND":
+        q, k, v, variant = _tnd(*seqlens, heads, d, dtype, gen)
+        batch, (sq, sk) = len(seqlens[0]), (max(seqlens[0]), max(seqlens[1]))
+    else:
+        batch, (sq, sk) = 1, seqlens
+        q, k, v = make_qkv(batch, *heads, sq, sk, d, dtype, layout, generator=gen)
+        slopes = torch.rand(heads[0], generator=gen).expand(batch, heads[0]) if alibi else None
+        variant = Variant(alibi_slopes=slopes, **features)
+    mask = random_key_padding_mask(batch, sk, gen) if masked else None
+    scale = 1.0 / math.sqrt(d)
+    tokens = (q.shape[0], k.shape[0]) if layout == "TND" else (0, 0)
+    plan = planner.plan("Ascend910B2", batch, heads[0], sq, d, heads_kv=heads[1], seqlen_k=sk,
+                        dtype=str(dtype).removeprefix("torch."), layout=layout, causal=causal,
+                        has_mask=masked, scale=scale, aic_cores=cores,
+                        features=planner.variant(window=(variant.window_left, variant.window_right),
+                                                 alibi="head" if alibi else None, tokens=tokens,
+                                                 fp16_scores=variant.fp16_scores, cube_passes=1))
+    assert (plan["tiling"]["block_q"], plan["tiling"]["cube_rows"]) == (256, 128)
+
+    def run(mode, allocated=None):
+        with twin.cube_passes(mode):
+            return twin.forward(q, k, v, mask, scale=scale, causal=causal, layout=layout,
+                                variant=variant, ai_cores=cores, allocated=allocated)
+
+    allocated = {}
+    passes = run(1, allocated)
+    assert allocated == {level["level"]: level["used"] for level in plan["levels"]}
+    whole = run(-1)
+    assert all(torch.equal(a, b) for a, b in zip(passes, whole))
+    if not variant.fp16_scores:
+        results = accuracy.check_against_oracle(
+            lambda *_: passes, q, k, v, scale=scale, causal=causal, layout=layout,
+            key_padding_mask=mask, backward="none", variant=variant)
+        assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
 
 
 def test_fully_masked_rows_give_zero_and_minus_inf(gen):

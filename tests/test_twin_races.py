@@ -58,7 +58,8 @@ def _problems():
     that see no key (causal, seqlen_q > seqlen_k); and the FEATURES kernel with every
     feature on: a two-sided window whose left edge skips the first sub-blocks of a round
     (KeyRound.firstSub) and whole rounds, ALiBi, softcap, dropout and sinks, with and
-    without causal; and the fp16-score kernel (causal, key mask)."""
+    without causal; the fp16-score kernel (causal, key mask); and the 256-row tile in two
+    cube row passes at head_dim 128 (causal, key mask)."""
     g = torch.Generator().manual_seed(7)
     problems = []
     for sq, sk, d, causal, masked in [(100, 150, 64, True, True), (150, 260, 17, False, False),
@@ -81,14 +82,20 @@ def _problems():
     q, k, v = make_qkv(1, 4, 2, 100, 150, 64, torch.float16, "BNSD", generator=g)
     problems.append((q, k, v, random_key_padding_mask(1, 150, g), True,
                      Variant(fp16_scores=True)))
+    # The 256-row tile in two cube row passes (forced at head_dim 128): a tile of two passes
+    # and one of one, two rounds each, so the round-sized V ring and the L0A ring shared by
+    # Q and P are reused.
+    q, k, v = make_qkv(1, 2, 1, 300, 700, 128, torch.float16, "BNSD", generator=g)
+    problems.append((q, k, v, random_key_padding_mask(1, 700, g), True, PLAIN, 1))
     return problems
 
 
 def _run(problem) -> str:
-    q, k, v, mask, causal, variant = problem
+    q, k, v, mask, causal, variant, *cube_passes = problem
     try:
-        twin.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD", variant=variant,
-                     ai_cores=1)
+        with twin.cube_passes(cube_passes[0] if cube_passes else 0):
+            twin.forward(q, k, v, mask, scale=0.1, causal=causal, layout="BNSD", variant=variant,
+                         ai_cores=1)
     except twin.TwinViolation as violation:
         return str(violation).removeprefix("flash_cann twin: ")
     return ""

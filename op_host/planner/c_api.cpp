@@ -46,6 +46,10 @@ std::string ReadCall(const char* soc, int64_t batch, int64_t headsQ, int64_t hea
         request.tokensQ = variant->tokens_q;
         request.tokensK = variant->tokens_k;
         request.fp16Scores = variant->fp16_scores != 0;
+        if (variant->cube_passes < -1 || variant->cube_passes > 1) {
+            return ErrorJson("cube_passes must be -1, 0 or 1");
+        }
+        request.cubePasses = variant->cube_passes;
     }
     return "";
 }
@@ -83,6 +87,9 @@ std::string ReadDecodeProblem(const flash_cann_decode_problem& p, const flash_ca
         }
         if (variant->fp16_scores != 0) {
             return "fp16_scores is not an argument of fwd_kvcache";
+        }
+        if (variant->cube_passes != 0) {
+            return "cube_passes is not an argument of fwd_kvcache";
         }
         request.variant = MakeVariant(variant->window_left, variant->window_right, variant->softcap, 0.0,
                                       static_cast<Alibi>(variant->alibi), variant->sinks != 0);

@@ -13,7 +13,7 @@ extern "C" {
 // sinks (0/1); with layout 2 (TND, packed sequences) tokens_q/tokens_k, the packed
 // tensors' first dimension (0 otherwise): batch is then the number of sequences and
 // seqlen_q/k are max_seqlen_q/k. fp16_scores (0/1): the forward's and backward's fp16-score
-// fast path (float16 only; the decode planner refuses it).
+// fast path (float16 only; the decode planner refuses it). cube_passes: below.
 struct flash_cann_variant {
     int64_t window_left;
     int64_t window_right;
@@ -24,6 +24,8 @@ struct flash_cann_variant {
     int64_t tokens_q;
     int64_t tokens_k;
     int32_t fp16_scores;
+    int32_t cube_passes;  // forward: 0 the planner chooses, 1 forces the 256-row tile in
+                          // row passes (tests), -1 never
 };
 
 // Plan a forward call on SoC `soc` (see flash_cann_platforms_json). dtype: 0 float16,

@@ -237,7 +237,12 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.loadsBeforeProbWait = true;    // V(r) and K(r + 2) issued before waiting for P(r)
     d.pipelineAcrossTiles = true;    // one round stream over the core's tiles (the cube's S
                                      // of the next tile before this tile's last P.V)
-    d.queryInL0a = true;
+    // Q stays in L0A for the tile unless the cube works on it in row passes: then each
+    // product loads its pass's Q from L1, V of a round stays in L1 for every pass (MTE1
+    // moves it into L0B once per pass), and the passes' O share one L0C buffer.
+    const bool passes = CubeInPasses(t);
+    d.queryInL0a = !passes;
+    d.cubeRows = passes ? t.cubeRows : 0;
     d.l0Buffers = std::min(t.l0aBuffers, t.l0bBuffers);
     d.l0cBuffers = t.l0cBuffers;     // the S ring
     d.outputOwnL0c = true;           // O accumulated over the stack in its own buffer

@@ -111,6 +111,7 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     o.Key("l0a_buffers") << t.l0aBuffers;
     o.Key("l0b_buffers") << t.l0bBuffers;
     o.Key("l0c_buffers") << t.l0cBuffers;
+    o.Key("cube_rows") << t.cubeRows;
     o.Key("used_cores") << t.usedCores;
     o.Key("workspace_per_core") << t.workspacePerCore;
     o.Key("q_strides") << '[' << t.qStrideBatch << ',' << t.qStrideHead << ',' << t.qStrideRow << ']';

@@ -171,15 +171,22 @@ namespace {
 std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
 {
     const BufferBytes b = ComputeBufferBytes(t, elemBytes);
+    // In row passes (CubeInPasses): V of a whole round in L1, Q of a pass and P taking
+    // turns in one L0A ring, O of one pass in L0C.
+    const bool passes = CubeInPasses(t);
     std::vector<BufferUse> buffers = {
         {"cube: Q tile (loaded once per tile)", "q_l1", MemLevel::L1, b.qL1, 1},
         {"cube: K sub-block ring", "k_l1", MemLevel::L1, b.kL1, t.kvL1Buffers},
-        {"cube: V sub-block ring", "v_l1", MemLevel::L1, b.vL1, t.kvL1Buffers},
+        {passes ? "cube: V round ring (each round's V kept for every row pass)" : "cube: V sub-block ring",
+         "v_l1", MemLevel::L1, b.vL1, t.kvL1Buffers},
         {"cube: P sub-block ring", "p_l1", MemLevel::L1, b.pL1, t.pL1Buffers},
-        {"cube: Q operand, resident for the tile", "q_l0a", MemLevel::L0A, b.qL0a, 1},
-        {"cube: P operand ring", "p_l0a", MemLevel::L0A, b.pL0a, t.l0aBuffers},
+        passes ? BufferUse{"cube: A operand ring (Q of a row pass, or P)", "q_l0a", MemLevel::L0A, b.qL0a,
+                           t.l0aBuffers}
+               : BufferUse{"cube: Q operand, resident for the tile", "q_l0a", MemLevel::L0A, b.qL0a, 1},
         {"cube: B operand ring (K^T or V)", "b_l0b", MemLevel::L0B, b.l0b, t.l0bBuffers},
-        {"cube: O of a round, fp32, accumulated over the stack", "o_l0c", MemLevel::L0C, b.oL0c, 1},
+        {passes ? "cube: O of a round and row pass, fp32, accumulated over the stack"
+                : "cube: O of a round, fp32, accumulated over the stack",
+         "o_l0c", MemLevel::L0C, b.oL0c, 1},
         {"cube: S sub-block ring, fp32", "s_l0c", MemLevel::L0C, b.sL0c, t.l0cBuffers},
         {t.fp16Scores ? "vector: S slice, fp16" : "vector: S slice, fp32", "s_ub", MemLevel::UB,
          b.sUb, kVecBuffers},
@@ -194,6 +201,9 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
         {"vector: key bias, column index, scratch", "keys_ub", MemLevel::UB, b.keyUb * kKeyRows, 1},
         {"vector: comparison bits", "bits_ub", MemLevel::UB, b.bitsUb, 1},
     };
+    if (!passes) {
+        buffers.insert(buffers.begin() + 5, {"cube: P operand ring", "p_l0a", MemLevel::L0A, b.pL0a, t.l0aBuffers});
+    }
     if (t.fp16Scores) {
         buffers.push_back({"vector: S slice widened to fp32", "s_f32_ub", MemLevel::UB, b.sF32Ub, 1});
     }
@@ -287,12 +297,15 @@ namespace {
 // Complete the plan for one block shape with (at least) `l0Copies` copies of the L0 rings
 // (P in L0A, the B operand in L0B, S in L0C): take the largest vector slice that fits,
 // then double-buffer the remaining rings where they still fit. False if nothing fits.
+// cubeRows: the rows of one cube pass (0: the whole tile).
 bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies,
-              uint32_t elemBytes, const Platform& p, uint32_t roundKeys = kRoundKeys)
+              uint32_t elemBytes, const Platform& p, uint32_t roundKeys = kRoundKeys,
+              uint32_t cubeRows = 0)
 {
     auto fits = [&] { return Fits(SumLevels(ListBuffers(t, elemBytes), p)); };
     t.blockQ = blockQ;
     t.blockK = blockK;
+    t.cubeRows = cubeRows > 0 ? cubeRows : blockQ;
     t.keyStack = roundKeys / blockK;
     t.l0aBuffers = t.l0bBuffers = t.l0cBuffers = l0Copies;
     for (uint32_t vecRows : kVecRowCandidates) {
@@ -312,6 +325,19 @@ bool TryShape(TilingData& t, uint32_t blockQ, uint32_t blockK, uint32_t l0Copies
             }
         }
         return true;
+    }
+    return false;
+}
+
+// The 256-row tile worked in two 128-row cube passes (Q and O of 256 rows overflow
+// L0A / L0C: head_dim 128), where its buffers fit. MakePlan takes it only where the
+// schedule model predicts it faster than the shape ChooseBlocks picks.
+bool TryHalves(TilingData& t, uint32_t elemBytes, const Platform& p)
+{
+    for (uint32_t l0Copies : {2u, 1u}) {
+        if (TryShape(t, kLongTile[0], kLongTile[1], l0Copies, elemBytes, p, kRoundKeys, kLongTile[0] / 2)) {
+            return true;
+        }
     }
     return false;
 }
@@ -348,7 +374,7 @@ bool ChooseBlocks(TilingData& t, bool longSequence, bool longKeys, uint32_t elem
 void WidenRounds(TilingData& t, uint32_t elemBytes, const Platform& p)
 {
     const TilingData narrow = t;
-    if (!TryShape(t, narrow.blockQ, narrow.blockK, 1, elemBytes, p, kMaxRoundKeys)) {
+    if (!TryShape(t, narrow.blockQ, narrow.blockK, 1, elemBytes, p, kMaxRoundKeys, narrow.cubeRows)) {
         t = narrow;
     }
 }
@@ -372,7 +398,7 @@ uint32_t ElementBytes(DType dtype)
     return dtype == DType::Float32 ? 4 : 2;
 }
 
-PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
+PlanResult PlanBlocks(const PlanRequest& request, const Platform& platform, bool halves)
 {
     PlanResult result;
     result.error = CheckRequest(request, platform);
@@ -388,7 +414,12 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     t.features = IsPlain(request.variant) ? 0 : 1;
     t.fp16Scores = request.fp16Scores ? 1 : 0;
     const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
-    if (!ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
+    if (halves && !TryHalves(t, elemBytes, platform)) {
+        result.error = Message("cube_passes: the 256-row tile in two 128-row cube passes does not fit ",
+                               platform.name, "'s buffers for head_dim ", request.headDim);
+        return result;
+    }
+    if (!halves && !ChooseBlocks(t, request.seqlenQ >= kLongSequence, longKeys, elemBytes, platform)) {
         result.error = Message("no block shape fits ", platform.name, "'s buffers for head_dim ",
                                request.headDim);
         return result;
@@ -428,6 +459,55 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask,
                                t.features, t.fp16Scores);
     return result;
+}
+
+namespace {
+
+// Whether the schedule model predicts the halves plan faster. Packed sequences (TND) are
+// split on the device from offsets the planner does not see: they are compared as the
+// dense problem of their max_seqlen.
+bool HalvesPredictedFaster(const PlanRequest& request, const Plan& whole, const Plan& halves,
+                           const Platform& platform)
+{
+    if (request.layout != Layout::TND) {
+        return Predict(halves, request, platform).seconds < Predict(whole, request, platform).seconds;
+    }
+    PlanRequest dense = request;
+    dense.layout = Layout::BNSD;
+    dense.tokensQ = dense.tokensK = 0;
+    const PlanResult a = PlanBlocks(dense, platform, false);
+    const PlanResult b = PlanBlocks(dense, platform, true);
+    return a.ok() && b.ok() && HalvesPredictedFaster(dense, a.plan, b.plan, platform);
+}
+
+}  // namespace
+
+// The blocks ChooseBlocks picks; for long sequences where the 256-row tile does not fit
+// whole, on the fp16-score path, the 256-row tile in two cube passes instead where the
+// schedule model predicts it faster (two predictions per plan: a few ms). On the default
+// (fp32 S) path the model predicts the passes slower at the targets' shapes by 6-10 points
+// (the passes' O serialise through one L0C buffer behind S's Fixpipe: docs/kernel.md, "The
+// cube in row passes") and at most 1.4 % faster anywhere planner_tests sweeps (causal 1k,
+// many heads: inside the model's error), so it is not asked there, which keeps the plans
+// of the common path cheap; TestCubePasses fails if a gain of 2 % appears.
+PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
+{
+    if (request.cubePasses > 0) {
+        return PlanBlocks(request, platform, true);
+    }
+    PlanResult whole = PlanBlocks(request, platform, false);
+    if (request.cubePasses < 0) {
+        return whole;
+    }
+    if (!whole.ok() || !request.fp16Scores || request.seqlenQ < kLongSequence ||
+        whole.plan.tiling.blockQ >= kLongTile[0]) {
+        return whole;
+    }
+    PlanResult halves = PlanBlocks(request, platform, true);
+    if (halves.ok() && HalvesPredictedFaster(request, whole.plan, halves.plan, platform)) {
+        return halves;
+    }
+    return whole;
 }
 
 }  // namespace flash_cann

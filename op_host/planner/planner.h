@@ -41,6 +41,10 @@ struct PlanRequest {
     int64_t tokensK = 0;
     // fp16_scores: S = Q K^T leaves the cube as fp16 (fp16 inputs only; TilingData).
     bool fp16Scores = false;
+    // The 256-row tile in row passes (TilingData cubeRows): 0 where the schedule model
+    // predicts it faster (MakePlan), 1 wherever it fits, -1 never (tests force it at small
+    // shapes with 1).
+    int32_t cubePasses = 0;
 };
 
 enum class MemLevel : uint32_t { L1, L0A, L0B, L0C, UB };
@@ -105,6 +109,10 @@ struct PlanResult {
 };
 
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform);
+// The plan MakePlan compares for long sequences: with the blocks it picks first
+// (halves false), or with the 256-row tile in two 128-row cube passes (TilingData
+// cubeRows); an error where the shape does not fit.
+PlanResult PlanBlocks(const PlanRequest& request, const Platform& platform, bool halves);
 
 // The encoding of a call's features (flash_cann_variant.h) from the op's arguments, as
 // contract/variant.py normalised them; the dropout threshold is derived from dropout_p

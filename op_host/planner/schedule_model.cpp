@@ -20,6 +20,8 @@ constexpr uint32_t kExtrapolationStep = 4;
 struct RoundCosts {
     // cube core
     double loadQ, loadK, loadV, loadP, mte1Scores, mte1Output, mmad, fixScores, fixOutput;
+    uint32_t passes;  // the cube's row passes over the tile (KernelDesign::cubeRows): the
+                      // P.V costs above are for all of them, each pass taking its share
     // one vector core (the busier one), per slice of a round / per round / per tile
     double inScores, softmax, outProbs, diagonalExtra, maskExtra;
     double inOutput, updateOutput, epilogue, outFinal;
@@ -38,16 +40,21 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     // Instructions per round: each cube sub-block is one Mmad, one Fixpipe of S, one load
     // of K, of V and of P, one LoadData per operand.
     const double subBlocks = d.keysPerMatmul > 0 ? std::ceil(k / d.keysPerMatmul) : 1;
+    const uint32_t passes = d.cubeRows > 0 ? (rows + d.cubeRows - 1) / d.cubeRows : 1;
+    const double valueLoads = d.valuesPerPass ? passes : 1;
     RoundCosts c{};
-    c.loadQ = r.L2ToL1(rows * dim * e, 1);
-    c.loadK = c.loadV = r.L2ToL1(k * dim * e, subBlocks);
-    c.loadP = r.L2ToL1(rows16 * k * e, subBlocks);
-    c.mte1Scores = (d.queryInL0a ? 0 : r.L1ToL0a(rows16 * dim * e, subBlocks)) +
+    c.passes = std::max(passes, 1u);
+    c.loadQ = r.L2ToL1(rows * dim * e, c.passes);
+    c.loadK = r.L2ToL1(k * dim * e, subBlocks);
+    c.loadV = r.L2ToL1(k * dim * e * valueLoads, subBlocks * valueLoads);
+    c.loadP = r.L2ToL1(rows16 * k * e, subBlocks * c.passes);
+    c.mte1Scores = (d.queryInL0a ? 0 : r.L1ToL0a(rows16 * dim * e, subBlocks * c.passes)) +
                    r.L1ToL0b(k * dim * e, subBlocks);
-    c.mte1Output = r.L1ToL0a(rows16 * k * e, subBlocks) + r.L1ToL0b(k * dim * e, subBlocks);
-    c.mmad = r.Mmad(rows16 * k * dim, subBlocks);
-    c.fixScores = r.Fixpipe(rows16 * k * d.scoreBytes, subBlocks);
-    c.fixOutput = d.outputBytes > 0 ? r.Fixpipe(rows16 * dim * d.outputBytes, 1) : 0;
+    c.mte1Output = r.L1ToL0a(rows16 * k * e, subBlocks * c.passes) +
+                   r.L1ToL0b(k * dim * e * c.passes, subBlocks * c.passes);
+    c.mmad = r.Mmad(rows16 * k * dim, subBlocks * c.passes);
+    c.fixScores = r.Fixpipe(rows16 * k * d.scoreBytes, subBlocks * c.passes);
+    c.fixOutput = d.outputBytes > 0 ? r.Fixpipe(rows16 * dim * d.outputBytes, c.passes) : 0;
     c.inScores = r.L2ToUb(sliceRows * k * d.scoreBytes, 1);
     c.softmax = VecSeconds(SoftmaxProgram(sliceRows, k, d.vectorBarriers), r) +
                 VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r) +
@@ -64,7 +71,7 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.updateOutput = VecSeconds(OutputUpdateProgram(vecRows, dim, d.vectorBarriers), r);
     c.epilogue = VecSeconds(EpilogueProgram(vecRows, dim), r);
     c.outFinal = r.UbToL2(vecRows * (dim * d.finalOutputBytes + 4), 2);  // O, lse
-    c.l2BytesRound = 2 * k * dim * e + rows16 * k * e          // K, V, P into L1
+    c.l2BytesRound = (1 + valueLoads) * k * dim * e + rows16 * k * e  // K, V, P into L1
                      + rows16 * k * d.scoreBytes + rows16 * dim * d.outputBytes  // Fixpipe
                      + rows * k * (d.scoreBytes + e) + rows * dim * d.outputBytes;  // vector
     c.l2BytesTile = rows * dim * (e + d.finalOutputBytes) + rows * 4;
@@ -113,8 +120,8 @@ private:
     struct RoundIds {
         Id loadK = Timeline::kNone, mte1S = Timeline::kNone, mmadS = Timeline::kNone,
            fixS = Timeline::kNone;
-        Id loadP = Timeline::kNone, loadV = Timeline::kNone, mte1O = Timeline::kNone,
-           mmadO = Timeline::kNone, fixO = Timeline::kNone;
+        Id loadP = Timeline::kNone, loadV = Timeline::kNone;
+        std::vector<Id> mte1O, mmadO, fixO;  // per row pass of the cube
         std::vector<Id> inS, softmax, outP;
         Id inO = Timeline::kNone, updateO = Timeline::kNone;
     };
@@ -145,13 +152,19 @@ private:
         matmuls_.push_back({i.mte1S, i.mmadS, i.fixS, false});
     }
 
+    // P.V of round g: one product per cube pass, each into the one O buffer, so a pass's
+    // Mmads wait for the previous pass's O Fixpipe (the own-L0C ring of depth 1 in
+    // Connect), which Fixpipe writes after the S of the round before it.
     void Output(size_t g)
     {
         RoundIds& i = ids_[g];
-        i.mte1O = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Output);
-        i.mmadO = timeline_.Add(Engine::kCube, Cost(g).mmad);
-        i.fixO = timeline_.Add(Engine::kFixpipe, Cost(g).fixOutput);
-        matmuls_.push_back({i.mte1O, i.mmadO, i.fixO, true});
+        const RoundCosts& c = Cost(g);
+        for (uint32_t pass = 0; pass < c.passes; ++pass) {
+            i.mte1O.push_back(timeline_.Add(Engine::kCubeMte1, c.mte1Output / c.passes));
+            i.mmadO.push_back(timeline_.Add(Engine::kCube, c.mmad / c.passes));
+            i.fixO.push_back(timeline_.Add(Engine::kFixpipe, c.fixOutput / c.passes));
+            matmuls_.push_back({i.mte1O.back(), i.mmadO.back(), i.fixO.back(), true});
+        }
     }
 
     // The cube's program: S of the first scoresAhead rounds, then per round P.V(j)
@@ -247,12 +260,14 @@ private:
                 t.After(i.fixS, ids_[g - d_.scoreSlots].inS.back(), flag_);
             }
             t.After(i.loadP, i.outP.back(), flag_);
-            t.After(i.mte1O, i.loadP);
-            t.After(i.mte1O, i.loadV);
-            t.After(i.mmadO, i.mte1O);
-            t.After(i.fixO, i.mmadO);
+            for (size_t pass = 0; pass < i.mte1O.size(); ++pass) {
+                t.After(i.mte1O[pass], i.loadP);
+                t.After(i.mte1O[pass], i.loadV);
+                t.After(i.mmadO[pass], i.mte1O[pass]);
+                t.After(i.fixO[pass], i.mmadO[pass]);
+            }
             if (g >= d_.outputSlots) {
-                t.After(i.fixO, ids_[g - d_.outputSlots].inO, flag_);
+                t.After(i.fixO.front(), ids_[g - d_.outputSlots].inO, flag_);
             }
             for (uint32_t s = 0; s < d_.vectorSlices; ++s) {
                 t.After(i.inS[s], i.fixS, flag_);
@@ -262,7 +277,7 @@ private:
                     t.After(i.outP[s], ids_[g - d_.probSlots].loadP, flag_);
                 }
             }
-            t.After(i.inO, i.fixO, flag_);
+            t.After(i.inO, i.fixO.back(), flag_);
             t.After(i.updateO, i.inO);
             const TileIds& tile = tileIds_[rounds_[g].tile];
             if (rounds_[g].last) {

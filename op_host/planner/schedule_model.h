@@ -99,6 +99,16 @@ struct KernelDesign {
     bool blockPerTile = false;   // each tile is a kernel block of its own: it starts once
                                  // the previous one has finished on every engine
     bool queryInL0a = false;     // Q stays in L0A across a tile (no per-round MTE1 of Q)
+    uint32_t cubeRows = 0;       // > 0: the cube works on a tile in passes of this many rows
+                                 // (Q and O of the whole tile overflow L0A/L0C): per pass
+                                 // an Mmad, a Fixpipe of S and a load of P per sub-block,
+                                 // and P.V accumulated over the round's stack, one Fixpipe
+                                 // of O per pass: the passes' O take turns in the one O
+                                 // buffer (outputOwnL0c), so a pass's Mmads wait for the
+                                 // previous pass's O Fixpipe
+    bool valuesPerPass = false;  // with cubeRows: V of a round is loaded into L1 for every
+                                 // pass (else it stays in L1 for all passes); MTE1 moves it
+                                 // into L0B for every pass either way
     uint32_t scoreSlots = 2, probSlots = 2, outputSlots = 2;  // GM workspace rings
     uint32_t l0Buffers = 2;      // L0A/L0B operand ring
     uint32_t l0cBuffers = 2;     // L0C ring of S (and of O when !outputOwnL0c)

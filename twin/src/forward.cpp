@@ -24,6 +24,18 @@ extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
 // Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
 // number of sequences and seqlen_q/k are max_seqlen_q/k. fp16Scores: the fp16_scores
 // fast path (S in fp16; fp16 inputs only).
+// The planner's cube_passes (PlanRequest::cubePasses) for the following launches: tests
+// force the 256-row tile in row passes at small shapes with 1; 0 restores the planner's
+// choice.
+namespace {
+int32_t g_cubePasses = 0;
+}  // namespace
+
+extern "C" void flash_cann_twin_cube_passes(int32_t cubePasses)
+{
+    g_cubePasses = cubePasses;
+}
+
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
                                        int64_t tokensK, void* alibiSlopes, void* rngState, void* sinks,
@@ -45,6 +57,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     request.variant = MakeVariant(windowLeft, windowRight, softcap, dropoutP,
                                   static_cast<Alibi>(alibi), sinks != nullptr);
     request.fp16Scores = fp16Scores != 0;
+    request.cubePasses = g_cubePasses;
     const bool packed = layout == static_cast<int32_t>(Layout::TND);
     if (packed) {
         request.tokensQ = tokensQ;

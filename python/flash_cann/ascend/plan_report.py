@@ -150,6 +150,9 @@ def _forward_report(p: dict) -> None:
           f"{', fp16 scores (S in fp16 through Fixpipe and L2)' if t['fp16_scores'] else ''}")
     print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
           f"cube/vector round; vector slices of {t['vec_rows']} rows")
+    if t["cube_rows"] < t["block_q"]:
+        print(f"cube       row passes of {t['cube_rows']} rows (Q of a pass into L0A per product, "
+              f"O of a pass in L0C, V of a round kept in L1 for every pass)")
     cores = p["cores"]
     macs = [c["macs"] for c in cores]
     mean = sum(macs) / plat["aic_cores"]

@@ -28,7 +28,7 @@ class Variant(ctypes.Structure):
                 ("softcap", ctypes.c_double), ("dropout_p", ctypes.c_double),
                 ("alibi", ctypes.c_int32), ("sinks", ctypes.c_int32),
                 ("tokens_q", ctypes.c_int64), ("tokens_k", ctypes.c_int64),
-                ("fp16_scores", ctypes.c_int32)]
+                ("fp16_scores", ctypes.c_int32), ("cube_passes", ctypes.c_int32)]
 
 
 # The ``alibi`` argument's values: how the kernel indexes the slopes.
@@ -37,17 +37,20 @@ ALIBI = {None: 0, "head": 1, "batch_head": 2}
 
 def variant(window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dropout_p: float = 0.0,
             alibi: str | None = None, sinks: bool = False,
-            tokens: tuple[int, int] = (0, 0), fp16_scores: bool = False) -> Variant:
+            tokens: tuple[int, int] = (0, 0), fp16_scores: bool = False,
+            cube_passes: int = 0) -> Variant:
     """The C ABI's encoding of a call's features. ``window``: (left, right) as
     flash_cann.contract.variant.window_bounds normalised them (-1: unbounded); ``alibi``:
     None, "head" ((heads_q,) slopes) or "batch_head" ((batch, heads_q)); ``tokens``: with
     layout TND, the packed query and key tokens (batch is then the number of sequences,
-    seqlen_q/k are max_seqlen_q/k); ``fp16_scores``: the fp16-score fast path (float16)."""
+    seqlen_q/k are max_seqlen_q/k); ``fp16_scores``: the fp16-score fast path (float16);
+    ``cube_passes``: 1 forces the 256-row tile in two cube row passes where it fits (tests),
+    -1 rules it out, 0 lets the planner's schedule model choose."""
     if alibi not in ALIBI:
         raise ValueError(f"flash_cann: alibi must be one of {list(ALIBI)} (got {alibi!r})")
     return Variant(int(window[0]), int(window[1]), float(softcap), float(dropout_p),
                    ALIBI[alibi], int(bool(sinks)), int(tokens[0]), int(tokens[1]),
-                   int(bool(fp16_scores)))
+                   int(bool(fp16_scores)), int(cube_passes))
 
 
 class DecodeProblem(ctypes.Structure):

@@ -56,6 +56,8 @@ def _library() -> ctypes.CDLL:
         [ctypes.POINTER(DecodeProblem), ctypes.POINTER(PlanVariant)] + [ctypes.c_void_p] * 12
         + [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
            ctypes.c_char_p, ctypes.c_uint64])
+    lib.flash_cann_twin_cube_passes.restype = None
+    lib.flash_cann_twin_cube_passes.argtypes = [ctypes.c_int32]
     lib.flash_cann_twin_drop_sync.restype = None
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
@@ -247,6 +249,18 @@ def sync_sites() -> list[str]:
         if length >= 0:
             return buffer.value.decode().splitlines()
         capacity = -length
+
+
+@contextlib.contextmanager
+def cube_passes(mode: int):
+    """Launches inside the block plan with the planner's ``cube_passes`` (1: the 256-row tile
+    in two cube row passes wherever it fits, -1: never; 0, the default, lets the schedule
+    model choose), as ``planner.variant(cube_passes=...)`` plans."""
+    _library().flash_cann_twin_cube_passes(mode)
+    try:
+        yield
+    finally:
+        _library().flash_cann_twin_cube_passes(0)
 
 
 @contextlib.contextmanager
