@@ -416,22 +416,34 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // Muls -> ScoreOffsetHalves
     }
 
-    // fp16 scores: the cube's S is S - c (c = 16 a, ScoreOffsetHalves), so P = exp((S -
-    // c) scale - (lse - c scale)): lse <- lse - c scale, in fp32, for this core's rows
-    // firstRow .. of their sequence. broadcast_ is scratch until RowBroadcast fills it.
+    // fp16 scores: the cube's S is S - c (c = 16 a, ScoreOffsetHalves). Without softcap
+    // S - c reaches exp scaled and shifted only (ALiBi, masks), so c scale folds into lse:
+    // P = exp((S - c) scale - (lse - c scale)), lse <- lse - c scale, in fp32, for this
+    // core's rows firstRow .. of their sequence; broadcast_ is scratch until RowBroadcast
+    // fills it. softcap's tanh needs the scores themselves: -c scale per row goes to
+    // feature_ (its scratch, free until Softcap) and AddOffsetToScores adds it back.
     __aicore__ inline void AddOffsetToLse(const AscendC::LocalTensor<float>& lse, uint32_t firstRow)
     {
         const uint32_t floats = AlignUp(rows_, kFloatsPerBlock);
-        const AscendC::LocalTensor<float> work = broadcast_;
+        const AscendC::LocalTensor<float> work = softcap_ > 0.0f ? feature_ : broadcast_;
         const AscendC::LocalTensor<half> negA = broadcast_[2 * floats].template ReinterpretCast<half>();
         OffsetShift(work, broadcast_[floats], firstRow, rows_);
         ScoreOffsetHalves(negA, work, lse, t_.scale, rows_);
         AscendC::Cast(work, negA, AscendC::RoundMode::CAST_NONE, rows_);
         AscendC::PipeBarrier<PIPE_V>();  // Cast -> Muls
         AscendC::Muls(work, work, t_.scale * kScoreOffsetColumns, static_cast<int32_t>(rows_));  // -c scale
+        if (softcap_ > 0.0f) {
+            return;  // the next V step orders feature_'s write before its read (RowBroadcast)
+        }
         AscendC::PipeBarrier<PIPE_V>();  // Muls -> Add
         // Add -> lse's clamp: WidenScores' barriers, in between, order them.
         AscendC::Add(lse, lse, work, static_cast<int32_t>(rows_));
+    }
+
+    // fp16 scores with softcap: s <- s + c scale (s = (S - c) scale), row by row.
+    __aicore__ inline void AddOffsetToScores(const AscendC::LocalTensor<float>& s)
+    {
+        RowBroadcast<RowOp::kSubtract>(s, feature_, broadcast_, rows_, t_.blockK);
     }
 
     __aicore__ inline void StoreBlock(AscendC::TQue<AscendC::TPosition::VECOUT, 1>& que,
@@ -472,6 +484,9 @@ private:
             AscendC::Maxs(lse, lse, kLowest, static_cast<int32_t>(rows_));
             AscendC::PipeBarrier<PIPE_V>();
             if (softcap_ > 0.0f) {
+                if constexpr (ScoreType<S>::kHalf) {
+                    AddOffsetToScores(s);
+                }
                 Softcap(s, tanh_, feature_, softcap_, count);
             }
             if (alibi_) {

@@ -44,6 +44,9 @@ CASES = {
     "window_alibi": (2, 2, 256, 384, 32, False, 1.0,
                      dict(window_left=96, window_right=8, alibi_slopes=(0.25, 0.0625))),
     "large_logits": (2, 1, 128, 1024, 64, True, 3.0, {}),
+    # softcap's tanh takes the scores themselves: the backward adds its offset back to
+    # them, rather than folding it into lse.
+    "softcap": (2, 2, 128, 256, 32, False, 1.5, dict(softcap=3.0)),
 }
 
 METRICS = [f"{name} {kind}" for name in ("out", "lse", "dq", "dk", "dv")
@@ -65,6 +68,7 @@ def _variant(batch_heads: int, features: dict, fp16_scores: bool) -> Variant:
     slopes = features.get("alibi_slopes")
     return Variant(window_left=features.get("window_left", -1),
                    window_right=features.get("window_right", -1),
+                   softcap=features.get("softcap", 0.0),
                    alibi_slopes=None if slopes is None else
                    torch.tensor(slopes, dtype=torch.float32).expand(1, batch_heads),
                    fp16_scores=fp16_scores)

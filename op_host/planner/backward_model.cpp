@@ -99,6 +99,10 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
         AppendVec(v, VecOp::kScalarArith, FloatRepeats(rows), true, 4);  // scale, clamp, * 16 scale
         AppendVec(v, VecOp::kCast, FloatRepeats(rows), true, 2);         // to fp16 and back
         AppendVec(v, VecOp::kBinary, FloatRepeats(rows), true);          // lse - c scale
+        if (variant.softcap > 0) {  // softcap takes the scores themselves: + c scale per row
+            AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);
+            AppendVec(v, VecOp::kBinary, tile, true);
+        }
     }
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
     if (variant.softcap > 0) {  // Softcap (flash_attention_features.h)
