@@ -3,6 +3,8 @@
 // that order the exchange of one step (a query block x key block):
 //   AIC -> AIV  kFlagGradScores  S and dP of the step are in the exchange slot
 //   AIV -> AIC  kFlagGradProbs   P and dS of the step are in the exchange slot
+// and, with fp16 scores, once before the first step:
+//   AIV -> AIC  kFlagGradOffsets the query rows' offset panels are in the workspace
 #ifndef FLASH_CANN_FLASH_ATTENTION_GRAD_COMMON_H
 #define FLASH_CANN_FLASH_ATTENTION_GRAD_COMMON_H
 
@@ -16,6 +18,9 @@ namespace flash_cann {
 
 constexpr uint16_t kFlagGradScores = 4;
 constexpr uint16_t kFlagGradProbs = 5;
+// fp16 scores only, once per launch: AIV -> AIC, every row's offset panel is in the
+// workspace (the pre-pass wrote them, and every vector core has passed its barrier).
+constexpr uint16_t kFlagGradOffsets = 6;
 
 // The GM tensors the vector half reads and writes; gradSoftmaxLse may be null (no
 // gradient reaches lse), keyPaddingMask is null without a mask, and the feature inputs
@@ -58,6 +63,7 @@ public:
         gradProbs_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + scoreBytes));
         probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes));
         gradScores_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + 2 * scoreBytes + probBytes));
+        offsets_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(userWorkspace + ws.offsets));
         scoreSlot_ = ws.scoresSlot / sizeof(S);
         gradProbSlot_ = ws.scoresSlot / sizeof(float);
         probSlot_ = ws.probsSlot / sizeof(T);
@@ -65,6 +71,12 @@ public:
     }
     // D of query row `row` of the flattened (batch, head_q, seqlen_q) space.
     __aicore__ inline AscendC::GlobalTensor<float> Delta(uint64_t row) const { return delta_[row]; }
+    // fp16 scores: the offset panel's rows (kScoreOffsetColumns elements each), from
+    // flattened query row `row`.
+    __aicore__ inline AscendC::GlobalTensor<T> Offsets(uint64_t row) const
+    {
+        return offsets_[row * kScoreOffsetColumns];
+    }
     // The fp32 dQ accumulator, from flattened query row `row`.
     __aicore__ inline AscendC::GlobalTensor<float> QueryGrad(uint64_t row) const { return dq_[row * pad_]; }
     __aicore__ inline AscendC::GlobalTensor<float> QueryGradRegion() const { return dq_; }
@@ -92,7 +104,7 @@ public:
 private:
     AscendC::GlobalTensor<float> delta_, dq_, dk_, dv_, gradProbs_;
     AscendC::GlobalTensor<S> scores_;
-    AscendC::GlobalTensor<T> probs_, gradScores_;
+    AscendC::GlobalTensor<T> probs_, gradScores_, offsets_;
     uint64_t scoreSlot_ = 0, gradProbSlot_ = 0, probSlot_ = 0;
     uint32_t pad_ = 0;
 };

@@ -82,6 +82,11 @@ public:
 
     __aicore__ inline void Process()
     {
+        if constexpr (ScoreType<S>::kHalf) {
+            // The first Q block's offset panel is the pre-pass's: the cube waits for it
+            // (the products of the first steps no longer overlap the pre-pass).
+            AscendC::CrossCoreWaitFlag(kFlagGradOffsets);
+        }
         RunPass<false>();
         if constexpr (DETERMINISTIC) {
             RunPass<true>();
@@ -139,6 +144,13 @@ private:
         const GradUnit& unit = step.unit;
         const uint64_t offset = KeyElement(t_, unit, unit.key0);
         AscendC::LocalTensor<T> kv = kvQue_.template AllocTensor<T>();
+        if constexpr (ScoreType<S>::kHalf) {  // K's ones panel (flash_attention_scores.h)
+            AscendC::InitConstValue(kv[t_.blockK * t_.headDimPad],
+                                    AscendC::InitConstValueParams<T>(
+                                        1, static_cast<uint16_t>(t_.blockK * kScoreOffsetColumns * sizeof(T) /
+                                                                 kByteBlock),
+                                        0, T(1.0f)));
+        }
         LoadNz(kv, k_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
         LoadNz(kv[vOffset_], v_[offset], unit.keys, t_.blockK, t_.headDim, t_.headDimPad, t_.kvStrideRow);
         kvQue_.EnQue(kv);
@@ -152,6 +164,11 @@ private:
         const uint64_t offset = QueryElement(t_, step.unit, step.step.headQ, step.step.row0);
         AscendC::LocalTensor<T> qdo = qdoQue_.template AllocTensor<T>();
         LoadNz(qdo, q_[offset], step.step.rows, rows16, t_.headDim, t_.headDimPad, t_.qStrideRow);
+        if constexpr (ScoreType<S>::kHalf) {  // Q's offset panel, after its last panel
+            const uint64_t row = QueryRowIndex(t_, step.unit, step.step.headQ, step.step.row0);
+            LoadNz(qdo[rows16 * t_.headDimPad], buffers_.Offsets(row), step.step.rows, rows16, kScoreOffsetColumns,
+                   kScoreOffsetColumns, kScoreOffsetColumns);
+        }
         LoadNz(qdo[doOffset_], do_[offset], step.step.rows, rows16, t_.headDim, t_.headDimPad, t_.qStrideRow);
         qdoQue_.EnQue(qdo);
         step.qL1 = qdoQue_.template DeQue<T>();
@@ -244,17 +261,20 @@ private:
         MultiplyInPieces(dst, a, b, m, n, k, rowsOut, pitch, false, true, true);
     }
 
-    // S = Q K^T and dP = dO V^T of the step, into exchange slot `slot`.
+    // S = Q K^T and dP = dO V^T of the step, into exchange slot `slot`. With fp16 scores
+    // S runs over ScoreDepth: Q's offset panel times K's ones panel subtracts each row's
+    // offset c in L0C, before the Fixpipe rounds S - c to fp16.
     __aicore__ inline void ComputeScores(InFlight& in)
     {
         const uint32_t d = t_.headDimPad;
+        const uint32_t ds = ScoreDepth(t_);
         const uint32_t bk = t_.blockK;
         const uint32_t rows16 = AlignUp(in.step.rows, kCubeBlock);
         AscendC::LocalTensor<T> a = aQue_.template AllocTensor<T>();
-        LoadLeft(a, in.qL1, rows16, d);
+        LoadLeft(a, in.qL1, rows16, ds);
         AscendC::LocalTensor<T> b = bQue_.template AllocTensor<T>();
-        LoadRightTransposed(b, in.kL1, bk, d);
-        MultiplyOut(buffers_.Scores(in.slot, 0), a, b, rows16, bk, d, rows16, bk);
+        LoadRightTransposed(b, in.kL1, bk, ds);
+        MultiplyOut(buffers_.Scores(in.slot, 0), a, b, rows16, bk, ds, rows16, bk);
 
         a = aQue_.template AllocTensor<T>();
         LoadLeft(a, in.doL1, rows16, d);

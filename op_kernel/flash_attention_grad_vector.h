@@ -106,6 +106,10 @@ public:
         // Every vector core's dQ zeroing and D precede any step: the cube's dQ adds wait for
         // this core's P/dS flags, so the cube need not join this barrier.
         AscendC::SyncAll<true>();
+        if constexpr (ScoreType<S>::kHalf) {
+            // Every row's offset panel (ComputeDelta) precedes the cube's first S.
+            AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(kFlagGradOffsets);
+        }
         RunPass<false>();
         if constexpr (DETERMINISTIC) {
             RunPass<true>();
@@ -292,7 +296,36 @@ private:
             AscendC::DataCopyPad(buffers_.Delta(row), delta,
                                  AscendC::DataCopyExtParams(1, chunk.rows * sizeof(float), 0, 0, 0));
             rowOutQue_.FreeTensor(delta);
+            if constexpr (ScoreType<S>::kHalf) {
+                WriteOffsetPanel(row, chunk.row0, chunk.rows);
+            }
         }
+    }
+
+    // fp16 scores: the rows' offset panel (-a in each of its kScoreOffsetColumns columns,
+    // ScoreOffsetHalves) from their lse, into the workspace, where the cube loads it beside
+    // Q. Rows firstRow .. of their sequence. acc_ and operand_ are free here (RowSum has
+    // read acc_; the next chunk's Casts wait for the barrier at the end).
+    __aicore__ inline void WriteOffsetPanel(uint64_t row, uint32_t firstRow, uint32_t rows)
+    {
+        AscendC::LocalTensor<float> lse = passLoadQue_.template AllocTensor<float>();
+        AscendC::DataCopyPad(lse, lse_[row], AscendC::DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0),
+                             AscendC::DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
+        passLoadQue_.EnQue(lse);
+        lse = passLoadQue_.template DeQue<float>();
+        const AscendC::LocalTensor<half> negA = operand_.template ReinterpretCast<half>();
+        OffsetShift(acc_, acc_[t_.passRows], firstRow, rows);
+        ScoreOffsetHalves(negA, acc_, lse, t_.scale, rows);
+        passLoadQue_.FreeTensor(lse);
+        // Each row's -a over one 32-byte block: the panel's row of 16 halves.
+        AscendC::LocalTensor<T> panel = passOutQue_.template AllocTensor<T>();
+        AscendC::Brcb(panel, negA, static_cast<uint8_t>((rows + kFloatsPerBlock - 1) / kFloatsPerBlock),
+                      AscendC::BrcbRepeatParams(1, kFloatsPerBlock));
+        AscendC::PipeBarrier<PIPE_V>();  // Brcb's reads of operand_ -> the next chunk's Cast
+        passOutQue_.EnQue(panel);
+        panel = passOutQue_.template DeQue<T>();
+        AscendC::DataCopy(buffers_.Offsets(row), panel, rows * kScoreOffsetColumns);
+        passOutQue_.FreeTensor(panel);
     }
 
     // ---- main loop ------------------------------------------------------------------
@@ -330,6 +363,89 @@ private:
         }
     }
 
+    // fp16 scores: the shift of the offset (ScoreOffsetHalves: c = (lse - shift) / scale)
+    // of rows firstRow .. firstRow + count - 1 of their sequence: half the log of the keys
+    // the row sees. Where a row's probability mass sits is not known before its scores
+    // are: at p ~ 1 (a peaked row; c = lse / scale is its max) or at p ~ 1 / n (a flat row
+    // of n keys; its bulk is near (lse - ln n) / scale), and the rounding error of a score
+    // is proportional to |s - c|, so the midpoint ln(n) / 2 halves the worst case of both
+    // (docs/kernel.md, "The fp16-score fast path", has the measured alternatives). n:
+    // the causal bound and the window's sides, within [1, seqlenK] (a key mask is not
+    // counted); packed sequences: the widest row's, as the pre-pass does not know a row's
+    // sequence.
+    __aicore__ inline void OffsetShift(const AscendC::LocalTensor<float>& shift,
+                                       const AscendC::LocalTensor<float>& scratch, uint32_t firstRow, uint32_t count)
+    {
+        const int32_t n = static_cast<int32_t>(count);
+        const int64_t left = t_.variant.windowLeft;
+        const int64_t right = CAUSAL ? 0 : t_.variant.windowRight;
+        const float lastKey = static_cast<float>(t_.seqlenK) - 1.0f;
+        if (IsPacked(t_) || (left < 0 && right < 0)) {
+            const int64_t width = left >= 0 && right >= 0 ? left + right + 1 : int64_t{t_.seqlenK};
+            AscendC::Duplicate(shift, static_cast<float>(width < t_.seqlenK ? width : t_.seqlenK), n);
+        } else {
+            // Row i sees keys max(i + offset - left, 0) .. min(i + offset + right, seqlenK - 1).
+            const float offset = static_cast<float>(t_.causalOffset);
+            AscendC::CreateVecIndex(scratch, static_cast<float>(firstRow), count);
+            AscendC::PipeBarrier<PIPE_V>();  // the row index -> the bounds
+            if (right >= 0) {
+                AscendC::Adds(shift, scratch, offset + static_cast<float>(right), n);
+            } else {
+                AscendC::Duplicate(shift, lastKey, n);
+            }
+            AscendC::PipeBarrier<PIPE_V>();  // Adds' reads of the row index -> its update
+            if (left >= 0) {
+                AscendC::Adds(scratch, scratch, offset - static_cast<float>(left), n);
+            } else {
+                AscendC::Duplicate(scratch, 0.0f, n);
+            }
+            AscendC::PipeBarrier<PIPE_V>();  // the bounds -> their clamps
+            AscendC::Mins(shift, shift, lastKey, n);
+            AscendC::Maxs(scratch, scratch, 0.0f, n);
+            AscendC::PipeBarrier<PIPE_V>();  // the clamps -> Sub
+            AscendC::Sub(shift, shift, scratch, n);
+            AscendC::PipeBarrier<PIPE_V>();  // Sub -> Adds
+            AscendC::Adds(shift, shift, 1.0f, n);
+            AscendC::PipeBarrier<PIPE_V>();  // Adds -> Maxs
+            AscendC::Maxs(shift, shift, 1.0f, n);
+        }
+        AscendC::PipeBarrier<PIPE_V>();  // the key count -> Ln
+        AscendC::Ln(shift, shift, n);
+        AscendC::PipeBarrier<PIPE_V>();  // Ln -> Muls
+        AscendC::Muls(shift, shift, 0.5f, n);
+        AscendC::PipeBarrier<PIPE_V>();  // Muls -> ScoreOffsetHalves
+    }
+
+    // fp16 scores: the cube's S is S - c (c = 16 a, ScoreOffsetHalves). Without softcap
+    // S - c reaches exp scaled and shifted only (ALiBi, masks), so c scale folds into lse:
+    // P = exp((S - c) scale - (lse - c scale)), lse <- lse - c scale, in fp32, for this
+    // core's rows firstRow .. of their sequence; broadcast_ is scratch until RowBroadcast
+    // fills it. softcap's tanh needs the scores themselves: -c scale per row goes to
+    // feature_ (its scratch, free until Softcap) and AddOffsetToScores adds it back.
+    __aicore__ inline void AddOffsetToLse(const AscendC::LocalTensor<float>& lse, uint32_t firstRow)
+    {
+        const uint32_t floats = AlignUp(rows_, kFloatsPerBlock);
+        const AscendC::LocalTensor<float> work = softcap_ > 0.0f ? feature_ : broadcast_;
+        const AscendC::LocalTensor<half> negA = broadcast_[2 * floats].template ReinterpretCast<half>();
+        OffsetShift(work, broadcast_[floats], firstRow, rows_);
+        ScoreOffsetHalves(negA, work, lse, t_.scale, rows_);
+        AscendC::Cast(work, negA, AscendC::RoundMode::CAST_NONE, rows_);
+        AscendC::PipeBarrier<PIPE_V>();  // Cast -> Muls
+        AscendC::Muls(work, work, t_.scale * kScoreOffsetColumns, static_cast<int32_t>(rows_));  // -c scale
+        if (softcap_ > 0.0f) {
+            return;  // the next V step orders feature_'s write before its read (RowBroadcast)
+        }
+        AscendC::PipeBarrier<PIPE_V>();  // Muls -> Add
+        // Add -> lse's clamp: WidenScores' barriers, in between, order them.
+        AscendC::Add(lse, lse, work, static_cast<int32_t>(rows_));
+    }
+
+    // fp16 scores with softcap: s <- s + c scale (s = (S - c) scale), row by row.
+    __aicore__ inline void AddOffsetToScores(const AscendC::LocalTensor<float>& s)
+    {
+        RowBroadcast<RowOp::kSubtract>(s, feature_, broadcast_, rows_, t_.blockK);
+    }
+
     __aicore__ inline void StoreBlock(AscendC::TQue<AscendC::TPosition::VECOUT, 1>& que,
                                       const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<float>& src)
     {
@@ -356,6 +472,9 @@ private:
             // A scalar read of GM, issued before the tile's loads are waited for.
             const float slope = alibi_ ? alibiBias_.Slope(unit.batch, step.headQ) : 0.0f;
             AscendC::LocalTensor<float> lse = LoadRowValues(lseQue_, lse_[row]);
+            if constexpr (ScoreType<S>::kHalf) {
+                AddOffsetToLse(lse, firstRow);
+            }
             AscendC::LocalTensor<float> delta = LoadRowValues(deltaQue_, buffers_.Delta(row));
             AscendC::LocalTensor<S> loaded = LoadBlock(sQue_, buffers_.Scores(slot, rowOffset * bk));
             AscendC::LocalTensor<float> s = Widen(loaded, count);
@@ -365,6 +484,9 @@ private:
             AscendC::Maxs(lse, lse, kLowest, static_cast<int32_t>(rows_));
             AscendC::PipeBarrier<PIPE_V>();
             if (softcap_ > 0.0f) {
+                if constexpr (ScoreType<S>::kHalf) {
+                    AddOffsetToScores(s);
+                }
                 Softcap(s, tanh_, feature_, softcap_, count);
             }
             if (alibi_) {

@@ -123,20 +123,32 @@ struct GradTilingData {
 // The most L0C product scratch copies the planner gives the kernel.
 constexpr uint32_t kGradMaxL0cScratch = 2;
 
+// The depth of the S product Q K^T: headDimPad, and with fp16 scores one more 16-column
+// panel (kScoreOffsetColumns) on each side, Q's holding -c / 16 in every column and K's
+// ones, so that the product is S - c, c the row's offset (flash_attention_scores.h).
+__aicore__ inline uint32_t ScoreDepth(const GradTilingData& t)
+{
+    return t.headDimPad + (t.fp16Scores != 0 ? kScoreOffsetColumns : 0u);
+}
+
 // Bytes of every buffer the kernel allocates: one copy each unless its comment gives a
 // count. One formula for the planner's accounting and the kernel's InitBuffer
 // calls. AIC buffers live in L1/L0A/L0B/L0C; each AIV has its own UB.
 struct GradBufferBytes {
     // AIC, L1 (Nz)
-    uint32_t qL1;       // query block (blockQ x D) (kGradStepsInFlight of them)
+    uint32_t qL1;       // query block (blockQ x ScoreDepth: the offset panel with fp16
+                        // scores) (kGradStepsInFlight of them)
     uint32_t doL1;      // grad_out block (blockQ x D) (kGradStepsInFlight of them)
-    uint32_t kL1;       // key block (blockK x D), resident for a unit (kGradStepsInFlight)
+    uint32_t kL1;       // key block (blockK x ScoreDepth: the ones panel with fp16 scores),
+                        // resident for a unit (kGradStepsInFlight)
     uint32_t vL1;       // value block (blockK x D), resident for a unit (kGradStepsInFlight)
     uint32_t pL1;       // probabilities (blockQ x blockK)
     uint32_t dsL1;      // dS (blockQ x blockK)
     // AIC, L0
-    uint32_t l0a;       // A: Q, dO, dS (blockQ rows) or P^T, dS^T (blockK rows)
-    uint32_t l0b;       // B: K^T, V^T (D x blockK) or dO, Q (blockQ x D) or K (blockK x D)
+    uint32_t l0a;       // A: Q (with its offset panel), dO, dS (blockQ rows) or P^T, dS^T
+                        // (blockK rows)
+    uint32_t l0b;       // B: K^T (with the ones panel), V^T (D x blockK) or dO, Q (blockQ x
+                        // D) or K (blockK x D)
     uint32_t l0c;       // product scratch: a piece of S, dP (productRows x blockK) or dQ
                         // (productRows x dqColumns), fp32 (l0cScratchBuffers of them)
     uint32_t dkL0c;     // dK accumulator of a unit (blockK x D), fp32
@@ -202,15 +214,18 @@ __aicore__ inline GradBufferBytes ComputeGradBufferBytes(const GradTilingData& t
     const uint32_t d = t.headDimPad;
     const uint32_t rows = bq / 2;
     const uint32_t qk = bq * bk;
+    // S = Q K^T runs over depth ds: with fp16 scores Q carries the offset panel and K the
+    // ones panel (ScoreDepth).
+    const uint32_t ds = ScoreDepth(t);
     GradBufferBytes b{};
-    b.qL1 = bq * d * elemBytes;
+    b.qL1 = bq * ds * elemBytes;
     b.doL1 = bq * d * elemBytes;
-    b.kL1 = bk * d * elemBytes;
+    b.kL1 = bk * ds * elemBytes;
     b.vL1 = bk * d * elemBytes;
     b.pL1 = qk * elemBytes;
     b.dsL1 = qk * elemBytes;
-    b.l0a = (bq * d > qk ? bq * d : qk) * elemBytes;
-    b.l0b = (bk > bq ? bk : bq) * d * elemBytes;
+    b.l0a = (bq * ds > qk ? bq * ds : qk) * elemBytes;
+    b.l0b = (bk * ds > bq * d ? bk * ds : bq * d) * elemBytes;
     b.l0c = t.productRows * (bk > t.dqColumns ? bk : t.dqColumns) * 4u;
     b.dkL0c = bk * d * 4u;
     b.dvL0c = bk * d * 4u;
@@ -276,12 +291,17 @@ __aicore__ inline uint32_t GradKeyRowsPerPair(const GradTilingData& t)
 //   dk, dv    fp32 [key row][headDimPad] (GradKeyRows), unscaled
 //   exchange  per AI core, kGradExchangeSlots slots of S and dP (fp32) and P and dS
 //             (input dtype), blockQ x blockK each, row-major
+//   offsets   fp16 scores only: per query row kScoreOffsetColumns halves, -c / 16 in
+//             each (c the row's score offset, from lse): the rows of Q's offset panel.
+//             After the exchange, so that the packed layouts' zeroing of dq .. exchange
+//             never meets the pre-pass's writes of it.
 struct GradWorkspace {
     uint64_t delta;
     uint64_t dq;
     uint64_t dk;
     uint64_t dv;
     uint64_t exchange;
+    uint64_t offsets;
     uint64_t exchangePerCore;
     uint64_t scoresSlot;  // bytes of one fp32 slot (S or dP)
     uint64_t probsSlot;   // bytes of one input-dtype slot (P or dS)
@@ -304,7 +324,8 @@ struct GradWorkspace {
         scoresSlot = Align(uint64_t{t.blockQ} * t.blockK * 4);
         probsSlot = Align(uint64_t{t.blockQ} * t.blockK * elemBytes);
         exchangePerCore = kGradExchangeSlots * 2 * (scoresSlot + probsSlot);
-        total = exchange + t.usedCores * exchangePerCore;
+        offsets = exchange + t.usedCores * exchangePerCore;
+        total = offsets + (t.fp16Scores != 0 ? Align(queryRows * kScoreOffsetColumns * 2) : 0);
     }
 };
 

@@ -26,6 +26,9 @@ constexpr uint32_t kMaxCores = 48;
 // The cube works on 16 x 16 fractals; every matrix dimension is padded to this.
 constexpr uint32_t kCubeBlock = 16;
 constexpr uint32_t kByteBlock = 32;  // UB/L1 alignment and DataCopy unit
+// fp16 scores: the extra depth of the S product that subtracts each row's offset (one
+// fractal panel; flash_attention_scores.h).
+constexpr uint32_t kScoreOffsetColumns = kCubeBlock;
 
 // TND: packed sequences (tokens, heads, head_dim), delimited by cu_seqlens_q/k in GM
 // (flash_cann_packed.h); seqlenQ/seqlenK are then max_seqlen_q/k, bounds for sizing.

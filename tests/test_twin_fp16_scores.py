@@ -6,11 +6,15 @@ takes its own forward's out and lse) must be <= 3x the default (fp32-score) path
 The rule does NOT hold everywhere, and this file says exactly where: KNOWN_VIOLATIONS
 lists the (case, metric) cells that break it, as measured, and the test fails if a cell
 breaks the rule that is not listed, or a listed cell keeps it (so the list cannot go
-stale). Why they break (docs/kernel.md, "The fp16-score fast path"): the Fixpipe rounds
-the unscaled S = QK^T to fp16, an error of |scaled logit| x 2^-12 per score, where the
-default path's probabilities carry only P's own fp16 rounding (2^-12 relative); lse,
+stale). Why they break (docs/kernel.md, "The fp16-score fast path"): the forward's Fixpipe
+rounds the unscaled S = QK^T to fp16, an error of |scaled logit| x 2^-12 per score, where
+the default path's probabilities carry only P's own fp16 rounding (2^-12 relative); lse,
 fp32-exact on the default path, inherits the rounding of the row max, and the gradients
-inherit both.
+inherit both through out and lse. The backward rounds S - c instead, c a per-row offset
+from lse (the cube subtracts it before the Fixpipe): on its own, given the default
+forward's out and lse, it keeps the rule in every cell of these cases
+(test_the_fast_backward_keeps_the_rule; docs/kernel.md has the shape it misses, peaked
+rows over 4096 keys, measured once and not run here).
 
 Scores past fp16's range (|QK^T| > 65504) overflow to inf in the Fixpipe (the twin does
 not assume saturation); the vector cores clamp them to +-65504, so rows stay finite.
@@ -40,16 +44,19 @@ CASES = {
     "window_alibi": (2, 2, 256, 384, 32, False, 1.0,
                      dict(window_left=96, window_right=8, alibi_slopes=(0.25, 0.0625))),
     "large_logits": (2, 1, 128, 1024, 64, True, 3.0, {}),
+    # softcap's tanh takes the scores themselves: the backward adds its offset back to
+    # them, rather than folding it into lse.
+    "softcap": (2, 2, 128, 256, 32, False, 1.5, dict(softcap=3.0)),
 }
 
 METRICS = [f"{name} {kind}" for name in ("out", "lse", "dq", "dk", "dv")
            for kind in ("max", "mean")]
 # (case, metric) cells where the fast path's error exceeds RULE x the default path's, as
-# measured on the twin (ratios in docs/kernel.md): lse in every case, every metric at
-# large logits, and the largest dK and dV errors over 1536 keys.
+# measured on the twin (ratios in docs/kernel.md): lse in every case, and at large logits
+# every metric (the forward's S rounding, which the backward inherits through out and lse).
 KNOWN_VIOLATIONS = ({(case, m) for case in CASES for m in ("lse max", "lse mean")}
-                    | {("large_logits", m) for m in METRICS}
-                    | {("gqa_1536_keys", "dk max"), ("gqa_1536_keys", "dv max")})
+                    | {("large_logits", m) for m in METRICS})
+GRADIENTS = [f"{name} {kind}" for name in ("dq", "dk", "dv") for kind in ("max", "mean")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,6 +68,7 @@ def _variant(batch_heads: int, features: dict, fp16_scores: bool) -> Variant:
     slopes = features.get("alibi_slopes")
     return Variant(window_left=features.get("window_left", -1),
                    window_right=features.get("window_right", -1),
+                   softcap=features.get("softcap", 0.0),
                    alibi_slopes=None if slopes is None else
                    torch.tensor(slopes, dtype=torch.float32).expand(1, batch_heads),
                    fp16_scores=fp16_scores)
@@ -77,10 +85,12 @@ def _errors(results, oracle) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def ratios() -> dict[tuple[str, str], float]:
-    """(case, metric) -> the fast path's error / the default path's, both vs float64."""
+def ratios() -> dict[str, dict[tuple[str, str], float]]:
+    """(case, metric) -> the fast path's error / the default path's, both vs float64:
+    "path" the fast forward and its backward, "backward" the fast backward given the
+    default forward's out and lse."""
     g = torch.Generator().manual_seed(25)
-    table = {}
+    tables = {"path": {}, "backward": {}}
     for name, (hq, hk, sq, sk, d, causal, amplitude, features) in CASES.items():
         q, k, v = make_qkv(1, hq, hk, sq, sk, d, torch.float16, "BNSD", generator=g)
         q, k = ((t.float() * amplitude).half() for t in (q, k))
@@ -92,27 +102,48 @@ def ratios() -> dict[tuple[str, str], float]:
                                                variant=_variant(hq, features, False))
         oracle = (ref_out.detach(), ref_lse.detach(),
                   *torch.autograd.grad(ref_out, inputs, grad_out.double()))
-        errors = []
+        errors, forwards = [], []
         for fast in (False, True):
             options = dict(scale=scale, causal=causal, layout="BNSD",
                            variant=_variant(hq, features, fast))
             out, lse = twin.forward(q, k, v, None, **options)
+            forwards.append((out, lse))
             grads = twin.backward(grad_out, q, k, v, out, lse, None, None, **options)[:3]
             errors.append(_errors((out, lse, *grads), oracle))
+        options = dict(scale=scale, causal=causal, layout="BNSD",
+                       variant=_variant(hq, features, True))
+        grads = twin.backward(grad_out, q, k, v, *forwards[0], None, None, **options)[:3]
+        alone = _errors((*forwards[0], *grads), oracle)
         for metric in errors[0]:
-            table[(name, metric)] = errors[1][metric] / max(errors[0][metric], 1e-12)
-    return table
+            floor = max(errors[0][metric], 1e-12)
+            tables["path"][(name, metric)] = errors[1][metric] / floor
+            if metric in GRADIENTS:
+                tables["backward"][(name, metric)] = alone[metric] / floor
+    return tables
+
+
+def _print(table) -> None:
+    print("\n" + "\n".join(f"{case:<14} {metric:<8} {ratio:8.2f}"
+                            for (case, metric), ratio in sorted(table.items())))
 
 
 def test_fast_path_breaks_the_accuracy_rule_only_where_known(ratios):
     """Issue 25's rule, cell by cell: a new violation fails, and so does a listed cell that
     now keeps the rule (update KNOWN_VIOLATIONS and docs/kernel.md's ratios)."""
-    print("\n" + "\n".join(f"{case:<14} {metric:<8} {ratio:8.2f}"
-                           for (case, metric), ratio in sorted(ratios.items())))
-    broken = {cell for cell, ratio in ratios.items() if ratio > RULE}
+    _print(ratios["path"])
+    broken = {cell for cell, ratio in ratios["path"].items() if ratio > RULE}
     assert broken - KNOWN_VIOLATIONS == set(), f"new violations: {broken - KNOWN_VIOLATIONS}"
     assert KNOWN_VIOLATIONS - broken == set(), (
         f"cells that now keep the rule: {KNOWN_VIOLATIONS - broken}")
+
+
+def test_the_fast_backward_keeps_the_rule(ratios):
+    """The backward's score offset (c from lse, subtracted on the cube before the Fixpipe):
+    given the default forward's out and lse, its dq, dk and dv errors are within RULE x the
+    default backward's in every case, large logits included."""
+    _print(ratios["backward"])
+    broken = {cell: round(r, 2) for cell, r in ratios["backward"].items() if r > RULE}
+    assert broken == {}, f"the fast backward breaks the rule: {broken}"
 
 
 def test_overflowing_scores_stay_finite():

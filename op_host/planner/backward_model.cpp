@@ -24,6 +24,7 @@ struct StepCosts {
     double mte1S, mte1Dp, mte1Dq;
     std::vector<double> mte1Acc;               // products accumulated in L0C: dV, dK (dQ)
     double mmad;                                // one of the products, whole
+    double mmadS;                               // S (deeper with fp16 scores' offset panel)
     uint32_t scorePieces = 1;                   // Mmad + Fixpipe pieces of S, dP (productRows)
     uint32_t dqPieces = 0;                      // ... of the fast dQ (0: no dQ product in the step)
     double fixScores, fixDp, fixDq, fixUnit;    // S; dP; dQ (atomic); dK + dV (dQ) per unit
@@ -61,13 +62,17 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     // One transfer per operand, one Mmad and its LoadDatas per product (pieces: one
     // Mmad and one Fixpipe each, engine_rates' per-instruction and per-transfer costs).
     const double pieces = std::ceil(bq / productRows);
-    const double loadQ = r.L2ToL1(2 * bq * dim * e, 2);   // Q, dO
-    const double loadKv = r.L2ToL1(2 * bk * dim * e, 2);  // K, V
+    // fp16 scores: Q's offset panel is one more transfer with Q, K's ones panel one more
+    // L1 fill (MTE2) with K, and S's product is that much deeper.
+    const double x = d.scoreOffsetColumns;
+    const bool offset = x > 0;
+    const double loadQ = r.L2ToL1(2 * bq * dim * e + bq * x * e, offset ? 3 : 2);   // Q (, panel), dO
+    const double loadKv = r.L2ToL1(2 * bk * dim * e + bk * x * e, offset ? 3 : 2);  // K (, ones), V
     c.loadUnit = queryPass ? loadQ : loadKv;
     c.loadStep = queryPass ? loadKv : loadQ;
     c.loadPds = r.L2ToL1((queryPass ? 1 : 2) * bq * bk * e, queryPass ? 1 : 2);
-    c.mte1S = r.L1ToL0a(bq * dim * e, 1) + r.L1ToL0b(bk * dim * e, 1);   // Q, K^T
-    c.mte1Dp = c.mte1S;                                                  // dO, V^T
+    c.mte1S = r.L1ToL0a(bq * (dim + x) * e, 1) + r.L1ToL0b(bk * (dim + x) * e, 1);   // Q, K^T
+    c.mte1Dp = r.L1ToL0a(bq * dim * e, 1) + r.L1ToL0b(bk * dim * e, 1);              // dO, V^T
     const double mte1Dv = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bq * dim * e, 1);  // P^T, dO (dS^T, Q for dK)
     c.mte1Dq = r.L1ToL0a(bq * bk * e, 1) + r.L1ToL0b(bk * dim * e, 1);  // dS, K
     if (queryPass) {
@@ -76,6 +81,7 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
         c.mte1Acc = {mte1Dv, mte1Dv};
     }
     c.mmad = r.Mmad(bq * bk * dim, pieces);
+    c.mmadS = r.Mmad(bq * bk * (dim + x), pieces);
     c.scorePieces = static_cast<uint32_t>(pieces);
     c.dqPieces = queryPass || d.deterministic ? 0
                                               : c.scorePieces * static_cast<uint32_t>(std::ceil(dim / dqColumns));
@@ -88,6 +94,15 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     if (d.scoreBytes < 4) {  // fp16 S: widened to fp32, clamped to +-65504
         const VecProgram widen = ScoreWidenProgram(rows, bk);
         v.insert(v.end(), widen.begin(), widen.end());
+    }
+    if (offset) {  // lse -= c scale: the offset, from lse (AddOffsetToLse), on one row each
+        AppendVec(v, VecOp::kScalarArith, FloatRepeats(rows), true, 4);  // scale, clamp, * 16 scale
+        AppendVec(v, VecOp::kCast, FloatRepeats(rows), true, 2);         // to fp16 and back
+        AppendVec(v, VecOp::kBinary, FloatRepeats(rows), true);          // lse - c scale
+        if (variant.softcap > 0) {  // softcap takes the scores themselves: + c scale per row
+            AppendVec(v, VecOp::kBroadcast, std::ceil(rows / 8), true);
+            AppendVec(v, VecOp::kBinary, tile, true);
+        }
     }
     AppendVec(v, VecOp::kScalarArith, tile, true);                  // S * scale
     if (variant.softcap > 0) {  // Softcap (flash_attention_features.h)
@@ -129,12 +144,12 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     c.vecCompute = VecSeconds(v, r);
     const double pds = queryPass ? 1 : 2;
     c.vecOut = r.UbToL2(pds * rows * bk * e, pds);               // P and dS (dS)
-    c.l2BytesStep = (queryPass ? 2 * bk * dim * e : 2 * bq * dim * e)  // K, V (Q, dO) into L1
+    c.l2BytesStep = (queryPass ? 2 * bk * dim * e : 2 * bq * dim * e + bq * x * e)  // K, V (Q, dO, panel)
                     + pds * bq * bk * e                                 // P, dS (dS) into L1
                     + bq * bk * (d.scoreBytes + 4)                      // S, dP out
                     + (c.dqPieces > 0 ? 2 * bq * dim * 4 : 0)           // dQ read-add-write
                     + bq * bk * (d.scoreBytes + 4) + pds * bq * bk * e; // vector in and out
-    c.l2BytesUnit = queryPass ? 2 * bq * dim * e + bq * dim * 4       // Q, dO in; dQ out
+    c.l2BytesUnit = queryPass ? 2 * bq * dim * e + bq * x * e + bq * dim * 4  // Q, dO, panel in; dQ out
                               : 2 * bk * dim * e + 2 * bk * dim * 4;  // K, V in; dK, dV out
     return c;
 }
@@ -190,7 +205,7 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         }
         const Id load = t.Add(Engine::kCubeMte2, c.loadStep);
         t.After(load, unitLoad[u]);
-        ids[i].fixS = product(c.mte1S, c.mmad, c.scorePieces, c.fixScores, load).second;
+        ids[i].fixS = product(c.mte1S, c.mmadS, c.scorePieces, c.fixScores, load).second;
         ids[i].fixDp = product(c.mte1Dp, c.mmad, c.scorePieces, c.fixDp, load).second;
         if (i >= d.exchangeSlots) {  // workspace slot free once the vector has read it
             t.After(ids[i].fixS, ids[i - d.exchangeSlots].vecIn, flag);
@@ -469,8 +484,12 @@ BackwardPrediction PredictBackward(const BackwardDesign& d, const BackwardProble
     const double keyRows = double(pr.batch) * pr.headsKv * pr.seqlenK;
     const double dim = d.headDimPad;
     BackwardPrediction out;
-    // Pre-pass: read dO and O, write D, zero the dQ accumulator.
-    out.preSeconds = PassSeconds(2 * queryRows * dim * e, queryRows * 4 + queryRows * dim * 4, p, r);
+    // Pre-pass: read dO and O, write D, zero the dQ accumulator; fp16 scores: read lse,
+    // write the offset panels (the cube's first S waits for them: the pre-pass and the
+    // main loop are serial here either way).
+    const double x = d.scoreOffsetColumns;
+    out.preSeconds = PassSeconds(2 * queryRows * dim * e + (x > 0 ? queryRows * 4 : 0),
+                                 queryRows * 4 + queryRows * dim * 4 + queryRows * x * e, p, r);
     // Post-pass: read the fp32 dQ, dK, dV; write dQ, dK, dV.
     out.postSeconds = PassSeconds(queryRows * dim * 4 + 2 * keyRows * dim * 4,
                                   (queryRows + 2 * keyRows) * dim * e, p, r);

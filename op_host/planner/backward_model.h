@@ -49,6 +49,10 @@ struct BackwardDesign {
     bool deterministic = false;    // dQ by a query pass, accumulated in L0C, no atomics
     double scoreBytes = 4;         // S through Fixpipe and the workspace (2: fp16 scores,
                                    // widened to fp32 on the vector; dP stays fp32)
+    uint32_t scoreOffsetColumns = 0;  // fp16 scores: the S product's extra depth (Q's score
+                                      // offset panel, loaded with Q; K's ones panel, filled
+                                      // in L1 with K); the pre-pass writes the panels from
+                                      // lse and the vector adds the offset back into lse
     // Dropout: > 0, every step draws the tile's keep mask (DropoutMaskProgram, passes of
     // this many elements), selects P (for dV) and dP with it and scales dP by 1 / (1 - p)
     // (dV's 1 / (1 - p) folds into the post-pass).

@@ -312,9 +312,11 @@ std::vector<BufferUse> ListGradBuffers(const GradTilingData& t, uint32_t elemByt
 {
     const GradBufferBytes b = ComputeGradBufferBytes(t, elemBytes);
     std::vector<BufferUse> buffers = {
-        {"cube: Q block", "q_l1", MemLevel::L1, b.qL1, kGradStepsInFlight},
+        {t.fp16Scores ? "cube: Q block and its score offset panel" : "cube: Q block", "q_l1", MemLevel::L1,
+         b.qL1, kGradStepsInFlight},
         {"cube: dO block", "do_l1", MemLevel::L1, b.doL1, kGradStepsInFlight},
-        {"cube: K block, resident for a unit", "k_l1", MemLevel::L1, b.kL1, kGradStepsInFlight},
+        {t.fp16Scores ? "cube: K block and a ones panel, resident for a unit" : "cube: K block, resident for a unit",
+         "k_l1", MemLevel::L1, b.kL1, kGradStepsInFlight},
         {"cube: V block, resident for a unit", "v_l1", MemLevel::L1, b.vL1, kGradStepsInFlight},
         {"cube: P block", "p_l1", MemLevel::L1, b.pL1, 1},
         {"cube: dS block", "ds_l1", MemLevel::L1, b.dsL1, 1},
@@ -382,6 +384,7 @@ BackwardDesign GradDesign(const GradTilingData& t, DType dtype, bool determinist
     d.deterministic = deterministic;
     d.dropoutPassElements = t.variant.dropoutP > 0.0f ? GradDropoutPass(t.blockK) : 0;
     d.scoreBytes = t.fp16Scores != 0 ? 2 : 4;
+    d.scoreOffsetColumns = ScoreDepth(t) - t.headDimPad;
     return d;
 }
 
@@ -526,7 +529,8 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
 
     const GradWorkspace ws(t, elemBytes);
     plan.userWorkspaceBytes = ws.total;
-    plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.total - ws.exchange};
+    plan.workspace = {ws.dq - ws.delta, ws.dk - ws.dq, ws.exchange - ws.dk, ws.offsets - ws.exchange,
+                      ws.total - ws.offsets};
     plan.tilingKey = GradTilingKey(r.dtype == DType::BFloat16, r.causal, r.hasMask,
                                    request.deterministic, t.fp16Scores);
     return result;

@@ -47,6 +47,7 @@ struct GradWorkspaceUse {
     uint64_t dq;        // the fp32 dQ accumulator
     uint64_t dkdv;      // fp32 dK and dV
     uint64_t exchange;  // cube <-> vector slots of every used core
+    uint64_t offsets;   // fp16 scores: the query rows' score offset panels (0 otherwise)
 };
 
 struct GradPlan {

@@ -330,6 +330,7 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
             ow.Key("dq") << plan.workspace.dq;
             ow.Key("dk_dv") << plan.workspace.dkdv;
             ow.Key("exchange") << plan.workspace.exchange;
+            ow.Key("offsets") << plan.workspace.offsets;
         }
         o.Key("tiling");
         WriteGradTiling(out, plan.tiling);

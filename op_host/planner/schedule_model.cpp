@@ -53,6 +53,12 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     c.mte1Output = r.L1ToL0a(rows16 * k * e, subBlocks * c.passes) +
                    r.L1ToL0b(k * dim * e * c.passes, subBlocks * c.passes);
     c.mmad = r.Mmad(rows16 * k * dim, subBlocks * c.passes);
+    if (d.scoreOffsetColumns > 0) {  // the offset panel in, and its product per sub-block
+        const double x = d.scoreOffsetColumns;
+        c.loadK += r.L2ToL1(rows16 * x * e, 1);
+        c.mte1Scores += r.L1ToL0a(rows16 * x * e, c.passes);
+        c.mmad += r.Mmad(rows16 * k * x, subBlocks * c.passes);
+    }
     c.fixScores = r.Fixpipe(rows16 * k * d.scoreBytes, subBlocks * c.passes);
     c.fixOutput = d.outputBytes > 0 ? r.Fixpipe(rows16 * dim * d.outputBytes, c.passes) : 0;
     c.inScores = r.L2ToUb(sliceRows * k * d.scoreBytes, 1);
@@ -60,6 +66,15 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
                 VecSeconds(FeatureProgram(sliceRows, k, d.softcap, d.alibi), r) +
                 (d.widenScores ? VecSeconds(ScoreWidenProgram(sliceRows, k), r) : 0);
     c.outProbs = r.UbToL2(sliceRows * k * e, 1);
+    if (d.scoreOffsetColumns > 0) {  // per slice: m + c scale folded in, the next panel out
+        VecProgram fold;
+        AppendVec(fold, VecOp::kScalarArith, FloatRepeats(sliceRows), true, 3);
+        AppendVec(fold, VecOp::kBinary, FloatRepeats(sliceRows), true, 2);
+        AppendVec(fold, VecOp::kCast, FloatRepeats(sliceRows), true);
+        AppendVec(fold, VecOp::kBroadcast, std::ceil(sliceRows / 8), true);
+        c.softmax += VecSeconds(fold, r);
+        c.outProbs += r.UbToL2(sliceRows * d.scoreOffsetColumns * e, 1);
+    }
     c.diagonalExtra = VecSeconds(CausalMaskProgram(sliceRows, k, d.causalMaskPerRow), r);
     c.maskExtra = hasMask ? VecSeconds(KeyMaskProgram(sliceRows, k), r) : 0;
     if (d.dropoutPassElements > 0) {  // the slice's keep mask, then P = keep ? P : 0
@@ -78,6 +93,18 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     return c;
 }
 
+// A tile's fp32 lead rounds: S as fp32, no widening, no offset product.
+KernelDesign LeadDesign(const KernelDesign& d)
+{
+    KernelDesign lead = d;
+    if (d.fp32LeadRounds > 0) {
+        lead.scoreBytes = 4;
+        lead.widenScores = false;
+        lead.scoreOffsetColumns = 0;
+    }
+    return lead;
+}
+
 struct SimResult {
     double seconds = 0;
     EngineSeconds busy{};
@@ -87,13 +114,14 @@ struct SimResult {
 class ScheduleBuilder {
 public:
     ScheduleBuilder(const KernelDesign& d, const std::vector<TileWork>& tiles,
-                    const std::vector<RoundCosts>& costs, double flag)
-        : d_(d), costs_(costs), flag_(flag)
+                    const std::vector<RoundCosts>& costs, const std::vector<RoundCosts>& leadCosts,
+                    double flag)
+        : d_(d), costs_(costs), leadCosts_(leadCosts), flag_(flag)
     {
         for (uint32_t t = 0; t < tiles.size(); ++t) {
             for (uint32_t j = 0; j < tiles[t].rounds; ++j) {
                 const bool diagonal = j + tiles[t].diagonalRounds >= tiles[t].rounds;
-                rounds_.push_back({t, j == 0, j + 1 == tiles[t].rounds, diagonal});
+                rounds_.push_back({t, j == 0, j + 1 == tiles[t].rounds, diagonal, j < d.fp32LeadRounds});
             }
         }
         ids_.resize(rounds_.size());
@@ -116,6 +144,7 @@ private:
     struct Round {
         uint32_t tile;
         bool first, last, diagonal;
+        bool lead;  // one of the tile's fp32LeadRounds (KernelDesign)
     };
     struct RoundIds {
         Id loadK = Timeline::kNone, mte1S = Timeline::kNone, mmadS = Timeline::kNone,
@@ -133,7 +162,10 @@ private:
         bool output;
     };
 
-    const RoundCosts& Cost(size_t g) const { return costs_[rounds_[g].tile]; }
+    const RoundCosts& Cost(size_t g) const
+    {
+        return (rounds_[g].lead ? leadCosts_ : costs_)[rounds_[g].tile];
+    }
 
     void LoadKey(size_t g)
     {
@@ -315,6 +347,7 @@ private:
     };
     const KernelDesign& d_;
     const std::vector<RoundCosts>& costs_;
+    const std::vector<RoundCosts>& leadCosts_;  // a tile's fp32 lead rounds
     double flag_;
     Timeline timeline_;
     std::vector<Round> rounds_;
@@ -375,7 +408,8 @@ private:
     SimResult Run(const std::vector<TileWork>& tiles)
     {
         const std::vector<RoundCosts> costs(tiles.size(), CostRound(d_, tiles[0].rows, hasMask_, r_));
-        return ScheduleBuilder(d_, tiles, costs, r_.crossCoreFlag).Run();
+        const std::vector<RoundCosts> lead(tiles.size(), CostRound(LeadDesign(d_), tiles[0].rows, hasMask_, r_));
+        return ScheduleBuilder(d_, tiles, costs, lead, r_.crossCoreFlag).Run();
     }
 
     TileCost Simulate(const TileWork& tile)
@@ -388,7 +422,9 @@ private:
         cost.steady = (three.seconds - one.seconds) / 2;
         cost.busy = one.busy;
         const RoundCosts c = CostRound(d_, tile.rows, hasMask_, r_);
-        cost.l2Bytes = c.l2BytesRound * tile.rounds + c.l2BytesTile;
+        const uint32_t lead = std::min(tile.rounds, d_.fp32LeadRounds);
+        cost.l2Bytes = c.l2BytesRound * (tile.rounds - lead) + c.l2BytesTile +
+                       CostRound(LeadDesign(d_), tile.rows, hasMask_, r_).l2BytesRound * lead;
         return cost;
     }
 

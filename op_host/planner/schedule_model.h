@@ -117,6 +117,14 @@ struct KernelDesign {
     double scoreBytes = 4;       // S from Fixpipe to the vector cores
     bool widenScores = false;    // fp16 S (fp16_scores): the vector widens each slice to
                                  // fp32 and clamps it (ScoreWidenProgram) before the softmax
+    // fp16 S with a per-row offset (a design change, not built; docs/kernel.md, "The
+    // fp16-score fast path"): the cube subtracts c, the running max the vector hands back
+    // with P (kScoresAhead + 1 rounds late), by one more Mmad of depth scoreOffsetColumns
+    // per sub-block on an offset panel loaded per round (GM -> L1 -> L0A); the first
+    // fp32LeadRounds rounds of a tile, which have no c yet, leave S as fp32 (fp32-sized
+    // slots, no widening).
+    uint32_t scoreOffsetColumns = 0;
+    uint32_t fp32LeadRounds = 0;
     double outputBytes = 4;      // O partial per output element per round (0: none)
     double finalOutputBytes = 2; // the tile's output per element (the input dtype's)
     bool vectorBarriers = true;  // PipeBarrier<PIPE_V> between softmax steps

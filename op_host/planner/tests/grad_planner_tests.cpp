@@ -259,8 +259,9 @@ void CheckGradPlan(const GradPlanRequest& r, uint32_t cores)
     EXPECT(plan.userWorkspaceBytes == ws.total &&
                plan.workspace.dq == dq &&
                plan.workspace.exchange == t.usedCores * ws.exchangePerCore &&
+               plan.workspace.offsets == ws.total - ws.offsets &&
                plan.workspace.delta + plan.workspace.dq + plan.workspace.dkdv +
-                       plan.workspace.exchange == ws.total,
+                       plan.workspace.exchange + plan.workspace.offsets == ws.total,
            "%s: workspace %llu", what.c_str(), static_cast<unsigned long long>(ws.total));
     const uint64_t key = 20000 + 1000 * r.deterministic + 100 * (r.problem.dtype == DType::BFloat16) +
                          10 * r.problem.causal + r.problem.hasMask;

@@ -443,6 +443,16 @@ void TestFp16ScoresReport()
                         "%.1f%%); bound: %s\n", causal ? "causal    " : "non-causal",
                         static_cast<long long>(seqlen), 100 * p.cubeUtilization,
                         100 * d.cubeUtilization, p.bound.c_str());
+            // The forward's score offset, a design change not built (docs/kernel.md): the
+            // running max as c, kScoresAhead + 1 rounds late, the lead rounds in fp32.
+            KernelDesign offset = DesignFromTiling(t, 2);
+            offset.scoreOffsetColumns = kScoreOffsetColumns;
+            offset.fp32LeadRounds = kScoresAhead + 1;
+            const Prediction o = PredictDesign(offset, t, r, b2);
+            EXPECT(o.seconds > 0 && o.cubeUtilization < 1, "offset design prediction");
+            std::printf("fp16 scores: forward with the running-max offset (design change) %s seqlen %5lld: "
+                        "%.1f%% of cube peak; bound: %s\n", causal ? "causal    " : "non-causal",
+                        static_cast<long long>(seqlen), 100 * o.cubeUtilization, o.bound.c_str());
             const BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
             const auto backward = [&](bool fp16Scores) {
                 PlanRequest g = r;

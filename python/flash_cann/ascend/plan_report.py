@@ -216,7 +216,8 @@ def _backward_report(p: dict, deterministic: bool) -> None:
     mib = 2 ** 20
     print(f"\nworkspace  {p['user_workspace_bytes'] / mib:.2f} MiB (+ the API's system "
           f"workspace): D {ws['delta'] / mib:.2f}, dQ fp32 {ws['dq'] / mib:.2f}, dK/dV fp32 "
-          f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}")
+          f"{ws['dk_dv'] / mib:.2f}, cube<->vector exchange {ws['exchange'] / mib:.2f}"
+          + (f", score offset panels {ws['offsets'] / mib:.2f}" if ws["offsets"] else ""))
     pred = p["prediction"]
     if pred is None:
         print("\nPREDICTION: none for packed sequences (the backward model walks the planner's "
