@@ -25,7 +25,8 @@ def bnsd(batch=2, heads=4, seqlen=256, head_dim=128, dtype=torch.bfloat16):
 def on_sm90(monkeypatch):
     """Pretend the tensors live on an sm90 GPU with Gluon available."""
     monkeypatch.setattr(sm90, "_is_sm90", lambda device: True)
-    monkeypatch.setattr(sm90, "_gluon_available", lambda module="forward_sm90": True)
+    monkeypatch.setattr(sm90, "_gluon_available", lambda: True)
+    monkeypatch.setattr(sm90, "_gluon_reduce_available", lambda: True)
     monkeypatch.delenv("FLASH_CANN_SM90", raising=False)
 
 

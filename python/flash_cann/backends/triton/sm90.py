@@ -58,9 +58,18 @@ def setting() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_available(module: str = "forward_sm90") -> bool:
-    try:  # Triton with Gluon's Hopper API (3.5 on; the backward's reduce-add: 3.6)
-        importlib.import_module(f".kernels.{module}", __package__)
+def _gluon_available() -> bool:
+    try:  # Triton with Gluon's Hopper API (3.5 on)
+        importlib.import_module(".kernels.forward_sm90", __package__)
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_reduce_available() -> bool:
+    try:  # and a Gluon builder with the TMA reduce-add the backward issues (3.6)
+        importlib.import_module(".kernels.backward_sm90", __package__)
     except ImportError:
         return False
     return True
@@ -93,7 +102,7 @@ def backward_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_ou
     """Whether the Hopper backward serves this call (BNSD views; it reads q, k, v and dO
     through descriptors and writes dK, dV with plain stores)."""
     return (not deterministic and k.shape[2] >= BACKWARD_MIN_KEYS
-            and _gluon_available("backward_sm90") and eligible(q, k, v, grad_out, plain=plain, packed=packed,
+            and _gluon_reduce_available() and eligible(q, k, v, grad_out, plain=plain, packed=packed,
                          key_padding_mask=key_padding_mask, scale=scale))
 
 

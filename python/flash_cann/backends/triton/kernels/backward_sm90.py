@@ -6,7 +6,8 @@ One CTA owns a key block of 2 x 64 keys of one kv head and walks the query block
 see it (of every query head of the group), split into warp-specialised partitions:
 
 * the **loader** (1 warp) issues TMA copies: K and V of the key block once, then Q and
-  dO of every query block into a ring of ``STAGES`` slots, as far ahead as it allows;
+  dO of every query block into a ring of ``STAGES`` slots, as far ahead as it allows,
+  with the block's lse and D beside them (cp.async: their rows need no alignment);
 * two **consumers** (a warpgroup each) own 64 keys each and keep their dK and dV in
   registers for the whole walk. Per query block, in program order::
 
@@ -14,15 +15,16 @@ see it (of every query head of the group), split into warp-specialised partition
       wait Sᵀ; Pᵀ = exp2(Sᵀ - lse)       <- overlaps dPᵀ
       issue dV += Pᵀ dO                   (P from registers)
       wait dPᵀ; dSᵀ = Pᵀ (dPᵀ - D)       <- overlaps dV
-      issue dK += dSᵀ Q                   (dS from registers)
       store dSᵀ to shared memory; both consumers' halves in, then
       issue dQ[:, half] = dS K[:, half]   (each consumer half of head_dim, all 128 keys)
-      wait; release the slot; dQ_accum += dQ (fp32 atomic adds)
+      issue dK += dSᵀ Q                   (dS from registers)
+      wait for dQ; dQ to shared memory; DQAccum += it (a TMA reduce-add, in flight
+      while the next block runs); wait for dK; release the slot
 
   The keys x queries orientation lets Pᵀ and dSᵀ feed dV and dK straight from
   registers; only dS goes through shared memory, once, for dQ.
 
-dQ is accumulated in fp32 (``DQAccum``, zeroed by the caller) by atomic adds from every
+dQ is accumulated in fp32 (``DQAccum``, zeroed by the caller) by reduce-adds from every
 key block, so the order of the adds, and the last bits of dQ, vary from run to run: the
 deterministic backward takes ``backward.py``'s kernels (sm90.py). The caller scales and
 casts dQ_accum into dQ. Scores are in log2 units; rows past seqlen_q read Q = dO = 0
@@ -179,8 +181,8 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
         dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))  # dK may still run
         mbarrier.arrive(ds_free.index(buf), count=1)
         # dQ_accum += dQ: through shared memory, one asynchronous TMA reduce-add (rows
-        # past seqlen_q fall outside the descriptor); the buffer is refilled two blocks
-        # on, once that reduce has read it.
+        # past seqlen_q fall outside the descriptor); a tile is refilled DQ_BUFFERS
+        # blocks on, once that reduce has read it.
         tma.store_wait(DQ_BUFFERS - 1)
         dq_buf = dq_smem.index(c * DQ_BUFFERS + i % DQ_BUFFERS)
         dq_buf.reshape([BLOCK_M, HALF_D]).store(dq)
