@@ -382,8 +382,8 @@ inline void FeatureAttributes(ops::OpDef& op)
     op.Attr("dropout_p").AttrType(ops::OPTIONAL).Float(0.0f);
 }
 
-// Both ops' last attribute: permit fp16 scores (the spec's fp16_scores; the tiling key's
-// fp16-score digit).
+// Both ops' last attribute: permit fp16 scores (the spec's fp16_scores; the grad tiling
+// key's fp16-score digit; the forward plans as without it).
 inline void ScoresAttribute(ops::OpDef& op)
 {
     op.Attr("fp16_scores").AttrType(ops::OPTIONAL).Bool(false);

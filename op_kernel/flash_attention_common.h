@@ -8,7 +8,6 @@
 
 #include "kernel_operator.h"
 #include "flash_cann_tiling.h"
-#include "flash_attention_scores.h"
 #include "flash_attention_seqlens.h"
 
 namespace flash_cann {
@@ -19,25 +18,24 @@ constexpr uint16_t kFlagProbs = 2;    // AIV -> AIC: P of a round is in the work
 constexpr uint16_t kFlagOutput = 3;   // AIC -> AIV: P.V of a round is in the workspace
 
 // One AI core's part of the workspace, as both halves address it: the rings of scores S
-// (S: float, or half with fp16 scores), probabilities P (input dtype) and partial
-// outputs O (fp32) of Workspace.
-template <typename T, typename S = float>
+// (fp32), probabilities P (input dtype) and partial outputs O (fp32) of Workspace.
+template <typename T>
 class ExchangeBuffers {
 public:
     __aicore__ inline void Init(GM_ADDR userWorkspace, uint32_t core, const TilingData& t)
     {
         const Workspace ws(t, sizeof(T));
         GM_ADDR mine = userWorkspace + core * t.workspacePerCore;
-        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ S*>(mine + ws.scores));
+        scores_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.scores));
         probs_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(mine + ws.probs));
         output_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(mine + ws.output));
-        scoreSlot_ = ws.slotBytes[0] / sizeof(S);
+        scoreSlot_ = ws.slotBytes[0] / sizeof(float);
         probSlot_ = ws.slotBytes[1] / sizeof(T);
         outputSlot_ = ws.slotBytes[2] / sizeof(float);
     }
     // Element `offset` of the slot of the round with sequence number `seq` (the core's
     // rounds counted over all its tiles).
-    __aicore__ inline AscendC::GlobalTensor<S> Scores(uint32_t seq, uint64_t offset) const
+    __aicore__ inline AscendC::GlobalTensor<float> Scores(uint32_t seq, uint64_t offset) const
     {
         return scores_[seq % kScoreSlots * scoreSlot_ + offset];
     }
@@ -51,7 +49,7 @@ public:
     }
 
 private:
-    AscendC::GlobalTensor<S> scores_;
+    AscendC::GlobalTensor<float> scores_;
     AscendC::GlobalTensor<float> output_;
     AscendC::GlobalTensor<T> probs_;
     uint64_t scoreSlot_ = 0, probSlot_ = 0, outputSlot_ = 0;

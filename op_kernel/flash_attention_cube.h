@@ -118,8 +118,7 @@ private:
 //
 // The cube needs no FEATURES flag: the features change which key blocks a tile visits
 // (TileKeys, the same on both halves) and the vector side's arithmetic, not the products.
-// S: the element type of the S workspace (ScoreType; half on the fp16_scores fast path).
-template <typename T, bool CAUSAL, bool MASK, typename S = float>
+template <typename T, bool CAUSAL, bool MASK>
 class FlashAttentionCube {
     using L1Ring = EventRing<T, AscendC::HardEvent::MTE2_MTE1, AscendC::HardEvent::MTE1_MTE2>;
     using L0Ring = EventRing<T, AscendC::HardEvent::MTE1_M, AscendC::HardEvent::M_MTE1>;
@@ -425,8 +424,7 @@ private:
                 sL0c_.EndFill();
                 AscendC::FixpipeParamsV220 scoresOut(static_cast<uint16_t>(bk), static_cast<uint16_t>(rows16),
                                                      static_cast<uint16_t>(rows16), round.width, false);
-                scoresOut.quantPre = ScoreType<S>::kFixpipeMode;
-                AscendC::Fixpipe<S, float, AscendC::CFG_ROW_MAJOR>(
+                AscendC::Fixpipe<float, float, AscendC::CFG_ROW_MAJOR>(
                     exchange_.Scores(seq, uint64_t{pass} * t_.cubeRows * round.width + sub * bk),
                     sL0c_.BeginUse(), scoresOut);
                 sL0c_.EndUse();
@@ -521,7 +519,7 @@ private:
     bool passes_ = false;       // CubeInPasses: the cube works on a tile in row passes
     uint32_t scoreSeq_ = 0;     // rounds of the stream whose S was written (Workspace's slots)
     uint32_t outputSeq_ = 0;    // rounds of the stream whose P.V was written
-    ExchangeBuffers<T, S> exchange_;
+    ExchangeBuffers<T> exchange_;
     DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> q_, k_, v_;
     AscendC::TBuf<AscendC::TPosition::A1> qL1Buf_, pL1Buf_;

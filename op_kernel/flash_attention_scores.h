@@ -1,11 +1,11 @@
-// The element type of S = Q K^T between the cube and the vector cores, forward and
-// backward: float, or half on the fp16_scores fast path (the tiling keys' D digit 2;
-// docs/kernel.md, "The fp16-score fast path").
+// The element type of S = Q K^T between the backward's cube and vector cores: float, or
+// half on the fp16_scores fast path (the grad tiling key's D digit 2; the forward keeps
+// fp32 S: docs/kernel.md, "The fp16-score fast path").
 //
 // The Fixpipe converts L0C's fp32 S on its way out: F322F16 rounds to the nearest fp16.
 // No scalar pre-scale exists for an fp32 source on dav-c220 (QF322F16_PRE is Ascend
 // 950's; DEQF16 and the other scalar modes take int32), so S leaves unscaled, and a
-// score past fp16's range may leave as inf: the vector cores clamp each loaded slice
+// score past fp16's range may leave as inf: the vector cores clamp each loaded block
 // before using it (WidenScores), so an inf never meets an inf in s - max.
 //
 // The score offset. F322F16 costs each score |S| 2^-12, large where the logits are. So the

@@ -33,12 +33,6 @@
 // FEATURES (the tiling key's F digit) compiles in the features of VariantTiling; which
 // of them a launch uses is read from the tiling data (runtime branches, one binary).
 //
-// S = half (fp16_scores, the tiling key's D digit 2): the slice arrives as fp16 (half the
-// bytes from L2), clamped to +-65504 so a score the Fixpipe overflowed to inf cannot make
-// the row NaN (inf - inf), and widened to fp32 once; every later step is the fp32 path's. The exp stays fp32: with fp16 S the probabilities' error is the scores'
-// rounding either way, and an fp16 exp would need P widened again for the fp32 row sum
-// (docs/kernel.md, "The fp16-score fast path").
-//
 // No scalar reads of UB, so no scalar-vector syncs (a tile's slope and sink are scalar
 // reads of GM inputs). Every PipeBarrier<PIPE_V> separates a vector instruction from a
 // later one that reads what it wrote (or overwrites what it read); independent
@@ -52,7 +46,7 @@
 
 namespace flash_cann {
 
-template <typename T, bool CAUSAL, bool MASK, bool FEATURES, typename S = float>
+template <typename T, bool CAUSAL, bool MASK, bool FEATURES>
 class FlashAttentionVector {
 public:
     __aicore__ inline void Init(GM_ADDR keyPaddingMask, GM_ADDR cuSeqlensQ, GM_ADDR cuSeqlensK,
@@ -92,10 +86,6 @@ public:
 
         const BufferBytes bytes = ComputeBufferBytes(t_, sizeof(T));
         pipe->InitBuffer(sQue_, kVecBuffers, bytes.sUb);
-        if constexpr (ScoreType<S>::kHalf) {
-            pipe->InitBuffer(scoreBuf_, bytes.sF32Ub);
-            scores_ = scoreBuf_.template Get<float>();
-        }
         pipe->InitBuffer(pQue_, kVecBuffers, bytes.pUb);
         pipe->InitBuffer(oQue_, kVecBuffers, bytes.oUb);
         pipe->InitBuffer(outQue_, kVecBuffers, bytes.outUb);
@@ -406,11 +396,10 @@ private:
     {
         const uint32_t w = round.width;
         const uint32_t count = rows * w;
-        AscendC::LocalTensor<S> loaded = sQue_.template AllocTensor<S>();
-        AscendC::DataCopy(loaded, exchange_.Scores(seq, (rowOffset_ + first) * w), count);
-        sQue_.EnQue(loaded);
-        loaded = sQue_.template DeQue<S>();
-        const AscendC::LocalTensor<float> s = Widen(loaded, count);
+        AscendC::LocalTensor<float> s = sQue_.template AllocTensor<float>();
+        AscendC::DataCopy(s, exchange_.Scores(seq, (rowOffset_ + first) * w), count);
+        sQue_.EnQue(s);
+        s = sQue_.template DeQue<float>();
         // With softcap the scale also carries the 2 / softcap of tanh's argument.
         AscendC::Muls(s, s, softcap_ ? 2.0f * t_.scale / t_.variant.softcap : t_.scale, count);
         AscendC::PipeBarrier<PIPE_V>();  // Muls -> softcap / ALiBi / bias / band / row max
@@ -459,24 +448,11 @@ private:
         AscendC::PipeBarrier<PIPE_V>();  // Mul -> Add; dropout's Selects -> Cast
         AscendC::Add(l, l, sliceSum_, rows);
         AscendC::Cast(p, s, AscendC::RoundMode::CAST_RINT, count);
-        sQue_.FreeTensor(loaded);
+        sQue_.FreeTensor(s);
         pQue_.EnQue(p);
         p = pQue_.template DeQue<T>();
         AscendC::DataCopy(exchange_.Probs(seq, (rowOffset_ + first) * w), p, count);
         pQue_.FreeTensor(p);
-    }
-
-    // The slice's scores as fp32: the loaded slice itself, or (fp16 scores) clamped and
-    // widened into scores_ (WidenScores).
-    __aicore__ inline AscendC::LocalTensor<float> Widen(const AscendC::LocalTensor<S>& loaded,
-                                                        uint32_t count)
-    {
-        if constexpr (ScoreType<S>::kHalf) {
-            WidenScores(scores_, loaded, count);
-            return scores_;
-        } else {
-            return loaded;
-        }
     }
 
     // P = keep ? P : 0 for a slice, in passes of RoundKeys elements (whole rows): the
@@ -583,7 +559,7 @@ private:
     bool dropout_ = false;
     float outScale_ = 1.0f;    // 1 / (1 - dropout_p): the kept probabilities' rescale
     float slope_ = 0;          // the current tile's ALiBi slope
-    ExchangeBuffers<T, S> exchange_;
+    ExchangeBuffers<T> exchange_;
     DeviceSeqlens seqlens_;  // layout TND only
     AscendC::GlobalTensor<T> out_;
     AscendC::GlobalTensor<float> lse_, slopes_, sinkLogits_;
@@ -591,11 +567,10 @@ private:
     AscendC::TQue<AscendC::TPosition::VECIN, 1> sQue_, oQue_, maskQue_;
     AscendC::TQue<AscendC::TPosition::VECOUT, 1> pQue_, outQue_, lseQue_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> rowBuf_, brcBuf_, keyBuf_, maskHalfBuf_, bitsBuf_,
-        accBuf_, diagBuf_, alibiBuf_, philoxBuf_, keepBuf_, scoreBuf_;
+        accBuf_, diagBuf_, alibiBuf_, philoxBuf_, keepBuf_;
     AscendC::LocalTensor<float> rowMax_, rowSum_, sliceMax_, sliceSum_, broadcast_;
     AscendC::LocalTensor<float> alpha_[kAlphaRing];
     AscendC::LocalTensor<float> keyBias_, column_, keyScratch_, acc_, diag_, distance_;
-    AscendC::LocalTensor<float> scores_;  // fp16 scores: the slice widened to fp32
     AscendC::LocalTensor<half> maskHalf_;
     AscendC::LocalTensor<uint8_t> bits_, keep_;
     PhiloxDropout philox_;

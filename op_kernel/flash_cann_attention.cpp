@@ -35,18 +35,17 @@ struct ForwardArgs {  // GM_ADDR is a pointer macro: one declarator per member
     GM_ADDR userWorkspace;
 };
 
-// S: the element type of the scores in the workspace (half: the fp16_scores fast path).
-template <typename T, bool CAUSAL, bool MASK, bool FEATURES, typename S = float>
+template <typename T, bool CAUSAL, bool MASK, bool FEATURES>
 __aicore__ inline void RunForward(const ForwardArgs& a, const flash_cann::TilingData& tiling)
 {
     AscendC::TPipe pipe;
     if ASCEND_IS_AIC {
-        flash_cann::FlashAttentionCube<T, CAUSAL, MASK, S> cube;
+        flash_cann::FlashAttentionCube<T, CAUSAL, MASK> cube;
         cube.Init(a.query, a.key, a.value, a.cuSeqlensQ, a.cuSeqlensK, a.userWorkspace, tiling, &pipe);
         cube.Process();
     }
     if ASCEND_IS_AIV {
-        flash_cann::FlashAttentionVector<T, CAUSAL, MASK, FEATURES, S> vector;
+        flash_cann::FlashAttentionVector<T, CAUSAL, MASK, FEATURES> vector;
         vector.Init(a.keyPaddingMask, a.cuSeqlensQ, a.cuSeqlensK, a.alibiSlopes, a.rngState, a.sinks,
                     a.out, a.softmaxLse, a.userWorkspace, tiling, &pipe);
         vector.Process();
@@ -68,8 +67,8 @@ extern "C" __global__ __aicore__ void flash_cann_attention(GM_ADDR query, GM_ADD
     const ForwardArgs a{query,      key,        value,       keyPaddingMask, cuSeqlensQ,
                         cuSeqlensK, alibiSlopes, rngState,   sinks,          out,
                         softmaxLse, AscendC::GetUserWorkspace(workspace)};
-    // Keys: flash_cann::TilingKey(isBf16, causal, hasMask, features, fp16Scores) = FDCM,
-    // F = 1 + features, D = isBf16 + 2 fp16Scores.
+    // Keys: flash_cann::TilingKey(isBf16, causal, hasMask, features) = FDCM,
+    // F = 1 + features, D = isBf16.
     if (TILING_KEY_IS(1000)) {
         RunForward<half, false, false, false>(a, tilingData);
     } else if (TILING_KEY_IS(1001)) {
@@ -102,21 +101,5 @@ extern "C" __global__ __aicore__ void flash_cann_attention(GM_ADDR query, GM_ADD
         RunForward<bfloat16_t, true, false, true>(a, tilingData);
     } else if (TILING_KEY_IS(2111)) {
         RunForward<bfloat16_t, true, true, true>(a, tilingData);
-    } else if (TILING_KEY_IS(1200)) {
-        RunForward<half, false, false, false, half>(a, tilingData);
-    } else if (TILING_KEY_IS(1201)) {
-        RunForward<half, false, true, false, half>(a, tilingData);
-    } else if (TILING_KEY_IS(1210)) {
-        RunForward<half, true, false, false, half>(a, tilingData);
-    } else if (TILING_KEY_IS(1211)) {
-        RunForward<half, true, true, false, half>(a, tilingData);
-    } else if (TILING_KEY_IS(2200)) {
-        RunForward<half, false, false, true, half>(a, tilingData);
-    } else if (TILING_KEY_IS(2201)) {
-        RunForward<half, false, true, true, half>(a, tilingData);
-    } else if (TILING_KEY_IS(2210)) {
-        RunForward<half, true, false, true, half>(a, tilingData);
-    } else if (TILING_KEY_IS(2211)) {
-        RunForward<half, true, true, true, half>(a, tilingData);
     }
 }

@@ -36,14 +36,15 @@ enum class Layout : uint32_t { BNSD = 0, BSND = 1, TND = 2 };
 
 // The tiling key selects one kernel instantiation: element type, causal, key mask, and
 // whether the features of VariantTiling are compiled in. Decimal fields so a key reads as
-// what it is: FDCM (F: 1 plain, 2 features; D: 0 fp16, 1 bf16, 2 fp16 with fp16 scores,
-// the fp16_scores fast path). The features themselves (window, softcap, ALiBi, dropout,
-// sinks) are runtime branches on the tiling data: one FEATURES binary per plain one
-// keeps the count at 24 (docs/kernel.md, "Tiling keys").
+// what it is: FDCM (F: 1 plain, 2 features; D: 0 fp16, 1 bf16). fp16_scores has no forward
+// key: the forward keeps fp32 S (docs/kernel.md, "The fp16-score fast path"). The features
+// themselves (window, softcap, ALiBi, dropout, sinks) are runtime branches on the tiling
+// data: one FEATURES binary per plain one keeps the count at 16 (docs/kernel.md, "Tiling
+// keys").
 constexpr uint64_t TilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask,
-                             uint32_t features, uint32_t fp16Scores)
+                             uint32_t features)
 {
-    return 1000u + features * 1000u + (isBf16 + 2u * fp16Scores) * 100u + causal * 10u + hasMask;
+    return 1000u + features * 1000u + isBf16 * 100u + causal * 10u + hasMask;
 }
 
 struct TilingData {
@@ -100,10 +101,6 @@ struct TilingData {
     // kernel splits on the device, flash_cann_packed.h).
     uint32_t usedCores;
     uint32_t features;     // 1: the FEATURES kernel (tiling key); 0 iff IsPlain(variant)
-    // 1: S = Q K^T leaves the cube as fp16 (fp16_scores; fp16 inputs only; in the tiling
-    // key): half the S workspace and Fixpipe bytes (docs/kernel.md, "The fp16-score fast
-    // path"). 0: fp32 S.
-    uint32_t fp16Scores;
     uint64_t rowStart[kMaxCores + 1];
     // Per-core user workspace (GM) for the cube <-> vector exchange (Workspace below).
     uint64_t workspacePerCore;
@@ -180,8 +177,7 @@ struct BufferBytes {
     uint32_t oL0c;     // O of a round and pass, fp32, C x D, accumulated over the stack
     uint32_t sL0c;     // S of a sub-block and pass, fp32, C x blockK
     // AIV (per vector core)
-    uint32_t sUb;      // S slice as the workspace holds it (ScoreBytes), vecRows x W
-    uint32_t sF32Ub;   // fp16 scores only: the slice widened to fp32, vecRows x W
+    uint32_t sUb;      // S slice, fp32, vecRows x W
     uint32_t pUb;      // P slice, input dtype, vecRows x W (row-reduction scratch before)
     uint32_t oUb;      // O partial slice, fp32, vecRows x D
     uint32_t accUb;    // running output, fp32, rows x D
@@ -217,12 +213,6 @@ constexpr uint32_t kKeyRows = 3;
 // Double-buffered vector queues (S, P, O partial and output slices).
 constexpr uint32_t kVecBuffers = 2;
 
-// Bytes of one score in the S workspace and the S slice the vector cores load.
-__aicore__ inline uint32_t ScoreBytes(const TilingData& t)
-{
-    return t.fp16Scores != 0 ? 2u : 4u;
-}
-
 __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t elemBytes)
 {
     const uint32_t bq = t.blockQ;
@@ -242,8 +232,7 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
     b.l0b = bk * d * elemBytes;
     b.oL0c = cr * d * 4u;
     b.sL0c = cr * bk * 4u;
-    b.sUb = vr * w * ScoreBytes(t);
-    b.sF32Ub = t.fp16Scores != 0 ? vr * w * 4u : 0u;
+    b.sUb = vr * w * 4u;
     b.pUb = vr * w * elemBytes;
     b.oUb = vr * d * 4u;
     b.accUb = VectorRows(t) * d * 4u;
@@ -262,7 +251,7 @@ __aicore__ inline BufferBytes ComputeBufferBytes(const TilingData& t, uint32_t e
 }
 
 // The per-AI-core workspace through which the cube and vector cores exchange one
-// round's data: kScoreSlots slots of S (fp32, or fp16 with fp16Scores; blockQ x W), kProbSlots of P (input
+// round's data: kScoreSlots slots of S (fp32, blockQ x W), kProbSlots of P (input
 // dtype, blockQ x W) and kOutputSlots of O (fp32, blockQ x D); round n of a core (counted
 // over all its tiles) uses slot n mod the ring's size. Three S slots: the cube writes
 // S(r+2) before it waits for P(r), so S(r), S(r+1) and S(r+2) are live at once; S(r-1)'s
@@ -279,7 +268,7 @@ constexpr uint32_t kOutputSlots = 2;
 constexpr uint32_t kScoresAhead = kScoreSlots - 1;
 
 struct Workspace {
-    uint64_t slotBytes[3];  // scores S (ScoreBytes), probabilities P (input dtype), output O (fp32)
+    uint64_t slotBytes[3];  // scores S (fp32), probabilities P (input dtype), output O (fp32)
     uint64_t scores;
     uint64_t probs;
     uint64_t output;
@@ -290,7 +279,7 @@ struct Workspace {
     __aicore__ Workspace(const TilingData& t, uint32_t elemBytes)
     {
         const uint64_t w = RoundKeys(t);
-        slotBytes[0] = Align(uint64_t{t.blockQ} * w * ScoreBytes(t));
+        slotBytes[0] = Align(uint64_t{t.blockQ} * w * 4);
         slotBytes[1] = Align(uint64_t{t.blockQ} * w * elemBytes);
         slotBytes[2] = Align(uint64_t{t.blockQ} * t.headDimPad * 4);
         scores = 0;

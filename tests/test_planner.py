@@ -257,23 +257,27 @@ def test_cli_prints_the_backward_plan(capsys):
 
 
 def test_cli_shows_the_256_row_tile_in_cube_passes(capsys):
-    """fp16-score causal calls at head_dim 128 plan the 256-row tile in two cube passes
-    where the model predicts it faster (docs/planner.md): the plan says so and accounts
-    the passes' buffers; the default path keeps its tiles there."""
+    """Long calls at head_dim 128 plan the 256-row tile in two cube passes where the model
+    predicts it faster (docs/kernel.md, "The cube in row passes": causal 1k with many
+    heads): the plan says so and accounts the passes' buffers; with fewer heads it keeps
+    whole tiles. --fp16-scores is the backward's only."""
     from flash_cann.tools import cli
 
     built("planner/libflash_cann_planner.so")
-    shape = ["plan", "--shape", "1,16,16384,128", "--causal"]
-    assert cli.main([*shape, "--fp16-scores"]) == 0
+    shape = ["plan", "--shape", "1,32,1024,128", "--causal"]
+    assert cli.main(shape) == 0
     out = capsys.readouterr().out
     for needle in ("query blocks of 256 rows", "cube       row passes of 128 rows",
                    "v_l1             131,072  2  cube: V round ring",
                    "q_l0a             32,768  2  cube: A operand ring", "L0C    131,072 /   131,072"):
         assert needle in out, needle
     assert "p_l0a" not in out
-    assert cli.main(shape) == 0
+    assert cli.main(["plan", "--shape", "1,8,1024,128", "--causal"]) == 0
     out = capsys.readouterr().out
-    assert "query blocks of 160 rows" in out and "row passes" not in out
+    assert "query blocks of 256 rows" not in out and "row passes" not in out
+    assert cli.main([*shape, "--fp16-scores"]) == 2
+    assert ("flash-cann: error: --fp16-scores applies to --backward only: the forward keeps "
+            "fp32 S" in capsys.readouterr().err)
 
 
 def test_cli_plans_the_features(capsys):

@@ -217,8 +217,6 @@ PASS_CASES = {
     "window-alibi": ("BNSD", (2, 1), (290, 600), False, False, torch.float16,
                      dict(window_left=100, window_right=20, alibi=True), 1),
     "tnd-causal": ("TND", (2, 1), ((260, 40, 0), (300, 100, 5)), True, False, torch.float16, {}, 2),
-    "fp16-scores": ("BNSD", (4, 2), (300, 600), True, True, torch.float16,
-                    dict(fp16_scores=True), 1),
 }
 
 
@@ -229,8 +227,7 @@ def test_256_row_tiles_in_cube_passes(case, gen):
     passes beside short tiles of one, two rounds with a partial last sub-block, the S and O
     slots' row halves, V of a round kept in L1 for both passes, race detector on. The result
     matches the oracle, is bit for bit the plan of 128-row tiles (the rows' arithmetic does
-    not depend on how they are cut into tiles), and the bytes allocated are the plan's. The
-    fp16-score path is held to the bitwise check only (its accuracy: test_twin_fp16_scores)."""
+    not depend on how they are cut into tiles), and the bytes allocated are the plan's."""
     layout, heads, seqlens, causal, masked, dtype, features, cores = PASS_CASES[case]
     d = 128
     features = dict(features)
@@ -251,7 +248,7 @@ def test_256_row_tiles_in_cube_passes(case, gen):
                         has_mask=masked, scale=scale, aic_cores=cores,
                         features=planner.variant(window=(variant.window_left, variant.window_right),
                                                  alibi="head" if alibi else None, tokens=tokens,
-                                                 fp16_scores=variant.fp16_scores, cube_passes=1))
+                                                 cube_passes=1))
     assert (plan["tiling"]["block_q"], plan["tiling"]["cube_rows"]) == (256, 128)
 
     def run(mode, allocated=None):
@@ -264,11 +261,10 @@ def test_256_row_tiles_in_cube_passes(case, gen):
     assert allocated == {level["level"]: level["used"] for level in plan["levels"]}
     whole = run(-1)
     assert all(torch.equal(a, b) for a, b in zip(passes, whole))
-    if not variant.fp16_scores:
-        results = accuracy.check_against_oracle(
-            lambda *_: passes, q, k, v, scale=scale, causal=causal, layout=layout,
-            key_padding_mask=mask, backward="none", variant=variant)
-        assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
+    results = accuracy.check_against_oracle(
+        lambda *_: passes, q, k, v, scale=scale, causal=causal, layout=layout,
+        key_padding_mask=mask, backward="none", variant=variant)
+    assert all(r.ok for r in results), "\n" + "\n".join(map(str, results))
 
 
 def test_fully_masked_rows_give_zero_and_minus_inf(gen):

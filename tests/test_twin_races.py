@@ -58,7 +58,7 @@ def _problems():
     that see no key (causal, seqlen_q > seqlen_k); and the FEATURES kernel with every
     feature on: a two-sided window whose left edge skips the first sub-blocks of a round
     (KeyRound.firstSub) and whole rounds, ALiBi, softcap, dropout and sinks, with and
-    without causal; the fp16-score kernel (causal, key mask); and the 256-row tile in two
+    without causal; and the 256-row tile in two
     cube row passes at head_dim 128 (causal, key mask)."""
     g = torch.Generator().manual_seed(7)
     problems = []
@@ -77,11 +77,6 @@ def _problems():
                               dropout_p=0.3, rng_state=torch.tensor([2**40 + 5, 11]),
                               sinks=torch.randn(4, generator=g))
         problems.append((q, k, v, mask, causal, variant))
-    # The fp16-score kernel (S = half: the Fixpipe's F322F16, the vector's widening):
-    # last, so it runs for the sites the others do not reach or catch.
-    q, k, v = make_qkv(1, 4, 2, 100, 150, 64, torch.float16, "BNSD", generator=g)
-    problems.append((q, k, v, random_key_padding_mask(1, 150, g), True,
-                     Variant(fp16_scores=True)))
     # The 256-row tile in two cube row passes (forced at head_dim 128): a tile of two passes
     # and one of one, two rounds each, so the round-sized V ring and the L0A ring shared by
     # Q and P are reused.

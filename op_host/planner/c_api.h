@@ -12,8 +12,8 @@ extern "C" {
 // softcap (0 off), dropout_p (0 off), alibi (0 none, 1 per head, 2 per batch and head),
 // sinks (0/1); with layout 2 (TND, packed sequences) tokens_q/tokens_k, the packed
 // tensors' first dimension (0 otherwise): batch is then the number of sequences and
-// seqlen_q/k are max_seqlen_q/k. fp16_scores (0/1): the forward's and backward's fp16-score
-// fast path (float16 only; the decode planner refuses it). cube_passes: below.
+// seqlen_q/k are max_seqlen_q/k. fp16_scores (0/1): the backward's fp16-score fast path
+// (float16 only; the forward plans as without it; the decode planner refuses it). cube_passes: below.
 struct flash_cann_variant {
     int64_t window_left;
     int64_t window_right;

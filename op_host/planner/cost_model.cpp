@@ -250,11 +250,6 @@ KernelDesign DesignFromTiling(const TilingData& t, uint32_t elemBytes)
     d.softcap = t.variant.softcap > 0.0f;
     d.alibi = t.variant.alibi != static_cast<uint32_t>(Alibi::kNone);
     d.dropoutPassElements = t.variant.dropoutP > 0.0f ? RoundKeys(t) : 0;  // as the kernel's passes
-    d.scoreBytes = ScoreBytes(t);    // fp16 S on the fp16_scores path
-    d.widenScores = t.fp16Scores != 0;
-    if (d.widenScores) {
-        d.name += " (fp16 scores)";
-    }
     return d;
 }
 

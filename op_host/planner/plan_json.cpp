@@ -118,7 +118,6 @@ void WriteTiling(std::ostringstream& out, const TilingData& t)
     o.Key("kv_strides") << '[' << t.kvStrideBatch << ',' << t.kvStrideHead << ',' << t.kvStrideRow
                         << ']';
     o.Key("features") << t.features;
-    o.Key("fp16_scores") << t.fp16Scores;
     {
         const VariantTiling& v = t.variant;
         o.Key("variant");

@@ -188,8 +188,7 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
                 : "cube: O of a round, fp32, accumulated over the stack",
          "o_l0c", MemLevel::L0C, b.oL0c, 1},
         {"cube: S sub-block ring, fp32", "s_l0c", MemLevel::L0C, b.sL0c, t.l0cBuffers},
-        {t.fp16Scores ? "vector: S slice, fp16" : "vector: S slice, fp32", "s_ub", MemLevel::UB,
-         b.sUb, kVecBuffers},
+        {"vector: S slice, fp32", "s_ub", MemLevel::UB, b.sUb, kVecBuffers},
         {"vector: P slice (also row-reduction scratch)", "p_ub", MemLevel::UB, b.pUb, kVecBuffers},
         {"vector: O partial slice, fp32", "o_ub", MemLevel::UB, b.oUb, kVecBuffers},
         {"vector: output slice", "out_ub", MemLevel::UB, b.outUb, kVecBuffers},
@@ -203,9 +202,6 @@ std::vector<BufferUse> ListBuffers(const TilingData& t, uint32_t elemBytes)
     };
     if (!passes) {
         buffers.insert(buffers.begin() + 5, {"cube: P operand ring", "p_l0a", MemLevel::L0A, b.pL0a, t.l0aBuffers});
-    }
-    if (t.fp16Scores) {
-        buffers.push_back({"vector: S slice widened to fp32", "s_f32_ub", MemLevel::UB, b.sF32Ub, 1});
     }
     if (t.hasMask) {
         buffers.push_back({"vector: key mask bytes", "mask_ub", MemLevel::UB, b.maskUb, 1});
@@ -412,7 +408,6 @@ PlanResult PlanBlocks(const PlanRequest& request, const Platform& platform, bool
     t.causal = request.causal ? 1 : 0;
     t.hasMask = request.hasMask ? 1 : 0;
     t.features = IsPlain(request.variant) ? 0 : 1;
-    t.fp16Scores = request.fp16Scores ? 1 : 0;
     const bool longKeys = request.seqlenK >= kLongKeys && request.headDim >= kWideRoundHeadDim;
     if (halves && !TryHalves(t, elemBytes, platform)) {
         result.error = Message("cube_passes: the 256-row tile in two 128-row cube passes does not fit ",
@@ -457,7 +452,7 @@ PlanResult PlanBlocks(const PlanRequest& request, const Platform& platform, bool
     t.workspacePerCore = Workspace(t, elemBytes).total;
     plan.userWorkspaceBytes = t.workspacePerCore * t.usedCores;
     plan.tilingKey = TilingKey(request.dtype == DType::BFloat16, request.causal, request.hasMask,
-                               t.features, t.fp16Scores);
+                               t.features);
     return result;
 }
 
@@ -483,13 +478,11 @@ bool HalvesPredictedFaster(const PlanRequest& request, const Plan& whole, const 
 }  // namespace
 
 // The blocks ChooseBlocks picks; for long sequences where the 256-row tile does not fit
-// whole, on the fp16-score path, the 256-row tile in two cube passes instead where the
-// schedule model predicts it faster (two predictions per plan: a few ms). On the default
-// (fp32 S) path the model predicts the passes slower at the targets' shapes by 6-10 points
-// (the passes' O serialise through one L0C buffer behind S's Fixpipe: docs/kernel.md, "The
-// cube in row passes") and at most 1.4 % faster anywhere planner_tests sweeps (causal 1k,
-// many heads: inside the model's error), so it is not asked there, which keeps the plans
-// of the common path cheap; TestCubePasses fails if a gain of 2 % appears.
+// whole, the 256-row tile in two cube passes instead where the schedule model predicts it
+// faster (two predictions per plan: a few ms). At the targets' shapes the model predicts
+// the passes slower by 6-10 points (the passes' O serialise through one L0C buffer behind
+// S's Fixpipe: docs/kernel.md, "The cube in row passes"); where it predicts them faster
+// (causal 1k with many heads, by under 2 % over planner_tests' sweep) the plan takes them.
 PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
 {
     if (request.cubePasses > 0) {
@@ -499,7 +492,7 @@ PlanResult MakePlan(const PlanRequest& request, const Platform& platform)
     if (request.cubePasses < 0) {
         return whole;
     }
-    if (!whole.ok() || !request.fp16Scores || request.seqlenQ < kLongSequence ||
+    if (!whole.ok() || request.seqlenQ < kLongSequence ||
         whole.plan.tiling.blockQ >= kLongTile[0]) {
         return whole;
     }

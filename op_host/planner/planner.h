@@ -39,7 +39,9 @@ struct PlanRequest {
     // are read by the kernel on the device (flash_cann_packed.h).
     int64_t tokensQ = 0;
     int64_t tokensK = 0;
-    // fp16_scores: S = Q K^T leaves the cube as fp16 (fp16 inputs only; TilingData).
+    // fp16_scores: the backward may hold S = Q K^T in fp16 (fp16 inputs only; refused
+    // otherwise, forward and backward alike). The forward plans as without it: it keeps
+    // fp32 S (docs/kernel.md, "The fp16-score fast path").
     bool fp16Scores = false;
     // The 256-row tile in row passes (TilingData cubeRows): 0 where the schedule model
     // predicts it faster (MakePlan), 1 wherever it fits, -1 never (tests force it at small

@@ -23,7 +23,8 @@ extern "C" void flash_cann_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
 // slopes (heads_q,), slopes (batch, heads_q)); the tensors are null when unused.
 // Layout TND (2): cu_seqlens_q/k (int32, batch + 1) and the packed tokens; batch is the
 // number of sequences and seqlen_q/k are max_seqlen_q/k. fp16Scores: the fp16_scores
-// fast path (S in fp16; fp16 inputs only).
+// permission, which the planner refuses for inputs other than fp16 and otherwise plans as
+// without it (the forward keeps fp32 S).
 // The planner's cube_passes (PlanRequest::cubePasses) for the following launches: tests
 // force the 256-row tile in row passes at small shapes with 1; 0 restores the planner's
 // choice.

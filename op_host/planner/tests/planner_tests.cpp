@@ -14,6 +14,7 @@
 #include "cost_model.h"
 #include "engine_rates.h"
 #include "grad_planner.h"
+#include "plan_json.h"
 #include "planner.h"
 #include "work_model.h"
 #include "planner_test_support.h"
@@ -148,8 +149,13 @@ void TestRandomShapes(uint64_t seed)
         PlanRequest r = RandomProblem(rng, int64_t{1} << 22);
         AddRandomVariant(rng, r);
         const uint32_t cores = RandomCores(rng);
+        // Every 8th: MakePlan's own choice of the cube passes (it asks the model for long
+        // sequences) and the prediction; the model costs more than the plan, so the
+        // others keep the tile whole (no prediction).
+        const bool predicted = planned % 8 == 0;
+        r.cubePasses = predicted ? 0 : -1;
         CheckPlan(r, cores);
-        if (planned % 8 == 0) {  // every 8th: the model costs more than the plan
+        if (predicted) {
             CheckPrediction(r, cores);
         }
     }
@@ -186,6 +192,7 @@ void TestBalance()
                         r.headDim = 128;
                         r.causal = causal;
                         r.scale = 0.125;
+                        r.cubePasses = -1;  // the split, not the model's choice (TestCubePasses)
                         const PlanResult result = MakePlan(r, WithCores(cores));
                         if (!result.ok()) {
                             EXPECT(false, "%s refused: %s", Describe(r, cores).c_str(),
@@ -409,9 +416,11 @@ void TestTargetsReport()
     }
 }
 
-// The fp16-score fast path (fp16_scores): the plan's key, buffers and workspace, and the
-// model's predictions beside the default path's, forward and backward (printed for the
-// log, not asserted: the model must not be tuned to a target).
+// The fp16-score fast path (fp16_scores): the forward plans exactly as without it (it keeps
+// fp32 S), the backward holds S in fp16. Printed for the log, not asserted (the model must
+// not be tuned to a target): the backward's predictions beside the default path's, and the
+// forward's fp16-S designs, which are not built (docs/kernel.md, "The fp16-score fast
+// path": they fail issue 25's accuracy gate).
 void TestFp16ScoresReport()
 {
     const Platform& b2 = *FindPlatform("Ascend910B2");
@@ -421,38 +430,28 @@ void TestFp16ScoresReport()
             const PlanResult base = MakePlan(r, b2);
             r.fp16Scores = true;
             const PlanResult fast = MakePlan(r, b2);
-            // The blocks ChooseBlocks picks; MakePlan may take the 256-row tile in cube
-            // passes instead (TestCubePasses).
-            const PlanResult fastWhole = PlanBlocks(r, b2, false);
-            EXPECT(fast.ok() && fast.plan.tilingKey == base.plan.tilingKey + 200,
-                   "fp16-score key %llu vs %llu", static_cast<unsigned long long>(fast.plan.tilingKey),
-                   static_cast<unsigned long long>(base.plan.tilingKey));
-            const TilingData& t = fastWhole.plan.tiling;
-            // The same blocks (the fp32 widening buffer takes the UB the halved S queue
-            // frees), S slots of half the bytes.
-            EXPECT(t.blockQ == base.plan.tiling.blockQ && RoundKeys(t) == RoundKeys(base.plan.tiling) &&
-                       Workspace(t, 2).slotBytes[0] == Workspace(base.plan.tiling, 2).slotBytes[0] / 2,
-                   "fp16 S: blocks %u x %u, S slot %llu bytes (fp32: %u x %u, %llu)", t.blockQ,
-                   RoundKeys(t), static_cast<unsigned long long>(Workspace(t, 2).slotBytes[0]),
-                   base.plan.tiling.blockQ, RoundKeys(base.plan.tiling),
-                   static_cast<unsigned long long>(Workspace(base.plan.tiling, 2).slotBytes[0]));
-            const Prediction p = Predict(fast.plan, r, b2);
+            EXPECT(fast.ok() && PlanToJson(fast, r, b2) == PlanToJson(base, Square(16, seqlen, causal), b2),
+                   "fp16 scores changed the forward plan (%s)", fast.error.c_str());
             const Prediction d = Predict(base.plan, r, b2);
-            EXPECT(p.seconds > 0 && p.cubeUtilization < 1, "fp16-score prediction");
-            std::printf("fp16 scores: forward %s seqlen %5lld: %.1f%% of cube peak (default path "
-                        "%.1f%%); bound: %s\n", causal ? "causal    " : "non-causal",
-                        static_cast<long long>(seqlen), 100 * p.cubeUtilization,
-                        100 * d.cubeUtilization, p.bound.c_str());
-            // The forward's score offset, a design change not built (docs/kernel.md): the
-            // running max as c, kScoresAhead + 1 rounds late, the lead rounds in fp32.
-            KernelDesign offset = DesignFromTiling(t, 2);
+            // S written as fp16 and widened on the vector (built once, removed: its out and
+            // lse broke the gate), and that with the running max as a per-row offset (never
+            // built): kScoresAhead + 1 rounds late, a tile's lead rounds in fp32.
+            const TilingData& t = base.plan.tiling;
+            KernelDesign widened = DesignFromTiling(t, 2);
+            widened.scoreBytes = 2;
+            widened.widenScores = true;
+            const Prediction w = PredictDesign(widened, t, r, b2);
+            KernelDesign offset = widened;
             offset.scoreOffsetColumns = kScoreOffsetColumns;
             offset.fp32LeadRounds = kScoresAhead + 1;
             const Prediction o = PredictDesign(offset, t, r, b2);
-            EXPECT(o.seconds > 0 && o.cubeUtilization < 1, "offset design prediction");
-            std::printf("fp16 scores: forward with the running-max offset (design change) %s seqlen %5lld: "
-                        "%.1f%% of cube peak; bound: %s\n", causal ? "causal    " : "non-causal",
-                        static_cast<long long>(seqlen), 100 * o.cubeUtilization, o.bound.c_str());
+            EXPECT(w.seconds > 0 && o.seconds > 0 && o.cubeUtilization < 1, "fp16-S forward designs");
+            std::printf("fp16 scores: forward %s seqlen %5lld: %.1f%% of cube peak (the default path's); "
+                        "fp16 S widened on the vector (design change, not built) %.1f%%, with the "
+                        "running-max offset %.1f%%; bound: %s\n",
+                        causal ? "causal    " : "non-causal", static_cast<long long>(seqlen),
+                        100 * d.cubeUtilization, 100 * w.cubeUtilization, 100 * o.cubeUtilization,
+                        d.bound.c_str());
             const BackwardProblem problem{1, 16, 16, seqlen, seqlen, 128, causal};
             const auto backward = [&](bool fp16Scores) {
                 PlanRequest g = r;
@@ -526,22 +525,20 @@ void TestCubePasses()
                bytes.oL0c == 64 * 1024 && bytes.vL1 == RoundKeys(forced.plan.tiling) * 128 * 2,
            "passes: L0A ring %u x %u, O %u, V round %u bytes", bytes.qL0a, forced.plan.tiling.l0aBuffers,
            bytes.oL0c, bytes.vL1);
-    PlanRequest never = Square(16, 16384, true);
-    never.fp16Scores = true;
+    PlanRequest never = Square(16, 1024, true);
     never.cubePasses = -1;
     EXPECT(MakePlan(never, b2).plan.tiling.cubeRows == MakePlan(never, b2).plan.tiling.blockQ,
            "cubePasses -1 keeps the tile whole");
     // Packed sequences are compared as the dense problem of their max_seqlen.
-    PlanRequest packed = Square(16, 16384, true);
-    packed.fp16Scores = true;
+    PlanRequest packed = Square(32, 1024, true);
     const bool densePasses = CubeInPasses(MakePlan(packed, b2).plan.tiling);
     packed.layout = Layout::TND;
-    packed.tokensQ = packed.tokensK = 16384;
+    packed.tokensQ = packed.tokensK = 1024;
     EXPECT(CubeInPasses(MakePlan(packed, b2).plan.tiling) == densePasses && densePasses,
-           "TND fp16-score causal 16k: passes as the dense plan");
-    // The default (fp32-S) path does not ask the model (MakePlan): over a sweep of shapes
-    // it predicts the passes faster at a few (causal 1k with many heads) by under 2 %,
-    // inside its error; a larger predicted gain fails here, so the rule is revisited.
+           "TND causal 1k, 32 heads: passes as the dense plan");
+    // Over a sweep of shapes MakePlan takes the passes exactly where the model predicts
+    // them faster: at a few (causal 1k with many heads), by under 2 %, inside its error;
+    // a larger predicted gain fails here, so that the docs' account of the rule is revisited.
     int faster = 0, swept = 0;
     double bestGain = 0;
     for (const int64_t headDim : {80, 96, 112, 128}) {
@@ -555,68 +552,72 @@ void TestCubePasses()
                         PlanRequest r = Square(heads, seqlen, causal);
                         r.batch = batch;
                         r.headDim = headDim;
-                        const double w = Predict(PlanBlocks(r, b2, false).plan, r, b2).seconds;
+                        const PlanResult whole = PlanBlocks(r, b2, false);
+                        const double w = Predict(whole.plan, r, b2).seconds;
                         const double h = Predict(PlanBlocks(r, b2, true).plan, r, b2).seconds;
+                        // A tile already of 256 rows needs no passes (MakePlan).
+                        const bool gain = h < w && whole.plan.tiling.blockQ < 256;
                         ++swept;
-                        faster += h < w ? 1 : 0;
+                        faster += gain ? 1 : 0;
                         bestGain = std::max(bestGain, w / h - 1);
-                        EXPECT(!CubeInPasses(MakePlan(r, b2).plan.tiling), "default path took the passes");
+                        EXPECT(CubeInPasses(MakePlan(r, b2).plan.tiling) == gain,
+                               "D %lld %s %lld keys, %lld heads, batch %lld: passes %s, predicted %g vs %g s",
+                               static_cast<long long>(headDim), causal ? "causal" : "non-causal",
+                               static_cast<long long>(seqlen), static_cast<long long>(heads),
+                               static_cast<long long>(batch), gain ? "predicted faster" : "not", h, w);
                     }
                 }
             }
         }
     }
-    EXPECT(bestGain < 0.02, "the model now predicts the passes %.1f%% faster on the default path: "
-           "let MakePlan ask it there", 100 * bestGain);
-    std::printf("cube passes: default path, %d shapes swept (head_dim 80-128, 1k-32k, 1-32 heads, "
-                "batch 1-4): faster at %d, by at most %.1f%%\n", swept, faster, 100 * bestGain);
+    EXPECT(bestGain < 0.02, "the model now predicts the passes %.1f%% faster: docs/kernel.md's "
+           "account of where they are taken is stale", 100 * bestGain);
+    std::printf("cube passes: %d shapes swept (head_dim 80-128, 1k-32k, 1-32 heads, batch 1-4): "
+                "predicted faster and planned at %d, by at most %.1f%%\n", swept, faster, 100 * bestGain);
     PlanRequest d256 = Square(2, 4096, false);
     d256.headDim = 256;
     d256.cubePasses = 1;
     EXPECT(!MakePlan(d256, b2).ok(), "head_dim 256 has no room for a 128-row pass beside P");
-    for (const bool fp16Scores : {false, true}) {
-        for (const bool causal : {false, true}) {
-            for (const int64_t seqlen : {2048, 8192, 16384, 32768}) {
-                PlanRequest r = Square(16, seqlen, causal);
-                r.fp16Scores = fp16Scores;
-                const PlanResult whole = PlanBlocks(r, b2, false);
-                const PlanResult passes = PlanBlocks(r, b2, true);
-                const Prediction w = Predict(whole.plan, r, b2);
-                const Prediction h = Predict(passes.plan, r, b2);
-                KernelDesign twice = DesignFromTiling(passes.plan.tiling, 2);
-                twice.valuesPerPass = true;
-                const Prediction v = PredictDesign(twice, passes.plan.tiling, r, b2);
-                const PlanResult chosen = MakePlan(r, b2);
-                const bool tookPasses = CubeInPasses(chosen.plan.tiling);
-                EXPECT(tookPasses == (h.seconds < w.seconds), "%s %lld%s: passes %s, predicted %g vs %g s",
-                       causal ? "causal" : "non-causal", static_cast<long long>(seqlen),
-                       fp16Scores ? " fp16 scores" : "", tookPasses ? "taken" : "not taken", h.seconds, w.seconds);
-                std::printf("cube passes: %s %-10s seqlen %5lld: whole %u-row tile %.1f%% (%s); 256-row tile in "
-                            "passes %.1f%% (%s), V loaded per pass %.1f%%; planned: %s\n",
-                            fp16Scores ? "fp16 scores" : "default    ", causal ? "causal" : "non-causal",
-                            static_cast<long long>(seqlen), whole.plan.tiling.blockQ, 100 * w.cubeUtilization,
-                            w.bound.c_str(), 100 * h.cubeUtilization, h.bound.c_str(), 100 * v.cubeUtilization,
-                            tookPasses ? "passes" : "whole");
-                // The same two plans with the Fixpipe or shared-L2 rate scaled (as the
-                // SENSITIVITY table): whole / passes, % of cube peak.
-                std::string scaled;
-                for (const auto& [name, scale] : {std::pair<const char*, std::pair<double, double>>{"Fixpipe x0.77", {0.77, 1}},
-                                                  {"Fixpipe x1.3", {1.3, 1}}, {"L2 x0.77", {1, 0.77}},
-                                                  {"L2 x1.3", {1, 1.3}}}) {
-                    EngineRates rates = RatesFor(b2);
-                    rates.fixpipe *= scale.first;
-                    rates.l2Aggregate *= scale.second;
-                    const Platform p = WithRates(b2, rates);
-                    char cell[64];
-                    std::snprintf(cell, sizeof(cell), "; %s %.1f / %.1f%%", name,
-                                  100 * Predict(whole.plan, r, p).cubeUtilization,
-                                  100 * Predict(passes.plan, r, p).cubeUtilization);
-                    scaled += cell;
-                }
-                std::printf("cube passes: %s %-10s seqlen %5lld at scaled rates, whole / passes%s\n",
-                            fp16Scores ? "fp16 scores" : "default    ", causal ? "causal" : "non-causal",
-                            static_cast<long long>(seqlen), scaled.c_str());
+    for (const bool causal : {false, true}) {
+        for (const int64_t seqlen : {2048, 8192, 16384, 32768}) {
+            PlanRequest r = Square(16, seqlen, causal);
+            const PlanResult whole = PlanBlocks(r, b2, false);
+            const PlanResult passes = PlanBlocks(r, b2, true);
+            const Prediction w = Predict(whole.plan, r, b2);
+            const Prediction h = Predict(passes.plan, r, b2);
+            KernelDesign twice = DesignFromTiling(passes.plan.tiling, 2);
+            twice.valuesPerPass = true;
+            const Prediction v = PredictDesign(twice, passes.plan.tiling, r, b2);
+            const PlanResult chosen = MakePlan(r, b2);
+            const bool tookPasses = CubeInPasses(chosen.plan.tiling);
+            EXPECT(tookPasses == (h.seconds < w.seconds), "%s %lld: passes %s, predicted %g vs %g s",
+                   causal ? "causal" : "non-causal", static_cast<long long>(seqlen),
+                   tookPasses ? "taken" : "not taken", h.seconds, w.seconds);
+            std::printf("cube passes: %-10s seqlen %5lld: whole %u-row tile %.1f%% (%s); 256-row tile in "
+                        "passes %.1f%% (%s), V loaded per pass %.1f%%; planned: %s\n",
+                        causal ? "causal" : "non-causal",
+                        static_cast<long long>(seqlen), whole.plan.tiling.blockQ, 100 * w.cubeUtilization,
+                        w.bound.c_str(), 100 * h.cubeUtilization, h.bound.c_str(), 100 * v.cubeUtilization,
+                        tookPasses ? "passes" : "whole");
+            // The same two plans with the Fixpipe or shared-L2 rate scaled (as the
+            // SENSITIVITY table): whole / passes, % of cube peak.
+            std::string scaled;
+            for (const auto& [name, scale] : {std::pair<const char*, std::pair<double, double>>{"Fixpipe x0.77", {0.77, 1}},
+                                              {"Fixpipe x1.3", {1.3, 1}}, {"L2 x0.77", {1, 0.77}},
+                                              {"L2 x1.3", {1, 1.3}}}) {
+                EngineRates rates = RatesFor(b2);
+                rates.fixpipe *= scale.first;
+                rates.l2Aggregate *= scale.second;
+                const Platform p = WithRates(b2, rates);
+                char cell[64];
+                std::snprintf(cell, sizeof(cell), "; %s %.1f / %.1f%%", name,
+                              100 * Predict(whole.plan, r, p).cubeUtilization,
+                              100 * Predict(passes.plan, r, p).cubeUtilization);
+                scaled += cell;
             }
+            std::printf("cube passes: %-10s seqlen %5lld at scaled rates, whole / passes%s\n",
+                        causal ? "causal" : "non-causal",
+                        static_cast<long long>(seqlen), scaled.c_str());
         }
     }
 }
@@ -901,13 +902,8 @@ void TestSensitivityReport()
             forward((std::string("design change: S written as fp16, ") + mode + ", 16k").c_str(),
                     PredictDesign(fast, t, r, p));
             forward((std::string("incumbent design, ") + mode + ", 16k").c_str(), PredictIncumbent(r, p));
-            for (const bool fp16Scores : {false, true}) {
-                PlanRequest passes = r;
-                passes.fp16Scores = fp16Scores;
-                forward((std::string("256-row tile in cube passes") + (fp16Scores ? ", fp16 scores, " : ", ") +
-                         mode + ", 16k").c_str(),
-                        Predict(PlanBlocks(passes, b2, true).plan, passes, p));
-            }
+            forward((std::string("256-row tile in cube passes, ") + mode + ", 16k").c_str(),
+                    Predict(PlanBlocks(r, b2, true).plan, r, p));
         }
         for (int64_t seqlen : {16384, 32768}) {
             forward(("PTO design, non-causal, " + std::to_string(seqlen / 1024) + "k").c_str(),

@@ -246,15 +246,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         generator: torch.Generator on q's device for the dropout mask's seed (flash_cann's
             extension; default: the device's default generator, seeded by
             torch.manual_seed). Under torch.compile leave it None.
-        fp16_scores: bool, keyword-only (flash_cann's extension). Permit the kernel to hold
-            the attention scores S = QK^T in fp16 (the Ascend fast path), forward and
-            backward. Its error against exact attention, measured on the twin: within 3x
-            the default path's for out and the gradients at unit-scale logits, not for
-            softmax_lse, nor for anything at large logits (docs/kernel.md, "The fp16-score
-            fast path"). fp16 inputs only: refused for bfloat16 (an 8-bit mantissa rounds
-            scores 8x coarser) and float32. A permission: backends without a fast path
-            (cpu, triton) compute at their default precision, as torch's
-            allow_fp16_reduced_precision_reduction.
+        fp16_scores: bool, keyword-only (flash_cann's extension). Permit the backward to
+            hold the attention scores S = QK^T in fp16 (the Ascend fast path: the cube
+            rounds S - c, c from lse); the forward runs the default fp32-S path (out and
+            softmax_lse exactly the default's). Error against exact attention, measured on
+            the twin: within 3x the default path's for every output at the tested shapes
+            (docs/kernel.md, "The fp16-score fast path"). fp16 inputs only: refused for
+            bfloat16 (an 8-bit mantissa rounds scores 8x coarser) and float32. A
+            permission: backends without a fast path (cpu, triton) compute at their
+            default precision, as torch's allow_fp16_reduced_precision_reduction.
     Return:
         out: (batch_size, seqlen, nheads, headdim).
         softmax_lse [optional, if return_attn_probs=True]: (batch_size, nheads, seqlen),

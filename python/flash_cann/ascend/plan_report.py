@@ -73,7 +73,8 @@ def add_arguments(parser) -> None:
                         help="dropout probability (default: 0)")
     parser.add_argument("--sinks", action="store_true", help="learnable attention sinks")
     parser.add_argument("--fp16-scores", action="store_true",
-                        help="the fp16-score fast path (S = QK^T in fp16; --dtype fp16 only)")
+                        help="the backward's fp16-score fast path (S = QK^T in fp16; --backward "
+                             "and --dtype fp16 only: the forward keeps fp32 S)")
     parser.add_argument("--decode", action="store_true",
                         help="the decode kernel's plan (fwd_kvcache, flash_attn_with_kvcache): "
                              "--shape B,heads,new_tokens,D, --seqlen-k the keys per sequence")
@@ -146,8 +147,7 @@ def _forward_report(p: dict) -> None:
     print(f"tiling     key {p['tiling_key']}; query blocks of {t['block_q']} rows, key blocks of "
           f"{t['block_k']}; head_dim padded to {t['head_dim_pad']}; {p['block_dim']} AI cores "
           f"launched; tiling data {t['tiling_bytes']} bytes")
-    print(f"kernel     {'FEATURES (window, softcap, ALiBi, dropout, sinks as runtime branches)' if t['features'] else 'plain'}"
-          f"{', fp16 scores (S in fp16 through Fixpipe and L2)' if t['fp16_scores'] else ''}")
+    print(f"kernel     {'FEATURES (window, softcap, ALiBi, dropout, sinks as runtime branches)' if t['features'] else 'plain'}")
     print(f"rounds     {t['key_stack']} key blocks ({t['key_stack'] * t['block_k']} keys) per "
           f"cube/vector round; vector slices of {t['vec_rows']} rows")
     if t["cube_rows"] < t["block_q"]:
@@ -291,9 +291,10 @@ def run(args) -> int:
     dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
     if args.deterministic and not args.backward:
         raise Refused("--deterministic applies to --backward only")
+    if args.fp16_scores and not args.backward:
+        raise Refused("--fp16-scores applies to --backward only: the forward keeps fp32 S "
+                      "(fp16_scores=True plans the forward as without it)")
     if getattr(args, "decode", False):
-        if args.fp16_scores:
-            raise Refused("--fp16-scores applies to the forward and backward kernels, not --decode")
         return _run_decode(args, batch, heads, seqlen, head_dim, dtype)
     try:
         window = tuple(args.window) if args.window is not None else (-1, -1)

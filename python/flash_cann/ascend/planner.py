@@ -43,9 +43,10 @@ def variant(window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dropout_p:
     flash_cann.contract.variant.window_bounds normalised them (-1: unbounded); ``alibi``:
     None, "head" ((heads_q,) slopes) or "batch_head" ((batch, heads_q)); ``tokens``: with
     layout TND, the packed query and key tokens (batch is then the number of sequences,
-    seqlen_q/k are max_seqlen_q/k); ``fp16_scores``: the fp16-score fast path (float16);
-    ``cube_passes``: 1 forces the 256-row tile in two cube row passes where it fits (tests),
-    -1 rules it out, 0 lets the planner's schedule model choose."""
+    seqlen_q/k are max_seqlen_q/k); ``fp16_scores``: the backward's fp16-score fast path
+    (float16; a forward plan is the same without it); ``cube_passes``: 1 forces the
+    256-row tile in two cube row passes where it fits (tests), -1 rules it out, 0 lets the
+    planner's schedule model choose."""
     if alibi not in ALIBI:
         raise ValueError(f"flash_cann: alibi must be one of {list(ALIBI)} (got {alibi!r})")
     return Variant(int(window[0]), int(window[1]), float(softcap), float(dropout_p),

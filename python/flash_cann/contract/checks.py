@@ -197,8 +197,7 @@ def check_fp16_scores(fp16_scores: bool, dtype: torch.dtype) -> bool:
     if fp16_scores and dtype == torch.bfloat16:
         raise ValueError(_prefix(
             "fp16_scores=True is refused for bfloat16 inputs: scores held in bfloat16 keep an "
-            "8-bit mantissa, 8x coarser than fp16's (whose own error already exceeds 3x the "
-            "default path's for lse); use fp16 inputs or fp16_scores=False"))
+            "8-bit mantissa, 8x coarser than fp16's; use fp16 inputs or fp16_scores=False"))
     if fp16_scores and dtype != torch.float16:
         raise ValueError(_prefix(f"fp16_scores=True takes float16 inputs only (got "
                                  f"{_dtype_name(dtype)}): it permits fp16 scores, a loss of "

@@ -61,8 +61,9 @@ class Variant:
     read on the host, so no synchronisation with the device).
     sinks: the attention sinks' logits, (heads_q,) in the accumulator dtype (float32;
     float64 for float64 inputs), on the query's device.
-    fp16_scores: the caller permits S = Q Kᵀ in fp16 (fp16 inputs only; a permission, not
-    a feature: backends without an fp16-score path ignore it)."""
+    fp16_scores: the caller permits the backward to hold S = Q Kᵀ in fp16 (fp16 inputs
+    only; a permission, not a feature: the forward keeps fp32 S, and backends without an
+    fp16-score path ignore it)."""
 
     window_left: int = -1
     window_right: int = -1

@@ -138,8 +138,9 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
     ``variant``: the features (packed sequences, window, softcap, ALiBi slopes, dropout_p
-    with rng_state, sinks), as the cpu backend takes them; with ``fp16_scores`` the fast
-    path's kernel (S in fp16). ``allocated``, if given,
+    with rng_state, sinks), as the cpu backend takes them; ``fp16_scores`` reaches the
+    planner (which refuses it for non-fp16 inputs) and changes nothing else: the forward
+    keeps fp32 S. ``allocated``, if given,
     receives the bytes the kernel allocated per memory level (every ``InitBuffer``; AIC
     levels per cube core, UB per vector core), keyed as the planner's ``plan["levels"]``.
     """
