@@ -174,22 +174,33 @@ SM90_CASES = [  # (causal, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k), 
 ]
 
 
+def counted_launches(monkeypatch, kernel_getter: str) -> list:
+    """A list that grows by one for every launch of the sm90 kernel that
+    ``sm90.<kernel_getter>()`` returns (plans forgotten, so every call launches)."""
+    from flash_cann.backends.triton import sm90
+    launched = []
+    kernel = getattr(sm90, kernel_getter)
+    monkeypatch.setattr(sm90, kernel_getter, lambda: launched.append(True) or kernel())
+    ops.forget_plans()
+    return launched
+
+
+def check_sm90_cases(cases, dtype, gen, launched) -> None:
+    """Each case matches the float64 oracle, forward and backward, and launched the kernel."""
+    for causal, heads, head_dim, seqlens, layout in cases:
+        launched.clear()
+        assert_all_ok(check("cuda", dtype, causal=causal, masked=False, heads=heads,
+                            head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
+        assert launched, (causal, heads, head_dim, seqlens, layout)
+
+
 @pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_sm90_forward_serves_plain_calls(dtype, gen, monkeypatch):
     """The Hopper forward (kernels/forward_sm90.py) serves plain calls -- counted, so the
     oracle grid above is known to run it -- and matches the float64 oracle, forward and
     the backward on its lse, on the shapes it is likeliest to get wrong."""
-    from flash_cann.backends.triton import sm90
-    launched = []
-    kernel = sm90.kernel
-    monkeypatch.setattr(sm90, "kernel", lambda: launched.append(True) or kernel())
-    ops.forget_plans()
-    for causal, heads, head_dim, seqlens, layout in SM90_CASES:
-        launched.clear()
-        assert_all_ok(check("cuda", dtype, causal=causal, masked=False, heads=heads,
-                            head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
-        assert launched, (causal, heads, head_dim, seqlens, layout)
+    check_sm90_cases(SM90_CASES, dtype, gen, counted_launches(monkeypatch, "kernel"))
 
 
 SM90_BACKWARD_CASES = [  # as SM90_CASES; at least sm90.BACKWARD_MIN_KEYS keys
@@ -206,16 +217,8 @@ def test_sm90_backward_serves_long_calls(dtype, gen, monkeypatch):
     """The Hopper backward (kernels/backward_sm90.py) serves long plain backwards --
     counted -- and matches the float64 oracle; a deterministic call takes the FA2
     kernels (the Hopper one reduce-adds dQ)."""
-    from flash_cann.backends.triton import sm90
-    launched = []
-    kernel = sm90.backward_kernel
-    monkeypatch.setattr(sm90, "backward_kernel", lambda: launched.append(True) or kernel())
-    ops.forget_plans()
-    for causal, heads, head_dim, seqlens, layout in SM90_BACKWARD_CASES:
-        launched.clear()
-        assert_all_ok(check("cuda", dtype, causal=causal, masked=False, heads=heads,
-                            head_dim=head_dim, seqlens=seqlens, layout=layout, gen=gen))
-        assert launched, (causal, heads, head_dim, seqlens, layout)
+    launched = counted_launches(monkeypatch, "backward_kernel")
+    check_sm90_cases(SM90_BACKWARD_CASES, dtype, gen, launched)
     launched.clear()
     q = torch.randn(1, 2048, 2, 64, device="cuda", dtype=dtype, requires_grad=True)
     flash_cann.flash_attn_func(q, q, q, deterministic=True).sum().backward()

@@ -42,6 +42,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
+from .hopper import bnsd_descriptor
+
 if not hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce"):
     raise ImportError("this Triton's Gluon builds no TMA reduce-add")  # sm90.py falls back
 
@@ -223,18 +225,15 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     HALF_D: gl.constexpr = HEAD_DIM // CONSUMERS
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, HALF_D],
                                                                   gl.float32)
-    q_desc = tma.make_tensor_descriptor(Q, [batch, heads_q, seqlen_q, HEAD_DIM],
-                                        [stride_qb, stride_qh, stride_qs, 1],
-                                        [1, 1, BLOCK_M, HEAD_DIM], q_layout)
-    do_desc = tma.make_tensor_descriptor(DOut, [batch, heads_q, seqlen_q, HEAD_DIM],
-                                         [stride_dob, stride_doh, stride_dos, 1],
-                                         [1, 1, BLOCK_M, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K, [batch, heads_kv, seqlen_k, HEAD_DIM],
-                                        [stride_kb, stride_kh, stride_ks, 1],
-                                        [1, 1, BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, [batch, heads_kv, seqlen_k, HEAD_DIM],
-                                        [stride_vb, stride_vh, stride_vs, 1],
-                                        [1, 1, BLOCK_N, HEAD_DIM], kv_layout)
+    q_desc = bnsd_descriptor(Q, batch, heads_q, seqlen_q, stride_qb, stride_qh, stride_qs,
+                             BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = bnsd_descriptor(DOut, batch, heads_q, seqlen_q, stride_dob, stride_doh,
+                              stride_dos, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = bnsd_descriptor(K, batch, heads_kv, seqlen_k, stride_kb, stride_kh, stride_ks,
+                             BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = bnsd_descriptor(V, batch, heads_kv, seqlen_k, stride_vb, stride_vh, stride_vs,
+                             BLOCK_N, HEAD_DIM, kv_layout)
+    # DQAccum in blocks of one consumer's half of head_dim.
     dq_desc = tma.make_tensor_descriptor(DQAccum, [batch, heads_q, seqlen_q, HEAD_DIM],
                                          [heads_q * seqlen_q * HEAD_DIM, seqlen_q * HEAD_DIM,
                                           HEAD_DIM, 1], [1, 1, BLOCK_M, HALF_D], dq_layout)

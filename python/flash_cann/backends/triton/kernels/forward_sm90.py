@@ -37,6 +37,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
+from .hopper import bnsd_descriptor
+
 CONSUMERS = gl.constexpr(2)     # warpgroups computing, BLOCK_M (64) query rows each
 LOADER_WARPS = gl.constexpr(1)
 CONSUMER_REGISTERS = gl.constexpr(232)  # requested per thread of the second consumer
@@ -235,15 +237,12 @@ def attn_fwd_sm90(Q, K, V, Out, Lse, stride_qb, stride_qh, stride_qs, stride_kb,
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_N, HEAD_DIM],
                                                                   dtype)
-    q_desc = tma.make_tensor_descriptor(Q, [batch, heads_q, seqlen_q, HEAD_DIM],
-                                        [stride_qb, stride_qh, stride_qs, 1],
-                                        [1, 1, BLOCK_M, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K, [batch, heads_kv, seqlen_k, HEAD_DIM],
-                                        [stride_kb, stride_kh, stride_ks, 1],
-                                        [1, 1, BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, [batch, heads_kv, seqlen_k, HEAD_DIM],
-                                        [stride_vb, stride_vh, stride_vs, 1],
-                                        [1, 1, BLOCK_N, HEAD_DIM], kv_layout)
+    q_desc = bnsd_descriptor(Q, batch, heads_q, seqlen_q, stride_qb, stride_qh, stride_qs,
+                             BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = bnsd_descriptor(K, batch, heads_kv, seqlen_k, stride_kb, stride_kh, stride_ks,
+                             BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = bnsd_descriptor(V, batch, heads_kv, seqlen_k, stride_vb, stride_vh, stride_vs,
+                             BLOCK_N, HEAD_DIM, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], kv_layout)
