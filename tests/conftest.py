@@ -45,17 +45,24 @@ def _is_fast(item) -> bool:
     return True
 
 
-# pytest-xdist (CI: `-n 2 --dist loadgroup`, README). A module's tests run on one worker,
-# so that its module- and session-scoped fixtures (the lowering grid, the stand-in and
-# extension builds, the context-parallel launches) run once; the two modules that share
-# the NPU extension's session build are one group. SPREAD modules -- many independent
-# tests and no fixture broader than a test's (the native build is locked and
-# incremental) -- go test by test to whichever worker is free. Workers take the modules
-# of LONGEST_FIRST first (each a minute or more on CI), then the other grouped modules,
-# then the spread tests, so that the two workers finish together.
-XDIST_GROUPS = {"test_npu_capture.py": "npu_extension", "test_npu_extension.py": "npu_extension"}
+# pytest-xdist (CI: `-n 2`, README). A module's tests run on one worker, so that its
+# module- and session-scoped fixtures (the lowering grid, the stand-in and extension
+# builds, the context-parallel launches) run once; the two modules that share the NPU
+# extension's session build are one unit. SPREAD modules -- many independent tests and
+# no fixture broader than a test's (the native build is locked and incremental) -- go
+# test by test to whichever worker is free. Workers take the modules of LONGEST_FIRST
+# first (each a minute or more on CI), then the other modules, then the spread tests,
+# so that the two workers finish together.
+XDIST_UNITS = {"test_npu_capture.py": "npu_extension", "test_npu_extension.py": "npu_extension"}
 SPREAD = {"test_accuracy.py", "test_features.py", "test_op_host.py", "test_ops.py"}
 LONGEST_FIRST = ("test_triton_npu.py", "test_triton_interpreter.py", "test_wheel.py")
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: its module's, or itself if spread."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    return nodeid if name in SPREAD else XDIST_UNITS.get(name, path)
 
 
 def _xdist_order(item) -> tuple:
@@ -65,14 +72,23 @@ def _xdist_order(item) -> tuple:
     return (0, LONGEST_FIRST.index(name)) if name in LONGEST_FIRST else (1, 0)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, the scopes being xdist_unit's, in the workers'
+    collection order (_xdist_order)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _is_fast(item):
             item.add_marker(pytest.mark.fast)
-        if item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(item.path.name,
-                                                                     item.path.name)))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
         items.sort(key=_xdist_order)
 

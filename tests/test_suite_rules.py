@@ -86,3 +86,12 @@ def test_the_ci_command_fails_on_a_failing_test_and_on_no_tests(tmp_path):
                               "--rootdir", str(tmp_path), str(target)], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == status, run.stdout + run.stderr
+
+
+def test_xdist_units_keep_a_module_on_one_worker_unless_spread():
+    assert conftest.xdist_unit("tests/test_twin.py::test_a[x]") == \
+        conftest.xdist_unit("tests/test_twin.py::test_b") == "tests/test_twin.py"
+    assert conftest.xdist_unit("tests/test_npu_capture.py::test_a") == \
+        conftest.xdist_unit("tests/test_npu_extension.py::test_b")  # one extension build
+    assert conftest.xdist_unit("tests/test_accuracy.py::test_a[x]") == \
+        "tests/test_accuracy.py::test_a[x]"
