@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import zlib
 
 import pytest
@@ -43,10 +45,52 @@ def _is_fast(item) -> bool:
     return True
 
 
+# pytest-xdist (CI: `-n 2`, README). A module's tests run on one worker, so that its
+# module- and session-scoped fixtures (the lowering grid, the stand-in and extension
+# builds, the context-parallel launches) run once; the two modules that share the NPU
+# extension's session build are one unit. SPREAD modules -- many independent tests and
+# no fixture broader than a test's (the native build is locked and incremental) -- go
+# test by test to whichever worker is free. Workers take the modules of LONGEST_FIRST
+# first (each a minute or more on CI), then the other modules, then the spread tests,
+# so that the two workers finish together.
+XDIST_UNITS = {"test_npu_capture.py": "npu_extension", "test_npu_extension.py": "npu_extension"}
+SPREAD = {"test_accuracy.py", "test_features.py", "test_op_host.py", "test_ops.py"}
+LONGEST_FIRST = ("test_triton_npu.py", "test_triton_interpreter.py", "test_wheel.py")
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: its module's, or itself if spread."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    return nodeid if name in SPREAD else XDIST_UNITS.get(name, path)
+
+
+def _xdist_order(item) -> tuple:
+    name = item.path.name
+    if name in SPREAD:
+        return (2, 0)
+    return (0, LONGEST_FIRST.index(name)) if name in LONGEST_FIRST else (1, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, the scopes being xdist_unit's, in the workers'
+    collection order (_xdist_order)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _is_fast(item):
             item.add_marker(pytest.mark.fast)
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike
+        items.sort(key=_xdist_order)
 
 
 def pytest_configure(config):
@@ -54,11 +98,36 @@ def pytest_configure(config):
     at once: without it the planner, twin, CANN-shell and packaging tests would all skip,
     and CI would pass."""
     config.addinivalue_line("markers", "fast: the <= 60 s tier (-m fast); see conftest.py")
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # The controller of xdist workers: they run in _xdist_order's order, and their
+        # torch threads sleep when idle, instead of spinning on the cores the other
+        # worker needs (two workers of two threads on CI's two cores).
+        config.option.loadscopereorder = False
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     absent = native_build.missing()
     if native_build.ON_CI and absent:
         raise pytest.UsageError(
             f"CI=true but {', '.join(absent)} not found on PATH: the native tests need "
             f"cmake (>= 3.16) and a C++17 compiler (g++, gcc); see README.md, Tests")
+
+
+def pytest_sessionstart(session):
+    """The xdist controller builds the native targets (planner, twin) while its workers
+    start on the longest modules, which need none; the workers' tests then find the
+    build done (native.build's lock) instead of waiting on it in turn."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
+            and not native_build.missing():
+        threading.Thread(target=_build_native, daemon=True).start()
+
+
+def _build_native():
+    from flash_cann.ascend import native
+
+    try:
+        native.build()
+    except native.NativeBuildError:
+        pass  # the tests that need the build report its error
 
 
 def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype,

@@ -55,3 +55,43 @@ def _text(path: Path) -> list[str]:
         return path.read_text(encoding="utf-8").splitlines()
     except (UnicodeDecodeError, IsADirectoryError, FileNotFoundError):
         return []  # binary files (results, images) cite nothing
+
+
+def _pytest_options(text: str) -> list[str]:
+    """The options of the `python -m pytest` call in a line of shell."""
+    [call] = re.findall(r"python -m pytest([^\n&|;]*)", text)
+    return call.split()
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("**Set up and run the tests**"):]
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    ci = (HERE.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()[-1]
+    assert _pytest_options(ci) == _pytest_options(command)
+    assert "-n" in _pytest_options(ci)  # two workers: CI's two cores
+
+
+def test_the_ci_command_fails_on_a_failing_test_and_on_no_tests(tmp_path):
+    """The CI command's pytest options (workers included) keep pytest's exit status: 1 for
+    a failing test, 5 when no test ran, and .ci/run (set -e) ends with it."""
+    ci = (HERE.parent / ".ci" / "run").read_text(encoding="utf-8")
+    assert "set -euo pipefail" in ci and "|| true" not in ci
+    options = _pytest_options(ci.splitlines()[-1])
+    (tmp_path / "test_one.py").write_text("def test_passes():\n    pass\n\n"
+                                          "def test_fails():\n    assert False\n")
+    (tmp_path / "empty").mkdir()
+    for target, status in ((tmp_path / "test_one.py", 1), (tmp_path / "empty", 5)):
+        run = subprocess.run([sys.executable, "-m", "pytest", *options, "-p", "no:cacheprovider",
+                              "--rootdir", str(tmp_path), str(target)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == status, run.stdout + run.stderr
+
+
+def test_xdist_units_keep_a_module_on_one_worker_unless_spread():
+    assert conftest.xdist_unit("tests/test_twin.py::test_a[x]") == \
+        conftest.xdist_unit("tests/test_twin.py::test_b") == "tests/test_twin.py"
+    assert conftest.xdist_unit("tests/test_npu_capture.py::test_a") == \
+        conftest.xdist_unit("tests/test_npu_extension.py::test_b")  # one extension build
+    assert conftest.xdist_unit("tests/test_accuracy.py::test_a[x]") == \
+        "tests/test_accuracy.py::test_a[x]"

@@ -3,7 +3,8 @@ bishengir-compile 1.2.0), with no NPU and no CANN: every plain launch the NPU ba
 makes (forward, preprocess, dK/dV, dQ; float16/bfloat16; causal or not; padding mask or
 not; head_dim 64/128/256) and a grid of its feature launches (each feature alone and
 combined, KV caches through the forward and decode kernels; FEATURE_GRID) for
-Ascend910B2 and Ascend910B4, up to the hand-off to `hivmc` (the CANN tool that emits
+Ascend910B2, and a covering part of them (every kernel at every dtype and head_dim;
+ARCH_COVER) for Ascend910B4, up to the hand-off to `hivmc` (the CANN tool that emits
 the binary; with one on PATH a binary is required).
 
 The environment (triton-ascend cannot share one with upstream triton) is built by
@@ -15,8 +16,11 @@ fails the tests; elsewhere they skip with the reason.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,9 +38,12 @@ MATMUL_AND_DECODE = (*MATMUL_KERNELS, "decode")
 def build_ascend_env(directory: Path, python: str = sys.executable) -> str:
     """PYTHONPATH for a subprocess whose `triton` is triton-ascend, after building the
     environment if needed; fails (CI=true) or skips with the reason if it cannot."""
-    done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(directory)],
-                          env=dict(os.environ, PYTHON=python), capture_output=True, text=True,
-                          timeout=900)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as lock:  # xdist workers
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(directory)],
+                              env=dict(os.environ, PYTHON=python), capture_output=True,
+                              text=True, timeout=900)
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     site = directory / "lib" / version / "site-packages"
     if done.returncode or not (site / "triton" / "backends" / "ascend").is_dir():
@@ -95,27 +102,61 @@ def feature_grid():
             if (v.features, str(v.dtype).removeprefix("torch."), v.head_dim) in FEATURE_GRID]
 
 
+# The second target. The two 910B models differ, for bishengir-compile, only in their
+# core counts (24 / 20 AI cores; the same UB, L1 and L0 sizes and alignments, which its
+# memory planning and overflow checks read): test_the_targets_differ_only_in_core_counts
+# checks that in the target spec of every launch lowered for both. So the 910B4 lowers a
+# covering part of the grid -- every kernel (forward, preprocess, dK/dV, dQ; decode
+# through the KV cache sets) at every dtype and head_dim, the four causal x mask corners
+# each at least once, and the tile tables but dropout's (plain, "scores", "cache") at
+# each head_dim -- and the 910B2 all of it. (The whole grid for both cost twice the
+# compiles, the dropout forward's ~35 s included.) The modules themselves cannot be
+# compared: bishengir-compile places buffers (UB offsets, workspace order) and names
+# values differently from run to run, on one target too.
+ARCH_COVER = [("float16", 64, False, False), ("float16", 128, True, True),
+              ("float16", 256, False, True), ("bfloat16", 64, True, False),
+              ("bfloat16", 128, True, True), ("bfloat16", 256, False, False)]
+FEATURE_COVER = ("scores", "cache-all")  # the feature tile tables, at three head_dims each
+
+
+def arch_cover():
+    """The variants lowered for the 910B4: ARCH_COVER's plain ones and FEATURE_COVER's."""
+    from flash_cann.backends.triton.ascend_lowering import PLAIN_VARIANTS
+
+    plain = [v for v in PLAIN_VARIANTS if (str(v.dtype).removeprefix("torch."), v.head_dim,
+                                           v.causal, v.masked) in ARCH_COVER]
+    return plain + [v for v in feature_grid() if v.features in FEATURE_COVER]
+
+
+@dataclasses.dataclass
+class Grid:
+    results: list[dict]  # one per lowering, as ascend_lowering prints them
+    out: Path  # <out>/<arch>/<variant>/<kernel>/temps/module.hivm.opt.mlir
+
+
 @pytest.fixture(scope="module")
 def every_variant(ascend_env, tmp_path_factory):
-    """The plain variants and the feature grid for both targets: two processes (CI's two
-    cores share three processes), one per dtype and one for the dropout variant, each
-    lowering its variants for both targets (the front end runs once per launch; each
-    (dtype, head_dim) preprocess once). The dropout variant lowers its forward kernel
-    only (DROPOUT_KERNELS): its ten Philox rounds cost bishengir-compile ~35 s per launch
-    and target, as much as a third of the rest of the grid (its dK/dV and dQ were lowered
-    by hand: docs/npu.md)."""
+    """The plain variants and the feature grid for the 910B2, ARCH_COVER for the 910B4:
+    four processes (CI's two cores), one per dtype and one for the dropout variant on the
+    910B2 (the front end runs once per launch; each (dtype, head_dim) preprocess once),
+    and the 910B4's. The dropout variant lowers its forward kernel only
+    (DROPOUT_KERNELS): its ten Philox rounds cost bishengir-compile ~35 s per launch and
+    target, as much as a third of the rest of the grid (its dK/dV and dQ were lowered by
+    hand: docs/npu.md)."""
     from flash_cann.backends.triton.ascend_lowering import PLAIN_VARIANTS
 
     out = tmp_path_factory.mktemp("ascend")
     variants = PLAIN_VARIANTS + feature_grid()
+    first, second = ("--arch", ARCHES[0]), ("--arch", ARCHES[1])
     heavy = ",".join(v.name for v in variants if _dropout(v))
-    jobs = [("--variants", ",".join(v.name for v in variants
-                                    if str(v.dtype) == dtype and not _dropout(v)))
+    jobs = [(*first, "--variants", ",".join(v.name for v in variants
+                                            if str(v.dtype) == dtype and not _dropout(v)))
             for dtype in ("torch.float16", "torch.bfloat16")]
-    jobs.append(("--variants", heavy, "--kernels", ",".join(DROPOUT_KERNELS)))
+    jobs.append((*first, "--variants", heavy, "--kernels", ",".join(DROPOUT_KERNELS)))
+    jobs.append((*second, "--variants", ",".join(v.name for v in arch_cover())))
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         runs = pool.map(lambda job: lower(ascend_env, out, *job), jobs)
-        return [r for run in runs for r in run]
+        return Grid([r for run in runs for r in run], out)
 
 
 # The kernels CI lowers for the dropout variant (see every_variant).
@@ -132,31 +173,88 @@ def _describe(r):
     return f"{r['arch']} {r['kernel']} {r['variant']} {r['tiles']}: {r['outcome']}\n{r['log']}"
 
 
-def test_every_variant_reaches_the_binary_step(every_variant):
+def _lowerings(variants) -> int:
+    """How many launches one target lowers for ``variants``: each plain variant's fwd,
+    dK/dV, dQ; a preprocess per dtype x head_dim, and one with sinks per dtype x head_dim
+    with a (non-cache, non-dropout) sinks variant; each feature variant's fwd, dK/dV,
+    dQ, or a KV cache's fwd and decode, or the dropout variant's DROPOUT_KERNELS."""
     from flash_cann.backends.triton.ascend_lowering import CACHE_SETS, FEATURE_SETS
 
-    grid = feature_grid()
-    cache = [v for v in grid if v.features in CACHE_SETS]
-    # Per target: 24 plain variants x (fwd, dK/dV, dQ) + 6 preprocess (dtype x head_dim),
-    # and a preprocess with sinks per dtype x head_dim that has sinks in the grid; each
-    # feature variant's fwd, dK/dV, dQ, or a KV cache's fwd and decode.
-    heavy = [v for v in grid if _dropout(v)]
-    sinks = {(v.dtype, v.head_dim) for v in grid if v.features not in CACHE_SETS
-             and FEATURE_SETS[v.features].get("sinks") and not _dropout(v)}
-    assert len(every_variant) == 2 * (24 * 3 + 6 + len(sinks)
-                                      + (len(grid) - len(cache) - len(heavy)) * 3
-                                      + len(heavy) * len(DROPOUT_KERNELS) + len(cache) * 2)
-    assert {r["arch"] for r in every_variant} == set(ARCHES)
-    lowered = {(r["variant"], r["kernel"]) for r in every_variant}
+    def kernels(v):
+        if v.features in CACHE_SETS:
+            return 2
+        return len(DROPOUT_KERNELS) if _dropout(v) else 3
+
+    preprocess = {(v.dtype, v.head_dim, bool(FEATURE_SETS[v.features].get("sinks")))
+                  for v in variants if v.features not in CACHE_SETS and not _dropout(v)}
+    return sum(map(kernels, variants)) + len(preprocess)
+
+
+def test_every_variant_reaches_the_binary_step(every_variant):
+    from flash_cann.backends.triton.ascend_lowering import CACHE_SETS, PLAIN_VARIANTS
+
+    results = every_variant.results
+    grid, cover = PLAIN_VARIANTS + feature_grid(), arch_cover()
+    assert _lowerings(PLAIN_VARIANTS) == 24 * 3 + 6
+    by_arch = {arch: [r for r in results if r["arch"] == arch] for arch in ARCHES}
+    assert len(by_arch[ARCHES[0]]) == _lowerings(grid)
+    assert len(by_arch[ARCHES[1]]) == _lowerings(cover)
+    lowered = {(r["variant"], r["kernel"]) for r in by_arch[ARCHES[0]]}
     for features in ("window", "softcap", "alibi", "varlen", "sinks", "scores"):
         assert {k for v, k in lowered if v.endswith(f"-{features}")} >= set(MATMUL_KERNELS)
     assert {k for v, k in lowered if v.endswith("-all") and not v.endswith("-cache-all")} \
         == set(DROPOUT_KERNELS)
     for features in CACHE_SETS:
         assert {k for v, k in lowered if v.endswith(f"-{features}")} == {"fwd", "decode"}
+    # The 910B4's part: every kernel at every dtype and head_dim (decode: at each head_dim),
+    # each causal x mask corner.
+    names = {v.name: v for v in grid}
+    covered = {(r["kernel"], names[r["variant"]].dtype, names[r["variant"]].head_dim)
+               for r in by_arch[ARCHES[1]]}
+    assert covered >= {(k, v.dtype, v.head_dim) for v in PLAIN_VARIANTS
+                       for k in ("fwd", "preprocess", "dkdv", "dq")}
+    assert {h for k, _, h in covered if k == "decode"} == {64, 128, 256}
+    assert {(v.causal, v.masked) for v in cover if v.features == "plain"} == {
+        (c, m) for c in (False, True) for m in (False, True)}
+    assert {(v.features, v.head_dim) for v in cover if v.features != "plain"} == {
+        (f, h) for f in FEATURE_COVER for h in (64, 128, 256)}
     wanted = "binary" if shutil.which("hivmc") else "handoff"
-    failed = [r for r in every_variant if r["outcome"] != wanted or r["overflow"]]
+    failed = [r for r in results if r["outcome"] != wanted or r["overflow"]]
     assert not failed, "\n\n".join(map(_describe, failed[:5]))
+
+
+TARGET_SPEC = re.compile(r"dlti\.target_system_spec = (.*?>>>)")
+CORE_COUNT = re.compile(r'("(?:AI|CUBE|VECTOR)_CORE_COUNT", )(\d+)')
+
+
+def test_the_targets_differ_only_in_core_counts(every_variant):
+    """Why the 910B4 lowers only ARCH_COVER and FEATURE_COVER: for each launch lowered for
+    both targets, the HIVM modules' target specs (the figures bishengir-compile takes
+    from the target: buffer sizes, alignments, core counts) are the same but for the
+    core counts (24 AI / 48 vector cores on the 910B2, 20 / 40 on the 910B4)."""
+    from flash_cann.backends.triton.ascend_lowering import FEATURE_SETS, PLAIN_VARIANTS
+
+    names = {v.name: v for v in PLAIN_VARIANTS + feature_grid()}
+
+    def launch(r):  # a preprocess is lowered under the first variant of its process to need it
+        v = names[r["variant"]]
+        if r["kernel"] != "preprocess":
+            return r["variant"], r["kernel"]
+        return v.dtype, v.head_dim, bool(FEATURE_SETS[v.features].get("sinks"))
+
+    def spec(r):
+        hivm = (every_variant.out / r["arch"] / r["variant"] / r["kernel"] / "temps"
+                / "module.hivm.opt.mlir").read_text()
+        [target] = TARGET_SPEC.findall(hivm)
+        return CORE_COUNT.sub(r"\1N", target), sorted(int(n) for _, n in CORE_COUNT.findall(target))
+
+    first = {launch(r): r for r in every_variant.results if r["arch"] == ARCHES[0]}
+    second = [r for r in every_variant.results if r["arch"] == ARCHES[1]]
+    assert len(second) == _lowerings(arch_cover())
+    for r in second:
+        (b2, b2_counts), (b4, b4_counts) = spec(first[launch(r)]), spec(r)
+        assert (b2_counts, b4_counts) == ([24, 24, 48], [20, 20, 40]), _describe(r)
+        assert b2 == b4 and "UB_SIZE" in b2 and "L0C_SIZE" in b2, _describe(r)
 
 
 def misplaced(kernel: str, units: dict) -> list[str]:
@@ -177,7 +275,7 @@ def misplaced(kernel: str, units: dict) -> list[str]:
 
 
 def test_matmuls_on_the_cube_and_softmax_on_the_vector_units(every_variant):
-    for r in every_variant:
+    for r in every_variant.results:
         if r["kernel"] in MATMUL_AND_DECODE:
             assert not misplaced(r["kernel"], r["units"]), _describe(r)
 

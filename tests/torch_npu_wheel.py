@@ -5,11 +5,13 @@ The wheel is downloaded from PyPI with pip (``pip download``, no install: instal
 without CANN, torch_npu breaks ``import torch``) into ``build/torch_npu_wheel`` and only
 ``torch_npu/include/`` and ``torch_npu/lib/libtorch_npu.so`` are unpacked. Nothing of it
 is committed. If it cannot be had, the test skips with the reason -- and fails under
-``CI=true``, where the real headers are the point.
+``CI=true``, where the real headers are the point. A file lock makes the download and
+unpacking one process's (pytest-xdist workers share ``build/``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -57,12 +59,15 @@ def torch_npu_wheel() -> Path:
                      f"torch {torch.__version__}")
     unpacked = CACHE / "unpacked"
     done = unpacked / ".complete"
-    if not done.is_file():
-        with zipfile.ZipFile(_download()) as wheel:
-            members = [m for m in wheel.namelist()
-                       if m.startswith("torch_npu/include/") or m == LIBRARY]
-            if LIBRARY not in members:
-                _unavailable(f"{wheel.filename} has no {LIBRARY}")
-            wheel.extractall(unpacked, members)
-        done.touch()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            with zipfile.ZipFile(_download()) as wheel:
+                members = [m for m in wheel.namelist()
+                           if m.startswith("torch_npu/include/") or m == LIBRARY]
+                if LIBRARY not in members:
+                    _unavailable(f"{wheel.filename} has no {LIBRARY}")
+                wheel.extractall(unpacked, members)
+            done.touch()
     return unpacked / "torch_npu"
