@@ -38,7 +38,8 @@ from .buffers import empty
 # heaviest variant (causal, padding mask) bishengir-compile plans for Ascend910B2 with
 # no UB/L1/L0 overflow. Found by `python -m flash_cann.backends.triton.ascend_lowering --search` on
 # 2026-11-23 with triton-ascend 3.2.0 and ascendnpu-ir 1.2.0 (bishengir-compile 1.2.0);
-# tests/test_triton_npu.py lowers every variant with these for the 910B2 and the 910B4.
+# tests/test_triton_npu.py lowers every variant with these for the 910B2, and a covering
+# part of the grid for the 910B4 (whose planning limits differ only in core counts).
 TILES = {
     ("fwd", 64, "float16"): (64, 128), ("fwd", 64, "bfloat16"): (64, 128),
     ("fwd", 128, "float16"): (64, 64), ("fwd", 128, "bfloat16"): (64, 64),
