@@ -153,20 +153,24 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
         dp_t = warpgroup_mma(v_mine, do.permute((1, 0)), no_scores, use_acc=False,
                              is_async=True)
         # lse (log2 units; +inf where P must be 0) and D of the block's rows, along the
-        # columns, from the loader's copies.
-        rows = m0 + gl.arange(0, BLOCK_M, col_layout)
+        # columns, read from the loader's copies only where they are used: each is 16
+        # registers a thread in this orientation.
         mbarrier.wait(stats_ready.index(slot), (i // STAGES) & 1)
-        lse = stats_smem.index(2 * slot).load(col_layout)
-        lse2 = gl.where((lse == float("-inf")) | (rows >= seqlen_q), float("inf"), lse * LOG2E)
-        delta = stats_smem.index(2 * slot + 1).load(col_layout)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
-        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        lse = stats_smem.index(2 * slot).load(col_layout)
+        if m0 + BLOCK_M > seqlen_q:  # the last block: its rows past seqlen_q see no key
+            lse = gl.where(m0 + gl.arange(0, BLOCK_M, col_layout) < seqlen_q, lse,
+                           float("-inf"))
+        p_t = gl.exp2(s_t * qk_scale - gl.where(lse == float("-inf"), float("inf"),
+                                                 lse * LOG2E)[None, :])
         if CAUSAL:
             if n0 + CONSUMERS * KEYS - 1 > m0 + diagonal:  # the block crosses the diagonal
+                rows = m0 + gl.arange(0, BLOCK_M, col_layout)
                 p_t = gl.where(keys[:, None] <= rows[None, :] + diagonal, p_t, 0.0)
         p_op = gl.convert_layout(p_t.to(dtype), op_layout)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
         dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
+        delta = stats_smem.index(2 * slot + 1).load(col_layout)
         ds_t = p_t * (dp_t - delta[None, :])
         ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
         # dS through shared memory, both consumers' key halves, for dQ = dS K.
