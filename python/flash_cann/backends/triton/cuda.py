@@ -20,9 +20,10 @@ its signature replay them (``forward_planned`` / ``backward_planned``, triton_la
 ``FLASH_CANN_TRITON_TMA``: ``auto`` (default; descriptors on sm90+), ``1`` (wherever
 the strides allow, including the interpreter), ``0`` (never).
 
-On sm90 a plain forward takes the Hopper kernel instead (``sm90.py``,
-``kernels/forward_sm90.py``: FlashAttention-3's warp-specialised TMA/wgmma pipeline, in
-Gluon); ``FLASH_CANN_SM90=0`` keeps the FA2 kernel there too.
+On sm90 a plain forward, and a plain non-deterministic backward of at least 2048 keys,
+take the Hopper kernels instead (``sm90.py``, ``kernels/forward_sm90.py``,
+``kernels/backward_sm90.py``: FlashAttention-3's warp-specialised TMA/wgmma pipelines, in
+Gluon); ``FLASH_CANN_SM90=0`` keeps the FA2 kernels there too.
 """
 
 from __future__ import annotations
@@ -507,16 +508,6 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     # expanded lse gradient, costs a copy of batch * heads * seqlen floats).
     lse = softmax_lse.contiguous()
     dlse = grad_softmax_lse.contiguous() if grad_softmax_lse is not None else None
-    inputs = (q, k, v, do, lse, delta, key_padding_mask)
-    input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
-               seqlen_k, scale, scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k))
-    features = feature_arguments(variant, causal)
-    shared = dict(work=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
-                  BLOCK_D=block_d, HAS_MASK=key_padding_mask is not None,
-                  USE_TMA=use_tma, PERSISTENT=False, **features)
-    varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
-        if packed else {}
     launches = {}
     # The sinks' gradient: one partial sum per preprocess tile, added here in a fixed order.
     rows = max(16, PREPROCESS_TILE // block_d)
@@ -536,10 +527,21 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             o, do, dlse, delta, *o.stride(), *do.stride(), q.shape[0], heads_q, seqlen_q,
             HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_DLSE=dlse is not None, PERSISTENT=False,
             BLOCK_M=rows, **sinks)
-    if hopper:
+    if hopper:  # plain: no sinks, so no sinks' gradient
         launches.update(_backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal,
-                                       record))
+                                       rows, record))
         return (grad_query, grad_key, grad_value, None), launches
+    # The FA2 kernels' arguments.
+    inputs = (q, k, v, do, lse, delta, key_padding_mask)
+    input_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    scalars = (*_mask_strides(key_padding_mask), batch, heads_q, heads_q // heads_kv, seqlen_q,
+               seqlen_k, scale, scale * math.log2(math.e), _bucket(rows_q), _bucket(rows_k))
+    features = feature_arguments(variant, causal)
+    shared = dict(work=batch * heads_q * rows_q * rows_k, HEAD_DIM=head_dim,
+                  BLOCK_D=block_d, HAS_MASK=key_padding_mask is not None,
+                  USE_TMA=use_tma, PERSISTENT=False, **features)
+    varlen = dict(VARLEN=True, CuSeqQ=variant.cu_seqlens_q, CuSeqK=variant.cu_seqlens_k) \
+        if packed else {}
     with _launching_on(device, use_tma):
         # Stage: dK, dV per key block.
         launches["dkdv"] = DKDV.launch(
@@ -556,14 +558,19 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return (grad_query, grad_key, grad_value, grad_sinks), launches
 
 
-def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, record):
+def _dq_accumulator(lse_shape, head_dim: int, device: torch.device) -> torch.Tensor:
+    """The Hopper backward's fp32 dQ, (batch, heads_q, seqlen_q, head_dim), zeroed: every
+    key block reduce-adds into it."""
+    return torch.zeros((*lse_shape, head_dim), dtype=torch.float32, device=device)
+
+
+def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, rows, record):
     """The Hopper backward (sm90.py) on BNSD views, after the preprocess: dK, dV, and dQ
-    reduce-added in fp32, then scaled and cast into dq; {stage: its Launch if
-    ``record``}."""
+    reduce-added in fp32, then scaled and cast into dq by tiles of the preprocess's
+    ``rows``; {stage: its Launch if ``record``}."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
-    dq_accum = torch.zeros((batch, heads_q, seqlen_q, head_dim), dtype=torch.float32,
-                           device=q.device)
+    dq_accum = _dq_accumulator((batch, heads_q, seqlen_q), head_dim, q.device)
     grid = sm90.backward_grid(batch, heads_kv, seqlen_k)
     with _launching_on(q.device, True):
         main = _launch(sm90.backward_kernel(), lambda meta: grid, 9 * record, q, k, v, do, lse,
@@ -573,7 +580,6 @@ def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, record):
                        scale * math.log2(math.e), HEAD_DIM=head_dim,
                        BLOCK_M=sm90.BACKWARD_BLOCK_M, STAGES=sm90.BACKWARD_STAGES[head_dim],
                        CAUSAL=causal, DQ_BUFFERS=sm90.BACKWARD_DQ_BUFFERS, num_warps=4)
-        rows = max(16, PREPROCESS_TILE // head_dim)
         convert = _launch(kernels.attn_bwd_dq_convert,
                           lambda meta: (triton.cdiv(seqlen_q, rows), heads_q, batch),
                           2 * record, dq_accum, dq, *dq.stride()[:3], seqlen_q, scale,
@@ -627,8 +633,7 @@ class _BackwardPlan:
             stream = current_stream(device.index)
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
             if "sm90" in launches:  # the Hopper backward (_backward_sm90)
-                dq_accum = torch.zeros((*self.lse_shape, query.shape[-1]), dtype=torch.float32,
-                                       device=device)
+                dq_accum = _dq_accumulator(self.lse_shape, query.shape[-1], device)
                 launches["sm90"](query, key, value, grad_out, lse, delta, dq_accum, grad_key,
                                  grad_value, stream=stream)
                 launches["dq_convert"](dq_accum, grad_query, stream=stream)
