@@ -202,3 +202,34 @@ def test_backward_compiles_for_sm90(head_dim, causal, dtype):
     assert "wgmma.mma_async" in ptx
     assert "cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx
     assert spilled_bytes(report) <= BACKWARD_SPILL_BOUND[head_dim, causal], report
+
+
+def test_backward_host_binds_every_kernel_argument(on_sm90, monkeypatch):
+    """cuda's Hopper branch on CPU tensors, its launches captured instead of run: the
+    preprocess, the Hopper kernel and the dQ conversion, each binding exactly its
+    kernel's parameters, with an fp32 dQ buffer of (batch, heads_q, seqlen_q, head_dim)
+    zeroed for the reduce-adds; a deterministic call launches the FA2 kernels instead."""
+    from flash_cann.backends.triton import cuda, kernels
+
+    launched = []
+    monkeypatch.setattr(cuda, "_launch", lambda launcher, grid, record, *args, **kwargs:
+                        launched.append((launcher, args, kwargs)))
+    q, k, v, out, grad_out = (torch.randn(1, sm90.BACKWARD_MIN_KEYS, 2, 64,
+                                          dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.zeros(1, 2, sm90.BACKWARD_MIN_KEYS)
+
+    def run(deterministic):
+        launched.clear()
+        cuda.backward(grad_out, q, k, v, out, lse, None, None, scale=0.125, causal=True,
+                      layout="BSND", deterministic=deterministic)
+        return [launcher for launcher, _, _ in launched]
+
+    assert run(False) == [kernels.attn_bwd_preprocess, sm90.backward_kernel(),
+                          kernels.attn_bwd_dq_convert]
+    for launcher, args, kwargs in launched[1:]:
+        options = {"num_warps"}
+        launcher.signature.bind(*args, **{n: a for n, a in kwargs.items() if n not in options})
+    dq_accum = launched[1][1][6]
+    assert dq_accum.dtype == torch.float32 and dq_accum.shape == (1, 2, sm90.BACKWARD_MIN_KEYS, 64)
+    assert not dq_accum.any() and launched[2][1][0] is dq_accum
+    assert sm90.backward_kernel() not in run(True)
