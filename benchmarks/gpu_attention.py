@@ -70,12 +70,13 @@ OURS_POINTERS = "flash_cann-pointers"
 # flash_cann without the Hopper forward (FLASH_CANN_SM90=0: kernels/forward.py on sm90):
 # issue 28's A/B.
 OURS_FA2 = "flash_cann-fa2"
-IMPLS = [OURS, OURS_POINTERS, OURS_FA2, *PEERS]
+# flash_cann with deterministic=True (on sm90, the Hopper backward's ordered dQ adds).
+OURS_DETERMINISTIC = "flash_cann-det"
+IMPLS = [OURS, OURS_DETERMINISTIC, OURS_POINTERS, OURS_FA2, *PEERS]
 DEFAULT_IMPLS = [OURS, *PEERS]
 # Issue 13's targets: (mode, ours, peer, minimum peer time / ours, seqlens), each over
-# bf16 and fp16, head_dim 64 and 128, causal and not. flash_cann's backward is
-# deterministic whatever deterministic= says (NOTES.md, step 9), so both backward
-# targets judge it.
+# bf16 and fp16, head_dim 64 and 128, causal and not (flash_cann's default backward:
+# deterministic on the FA2 kernels, not on sm90's Hopper kernel, as SDPA's and Flex's).
 TARGETS = [("fwd", OURS, "sdpa-cudnn", 0.95, (4096, 16384)),
            ("fwd", OURS, "flex", 1.0, (4096, 16384)),
            ("bwd", OURS, "sdpa-cudnn", 0.9, (4096, 16384)),
@@ -96,6 +97,10 @@ def attention_flops(batch, heads, seqlen, head_dim, causal, mode):
 
 def _flash_cann(causal, seqlen):
     return lambda q, k, v: flash_cann.attention(q, k, v, causal=causal)
+
+
+def _flash_cann_deterministic(causal, seqlen):
+    return lambda q, k, v: flash_cann.attention(q, k, v, causal=causal, deterministic=True)
 
 
 def _sdpa(backend_name):
@@ -129,7 +134,8 @@ def _flex(causal, seqlen):
     return lambda q, k, v: _flex_compiled(q, k, v, block_mask=block_mask)
 
 
-MAKERS = {OURS: _flash_cann, OURS_POINTERS: _flash_cann, OURS_FA2: _flash_cann,
+MAKERS = {OURS: _flash_cann, OURS_DETERMINISTIC: _flash_cann_deterministic,
+          OURS_POINTERS: _flash_cann, OURS_FA2: _flash_cann,
           "sdpa-flash": _sdpa("FLASH_ATTENTION"), "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
           "sdpa-effic": _sdpa("EFFICIENT_ATTENTION"), "flex": _flex}
 # Environment each implementation is measured under (its backward included).
@@ -318,7 +324,8 @@ def ratio(rows_by_impl, peer, ours=OURS):
     return other["ms"] / ours["ms"]
 
 
-SHORT = {OURS: "flash_cann", OURS_POINTERS: "pointers", OURS_FA2: "fa2-kernel", "sdpa-flash": "FLASH",
+SHORT = {OURS: "flash_cann", OURS_DETERMINISTIC: "determin.", OURS_POINTERS: "pointers",
+         OURS_FA2: "fa2-kernel", "sdpa-flash": "FLASH",
          "sdpa-cudnn": "CUDNN", "sdpa-effic": "EFFICIENT", "flex": "flex"}
 
 
@@ -411,7 +418,8 @@ def markdown_table(rows, dtype="bfloat16", head_dim=128):
     configs = _by_config(rows)
     impls = [i for i in IMPLS if any(i in c for c in configs.values())]
     peers = [p for p in impls if p != OURS]
-    names = {OURS: "flash_cann", OURS_POINTERS: "pointers", OURS_FA2: "flash_cann FA2 kernel", "sdpa-flash": "SDPA FLASH",
+    names = {OURS: "flash_cann", OURS_DETERMINISTIC: "flash_cann deterministic",
+             OURS_POINTERS: "pointers", OURS_FA2: "flash_cann FA2 kernel", "sdpa-flash": "SDPA FLASH",
              "sdpa-cudnn": "SDPA cuDNN", "sdpa-effic": "SDPA EFFICIENT", "flex": "FlexAttention"}
     lines = ["| mode | seqlen | causal | " + " | ".join(names[i] for i in impls) + " | "
              + " | ".join(f"x {SHORT[p]}" for p in peers) + " |",

@@ -215,14 +215,52 @@ SM90_BACKWARD_CASES = [  # as SM90_CASES; at least sm90.BACKWARD_MIN_KEYS keys
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_sm90_backward_serves_long_calls(dtype, gen, monkeypatch):
     """The Hopper backward (kernels/backward_sm90.py) serves long plain backwards --
-    counted -- and matches the float64 oracle; a deterministic call takes the FA2
-    kernels (the Hopper one reduce-adds dQ)."""
+    counted -- and matches the float64 oracle."""
     launched = counted_launches(monkeypatch, "backward_kernel")
     check_sm90_cases(SM90_BACKWARD_CASES, dtype, gen, launched)
-    launched.clear()
-    q = torch.randn(1, 2048, 2, 64, device="cuda", dtype=dtype, requires_grad=True)
-    flash_cann.flash_attn_func(q, q, q, deterministic=True).sum().backward()
-    assert not launched
+
+
+SM90_DETERMINISTIC_CASES = [  # (causal, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k), batch)
+    (False, (8, 2), 128, (4096, 4096), 2),   # chains of 32 key blocks, 4 x the SMs' CTAs
+    (True, (4, 4), 64, (3000, 6100), 2),     # bottom-right diagonal, key and row tails
+    (False, (2, 1), 64, (300, 16384), 1),    # a chain of 128 key blocks over 5 query blocks
+]
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_sm90_deterministic_backward_repeats_bitwise(dtype, gen, monkeypatch):
+    """deterministic=True on the Hopper backward (counted): dQ's adds in key-block order,
+    so reruns are bitwise equal, with more CTAs than the GPU holds at once (a chain
+    that deadlocked would hang: the GPU run's timeout fails it), and the float64 oracle
+    holds."""
+    launched = counted_launches(monkeypatch, "backward_kernel")
+
+    def deterministic(q, k, v, key_padding_mask, *, scale, causal, layout):
+        return flash_cann.attention(q, k, v, layout=layout, causal=causal, scale=scale,
+                                    deterministic=True, return_lse=True)
+
+    for causal, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k), batch in \
+            SM90_DETERMINISTIC_CASES:
+        launched.clear()
+        q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype,
+                           "BSND", device="cuda", generator=gen)
+        grad_out = torch.randn(q.shape, generator=gen).to("cuda", dtype)
+
+        def grads():
+            q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+            flash_cann.attention(q_, k_, v_, layout="BSND", causal=causal,
+                                 deterministic=True).backward(grad_out)
+            return q_.grad, k_.grad, v_.grad
+
+        first = grads()
+        for _ in range(3):
+            assert all(torch.equal(a, b) for a, b in zip(first, grads())), causal
+        assert launched, causal  # then replayed from its plan (the turn counters too)
+        assert_all_ok(check("cuda", dtype, causal=causal, masked=False,
+                            heads=(heads_q, heads_kv), head_dim=head_dim,
+                            seqlens=(seqlen_q, seqlen_k), layout="BSND", gen=gen,
+                            attention=deterministic, batch=1))
 
 
 def test_cuda_graph_capture_replays(gen):

@@ -79,21 +79,20 @@ def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     assert not serves(q, **kwargs)
 
 
-def serves_backward(q, k=None, *, deterministic=False, **kwargs):
+def serves_backward(q, k=None, **kwargs):
     k = q if k is None else k
-    return sm90.backward_eligible(q, k, k, torch.empty_like(q), deterministic=deterministic,
+    return sm90.backward_eligible(q, k, k, torch.empty_like(q),
                                   plain=kwargs.get("plain", True),
                                   packed=kwargs.get("packed", False),
                                   key_padding_mask=kwargs.get("mask"),
                                   scale=kwargs.get("scale", 0.1))
 
 
-def test_backward_serves_long_nondeterministic_plain_calls(on_sm90):
+def test_backward_serves_long_plain_calls(on_sm90):
     keys = sm90.BACKWARD_MIN_KEYS
     q = bnsd(seqlen=100)
     assert serves_backward(q, bnsd(heads=2, seqlen=keys))
     assert not serves_backward(q, bnsd(heads=2, seqlen=keys - 1))  # the FA2 kernels win
-    assert not serves_backward(q, bnsd(heads=2, seqlen=keys), deterministic=True)
     for refused in ({"plain": False}, {"packed": True}, {"scale": -0.1},
                     {"mask": torch.ones(2, keys, dtype=torch.bool)}):
         assert not serves_backward(q, bnsd(heads=2, seqlen=keys), **refused)
@@ -102,7 +101,8 @@ def test_backward_serves_long_nondeterministic_plain_calls(on_sm90):
 def test_backward_grid_and_kernel_agree():
     from flash_cann.backends.triton.kernels import backward_sm90
     assert sm90.BACKWARD_BLOCK_N == backward_sm90.CONSUMERS.value * backward_sm90.KEYS.value
-    assert sm90.backward_grid(batch=2, heads_kv=4, seqlen_k=1000) == (8, 4, 2)
+    assert sm90.backward_grid(batch=2, heads_kv=4, seqlen_k=1000, deterministic=False) == (8, 4, 2)
+    assert sm90.backward_grid(batch=2, heads_kv=4, seqlen_k=1000, deterministic=True) == (4, 2, 8)
 
 
 def test_refuses_cpu_tensors_and_other_gpus():
@@ -173,20 +173,26 @@ def test_kernel_compiles_for_sm90_without_spills(head_dim, causal, dtype):
 
 
 # ptxas -v of the backward's consumers at head_dim 128 (dK, dV, Sᵀ, dPᵀ and dQ live
-# at once: ~240 registers): none non-causal, 24 bytes causal (the diagonal's mask);
-# none at 64. Spills cost: 240 bytes a thread were 2.6 GB of local-memory traffic at 4k.
-BACKWARD_SPILL_BOUND = {(128, False): 0, (128, True): 32, (64, False): 0, (64, True): 0}
+# at once: ~240 registers), spill stores + loads: none non-causal, 16 bytes causal (the
+# diagonal's mask), deterministic or not; none at 64. Spills cost: 240 bytes a thread
+# were 2.6 GB of local-memory traffic at 4k.
+BACKWARD_SPILL_BOUND = {(128, False): 0, (128, True): 16, (64, False): 0, (64, True): 0}
 
 
-@pytest.mark.parametrize("head_dim,causal,dtype",
-                         [(128, True, "bf16"), (128, False, "fp16"), (64, True, "fp16")])
-def test_backward_compiles_for_sm90(head_dim, causal, dtype):
+@pytest.mark.parametrize("head_dim,causal,dtype,deterministic",
+                         [(128, True, "bf16", False), (128, False, "fp16", False),
+                          (64, True, "fp16", False), (128, True, "bf16", True),
+                          (64, False, "fp16", True)])
+def test_backward_compiles_for_sm90(head_dim, causal, dtype, deterministic):
     """The Gluon backward for sm90: within an H100 CTA's 227 KiB of shared memory, its
     products on wgmma, dQ through TMA reduce-adds, and its spills within the bound
-    measured when it was written (a change that spills more shows here)."""
+    measured when it was written (a change that spills more shows here). Deterministic:
+    each add waits for its turn (an acquire poll) and passes it on once written (a full
+    bulk wait, not tma.store_wait's read-only one, then a release increment)."""
     pointer = f"*{dtype}"
     signature = {name: pointer for name in ("Q", "K", "V", "DOut", "DK", "DV")}
     signature.update({name: "*fp32" for name in ("Lse", "Delta", "DQAccum")})
+    signature["DQTurns"] = "*i32" if deterministic else "constexpr"
     for name in ("stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
                  "stride_vb", "stride_vh", "stride_vs", "stride_dob", "stride_doh",
                  "stride_dos", "stride_dkb", "stride_dkh", "stride_dks", "stride_dvb",
@@ -196,11 +202,15 @@ def test_backward_compiles_for_sm90(head_dim, causal, dtype):
     signature.update(scale="fp32", qk_scale="fp32")
     constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": sm90.BACKWARD_BLOCK_M,
                   "STAGES": sm90.BACKWARD_STAGES[head_dim], "CAUSAL": causal,
-                  "DQ_BUFFERS": sm90.BACKWARD_DQ_BUFFERS}
+                  "DQ_BUFFERS": sm90.BACKWARD_DQ_BUFFERS, "DETERMINISTIC": deterministic,
+                  **({} if deterministic else {"DQTurns": None})}
     shared, ptx, report = compile_for_sm90(sm90.backward_kernel(), signature, constexprs)
     assert shared <= 227 * 1024
     assert "wgmma.mma_async" in ptx
     assert "cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx
+    ordered = ("ld.acquire.gpu.global.b32", "cp.async.bulk.wait_group 2;",
+               "cp.async.bulk.wait_group 0;", "atom.global.gpu.release.add")
+    assert [op in ptx for op in ordered] == [deterministic] * len(ordered)
     assert spilled_bytes(report) <= BACKWARD_SPILL_BOUND[head_dim, causal], report
 
 
@@ -208,7 +218,8 @@ def test_backward_host_binds_every_kernel_argument(on_sm90, monkeypatch):
     """cuda's Hopper branch on CPU tensors, its launches captured instead of run: the
     preprocess, the Hopper kernel and the dQ conversion, each binding exactly its
     kernel's parameters, with an fp32 dQ buffer of (batch, heads_q, seqlen_q, head_dim)
-    zeroed for the reduce-adds; a deterministic call launches the FA2 kernels instead."""
+    zeroed for the reduce-adds, and int32 turn counters, zeroed, one per query block,
+    where the call is deterministic (None where not)."""
     from flash_cann.backends.triton import cuda, kernels
 
     launched = []
@@ -224,12 +235,21 @@ def test_backward_host_binds_every_kernel_argument(on_sm90, monkeypatch):
                       layout="BSND", deterministic=deterministic)
         return [launcher for launcher, _, _ in launched]
 
-    assert run(False) == [kernels.attn_bwd_preprocess, sm90.backward_kernel(),
-                          kernels.attn_bwd_dq_convert]
-    for launcher, args, kwargs in launched[1:]:
-        options = {"num_warps"}
-        launcher.signature.bind(*args, **{n: a for n, a in kwargs.items() if n not in options})
-    dq_accum = launched[1][1][6]
-    assert dq_accum.dtype == torch.float32 and dq_accum.shape == (1, 2, sm90.BACKWARD_MIN_KEYS, 64)
-    assert not dq_accum.any() and launched[2][1][0] is dq_accum
-    assert sm90.backward_kernel() not in run(True)
+    for deterministic in (False, True):
+        assert run(deterministic) == [kernels.attn_bwd_preprocess, sm90.backward_kernel(),
+                                      kernels.attn_bwd_dq_convert]
+        for launcher, args, kwargs in launched[1:]:
+            options = {"num_warps"}
+            launcher.signature.bind(*args, **{n: a for n, a in kwargs.items()
+                                              if n not in options})
+        dq_accum, dq_turns = launched[1][1][6:8]
+        assert dq_accum.dtype == torch.float32
+        assert dq_accum.shape == (1, 2, sm90.BACKWARD_MIN_KEYS, 64)
+        assert not dq_accum.any() and launched[2][1][0] is dq_accum
+        assert launched[1][2]["DETERMINISTIC"] is deterministic
+        if deterministic:
+            blocks = sm90.BACKWARD_MIN_KEYS // sm90.BACKWARD_BLOCK_M
+            assert dq_turns.dtype == torch.int32 and dq_turns.shape == (1, 2, blocks)
+            assert not dq_turns.any()
+        else:
+            assert dq_turns is None

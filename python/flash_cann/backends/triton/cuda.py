@@ -20,8 +20,8 @@ its signature replay them (``forward_planned`` / ``backward_planned``, triton_la
 ``FLASH_CANN_TRITON_TMA``: ``auto`` (default; descriptors on sm90+), ``1`` (wherever
 the strides allow, including the interpreter), ``0`` (never).
 
-On sm90 a plain forward, and a plain non-deterministic backward of at least 2048 keys,
-take the Hopper kernels instead (``sm90.py``, ``kernels/forward_sm90.py``,
+On sm90 a plain forward, and a plain backward of at least 2048 keys, take the Hopper
+kernels instead (``sm90.py``, ``kernels/forward_sm90.py``,
 ``kernels/backward_sm90.py``: FlashAttention-3's warp-specialised TMA/wgmma pipelines, in
 Gluon); ``FLASH_CANN_SM90=0`` keeps the FA2 kernels there too.
 """
@@ -481,8 +481,8 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
               grad_softmax_lse, scale, causal, layout, deterministic, variant, record=False):
     """((dq, dk, dv, dsinks or None), {stage: its Launch if ``record`` and replayable}). The
     FA2 kernels are deterministic (no atomic adds: NOTES.md, step 9, an atomic dQ was
-    slower there); the Hopper backward (sm90.backward_eligible) reduce-adds dQ, so a
-    deterministic call never takes it."""
+    slower there); the Hopper backward (sm90.backward_eligible) reduce-adds dQ, in a
+    fixed order where ``deterministic``."""
     packed = layout == layouts.PACKED
     device = query.device
     grad_query = empty(query.shape, query.dtype, device)
@@ -517,8 +517,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
                      DSinkParts=empty((q.shape[0], heads_q, triton.cdiv(seqlen_q, rows)),
                                       torch.float32, device))
     hopper = sm90.backward_eligible(q, k, v, do, plain=variant.plain, packed=packed,
-                                    key_padding_mask=key_padding_mask, scale=scale,
-                                    deterministic=deterministic)
+                                    key_padding_mask=key_padding_mask, scale=scale)
     with _launching_on(device, use_tma):
         # Stage: D = rowsum(dO ∘ O) - dLSE (row by row: packed sequences need no bounds).
         launches["preprocess"] = _launch(
@@ -529,7 +528,7 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
             BLOCK_M=rows, **sinks)
     if hopper:  # plain: no sinks, so no sinks' gradient
         launches.update(_backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal,
-                                       rows, record))
+                                       deterministic, rows, record))
         return (grad_query, grad_key, grad_value, None), launches
     # The FA2 kernels' arguments.
     inputs = (q, k, v, do, lse, delta, key_padding_mask)
@@ -558,28 +557,37 @@ def _backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask,
     return (grad_query, grad_key, grad_value, grad_sinks), launches
 
 
-def _dq_accumulator(lse_shape, head_dim: int, device: torch.device) -> torch.Tensor:
+def _dq_accumulator(lse_shape, head_dim: int, deterministic: bool, device: torch.device):
     """The Hopper backward's fp32 dQ, (batch, heads_q, seqlen_q, head_dim), zeroed: every
-    key block reduce-adds into it."""
-    return torch.zeros((*lse_shape, head_dim), dtype=torch.float32, device=device)
+    key block reduce-adds into it; and, ``deterministic``, the turn counters that order
+    those adds (int32 zeros, one per query block: kernels/backward_sm90.py), else None."""
+    accum = torch.zeros((*lse_shape, head_dim), dtype=torch.float32, device=device)
+    if not deterministic:
+        return accum, None
+    *heads, seqlen_q = lse_shape
+    blocks = triton.cdiv(seqlen_q, sm90.BACKWARD_BLOCK_M)
+    return accum, torch.zeros((*heads, blocks), dtype=torch.int32, device=device)
 
 
-def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, rows, record):
+def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, deterministic, rows,
+                   record):
     """The Hopper backward (sm90.py) on BNSD views, after the preprocess: dK, dV, and dQ
     reduce-added in fp32, then scaled and cast into dq by tiles of the preprocess's
     ``rows``; {stage: its Launch if ``record``}."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1:3]
-    dq_accum = _dq_accumulator((batch, heads_q, seqlen_q), head_dim, q.device)
-    grid = sm90.backward_grid(batch, heads_kv, seqlen_k)
+    dq_accum, dq_turns = _dq_accumulator((batch, heads_q, seqlen_q), head_dim, deterministic,
+                                         q.device)
+    grid = sm90.backward_grid(batch, heads_kv, seqlen_k, deterministic)
     with _launching_on(q.device, True):
-        main = _launch(sm90.backward_kernel(), lambda meta: grid, 9 * record, q, k, v, do, lse,
-                       delta, dq_accum, dk, dv, *q.stride()[:3], *k.stride()[:3],
+        main = _launch(sm90.backward_kernel(), lambda meta: grid, 10 * record, q, k, v, do, lse,
+                       delta, dq_accum, dq_turns, dk, dv, *q.stride()[:3], *k.stride()[:3],
                        *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
                        batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale,
                        scale * math.log2(math.e), HEAD_DIM=head_dim,
                        BLOCK_M=sm90.BACKWARD_BLOCK_M, STAGES=sm90.BACKWARD_STAGES[head_dim],
-                       CAUSAL=causal, DQ_BUFFERS=sm90.BACKWARD_DQ_BUFFERS, num_warps=4)
+                       CAUSAL=causal, DQ_BUFFERS=sm90.BACKWARD_DQ_BUFFERS,
+                       DETERMINISTIC=deterministic, num_warps=4)
         convert = _launch(kernels.attn_bwd_dq_convert,
                           lambda meta: (triton.cdiv(seqlen_q, rows), heads_q, batch),
                           2 * record, dq_accum, dq, *dq.stride()[:3], seqlen_q, scale,
@@ -633,9 +641,10 @@ class _BackwardPlan:
             stream = current_stream(device.index)
             launches["preprocess"](out, grad_out, dlse, delta, stream=stream)
             if "sm90" in launches:  # the Hopper backward (_backward_sm90)
-                dq_accum = _dq_accumulator(self.lse_shape, query.shape[-1], device)
-                launches["sm90"](query, key, value, grad_out, lse, delta, dq_accum, grad_key,
-                                 grad_value, stream=stream)
+                dq_accum, dq_turns = _dq_accumulator(self.lse_shape, query.shape[-1],
+                                                     self.attrs["deterministic"], device)
+                launches["sm90"](query, key, value, grad_out, lse, delta, dq_accum, dq_turns,
+                                 grad_key, grad_value, stream=stream)
                 launches["dq_convert"](dq_accum, grad_query, stream=stream)
             else:
                 launches["dkdv"](*inputs, grad_key, grad_value, stream=stream)

@@ -18,18 +18,28 @@ see it (of every query head of the group), split into warp-specialised partition
       store dSᵀ to shared memory; both consumers' halves in, then
       issue dQ[:, half] = dS K[:, half]   (each consumer half of head_dim, all 128 keys)
       issue dK += dSᵀ Q                   (dS from registers)
-      wait for dQ; dQ to shared memory; DQAccum += it (a TMA reduce-add, in flight
-      while the next block runs); wait for dK; release the slot
+      wait for dQ; dQ to a shared tile for the writer; wait for dK; release the slot
 
   The keys x queries orientation lets Pᵀ and dSᵀ feed dV and dK straight from
-  registers; only dS goes through shared memory, once, for dQ.
+  registers; only dS goes through shared memory, once, for dQ;
+* the **dQ writer** (1 warp) adds each block's two dQ tiles into ``DQAccum`` (fp32,
+  zeroed by the caller) by TMA reduce-adds, in flight while the consumers go on; a
+  tile goes back to its consumer ``DQ_BUFFERS`` blocks on, once its add has read it.
 
-dQ is accumulated in fp32 (``DQAccum``, zeroed by the caller) by reduce-adds from every
-key block, so the order of the adds, and the last bits of dQ, vary from run to run: the
-deterministic backward takes ``backward.py``'s kernels (sm90.py). The caller scales and
-casts dQ_accum into dQ. Scores are in log2 units; rows past seqlen_q read Q = dO = 0
-(TMA zero fill) with lse = +inf, so their P and dS are exactly 0, as are those of rows
-that saw no key (lse -inf in the forward's contract).
+The adds of different key blocks reach L2 in any order, so dQ's last bits vary from
+run to run. ``DETERMINISTIC`` fixes the order, as FlashAttention-3 does: a query
+block's dQ takes the key blocks' adds in key-block order, through a turn counter per
+(batch, head, query block) in ``DQTurns`` (int32, zeroed by the caller). The writer
+waits for its key block's turn before a block's adds and passes the turn on once they
+are written, after issuing the next block's, so the consumers never wait on the chain
+unless it falls two blocks behind. Key block n only ever waits for key block n - 1 of
+its own head, launched before it, so the chain cannot deadlock; its cost is the ramp
+(key block n's first add comes n blocks late), which sm90.backward_grid shortens by
+running heads fastest.
+
+The caller scales and casts dQ_accum into dQ. Scores are in log2 units; rows past
+seqlen_q read Q = dO = 0 (TMA zero fill) with lse = +inf, so their P and dS are exactly
+0, as are those of rows that saw no key (lse -inf in the forward's contract).
 """
 
 from __future__ import annotations
@@ -49,9 +59,8 @@ if not hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce"):
 
 CONSUMERS = gl.constexpr(2)     # warpgroups computing, KEYS (64) keys each
 KEYS = gl.constexpr(64)
-LOADER_WARPS = gl.constexpr(1)
 CONSUMER_REGISTERS = gl.constexpr(240)
-LOADER_REGISTERS = gl.constexpr(24)
+WORKER_REGISTERS = gl.constexpr(24)   # the loader's and the dQ writer's (a warp each)
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
@@ -63,6 +72,44 @@ def _reduce_add(tensor_desc, coord, src, _semantic=None):
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
                                               coord, src.handle)
+
+
+@gluon.jit
+def _turn(DQTurns, b, h, m0, heads_q, seqlen_q, BLOCK_M: gl.constexpr):
+    """The turn counter of query block m0 of head h."""
+    return DQTurns + (b * heads_q + h).to(gl.int64) * gl.cdiv(seqlen_q, BLOCK_M) + m0 // BLOCK_M
+
+
+@gluon.jit
+def _wait_turn(turn, key_block):
+    """Until ``*turn == key_block``: the warp polls with acquire loads at GPU scope, then
+    orders the async proxy (the TMA reduce-adds that follow) after what it saw."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred waiting; .reg .b32 seen;\n"
+        "poll_${:uid}: ld.acquire.gpu.global.b32 seen, [$1];\n"
+        "setp.ne.s32 waiting, seen, $2;\n"
+        "@waiting bra poll_${:uid};\n"
+        "fence.proxy.async.global; mov.b32 $0, seen; }",
+        "=r,l,r", [turn, key_block], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(turn, PENDING: gl.constexpr):
+    """Once every reduce-add issued but the newest ``PENDING`` (0 or CONSUMERS) is
+    written to global memory -- not only read from shared memory, which is all
+    tma.store_wait waits for -- the next key block's turn: the issuing thread's writes
+    made visible to the generic proxy, the warp synchronised, one release increment."""
+    gl.static_assert((PENDING == 0) or (PENDING == CONSUMERS), "a block's adds, or none")
+    if PENDING == 0:
+        gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n"
+                                  "fence.proxy.async.global; mov.b32 $0, 0;",
+                                  "=r,l", [turn], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n"
+                                  "fence.proxy.async.global; mov.b32 $0, 0;",
+                                  "=r,l", [turn], dtype=gl.int32, is_pure=False, pack=1)
+    gl.thread_barrier()
+    gl.atomic_add(turn, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -110,10 +157,47 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, st
 
 
 @gluon.jit
+def _dq_writer(dq_desc, dq_smem, dq_ready, dq_free, DQTurns, b, h_kv, n0, group, heads_q,
+               seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+               DQ_BUFFERS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+    """DQAccum += each query block's dQ share, both consumers' halves, by TMA reduce-adds
+    (rows past seqlen_q fall outside the descriptor), in flight while the consumers
+    compute; a block's shared tiles go back to them once the next block's adds are
+    issued and theirs have been read (DETERMINISTIC: written, then the turn passed)."""
+    HALF_D: gl.constexpr = dq_desc.block_type.shape[3]
+    first, end = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    blocks = gl.maximum(end - first, 0)
+    previous_turn = DQTurns  # DETERMINISTIC: the turn to pass on once its block's adds land
+    for i in range(group * blocks):
+        g = i // blocks
+        h = h_kv * group + g
+        m0 = (first + i - g * blocks) * BLOCK_M
+        buf = i % DQ_BUFFERS
+        mbarrier.wait(dq_ready.index(buf), (i // DQ_BUFFERS) & 1)
+        if DETERMINISTIC:
+            turn = _turn(DQTurns, b, h, m0, heads_q, seqlen_q, BLOCK_M)
+            _wait_turn(turn, n0 // (CONSUMERS * KEYS))
+        for c in gl.static_range(CONSUMERS):
+            _reduce_add(dq_desc, [b, h, m0, c * HALF_D], dq_smem.index(c * DQ_BUFFERS + buf))
+        if i > 0:  # the previous block's adds have read their tiles
+            if DETERMINISTIC:
+                _pass_turn(previous_turn, CONSUMERS)
+            else:
+                tma.store_wait(CONSUMERS)
+            mbarrier.arrive(dq_free.index((i - 1) % DQ_BUFFERS), count=1)
+        if DETERMINISTIC:
+            previous_turn = turn
+    if DETERMINISTIC:
+        if group * blocks > 0:
+            _pass_turn(previous_turn, 0)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem,
-              kv_ready, qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
-              stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group, heads_q,
-              seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM: gl.constexpr,
+              kv_ready, qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_ready, dq_free,
+              DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+              b, h_kv, n0, group, seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
               DQ_BUFFERS: gl.constexpr):
     """dK and dV of keys [n0 + c * KEYS, n0 + (c + 1) * KEYS), and columns [c * HEAD_DIM / 2,
@@ -186,18 +270,16 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)
         dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))  # dK may still run
         mbarrier.arrive(ds_free.index(buf), count=1)
-        # dQ_accum += dQ: through shared memory, one asynchronous TMA reduce-add (rows
-        # past seqlen_q fall outside the descriptor); a tile is refilled DQ_BUFFERS
-        # blocks on, once that reduce has read it.
-        tma.store_wait(DQ_BUFFERS - 1)
-        dq_buf = dq_smem.index(c * DQ_BUFFERS + i % DQ_BUFFERS)
-        dq_buf.reshape([BLOCK_M, HALF_D]).store(dq)
+        # dQ to shared memory for the writer's reduce-add; a tile is refilled DQ_BUFFERS
+        # blocks on, once that add has read it.
+        dq_slot = i % DQ_BUFFERS
+        mbarrier.wait(dq_free.index(dq_slot), ((i // DQ_BUFFERS) & 1) ^ 1)
+        dq_smem.index(c * DQ_BUFFERS + dq_slot).reshape([BLOCK_M, HALF_D]).store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _reduce_add(dq_desc, [b, h, m0, c * HALF_D], dq_buf)
+        mbarrier.arrive(dq_ready.index(dq_slot), count=1)
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
         mbarrier.arrive(qdo_free.index(slot), count=1)
-    tma.store_wait(0)
     # dK = scale * dSᵀ Q, dV = Pᵀ dO, summed over the group; rows past seqlen_k dropped.
     out_keys = n0 + c * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
@@ -211,15 +293,19 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
 
 
 @gluon.jit
-def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_qh, stride_qs,
-                  stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob,
+def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DQTurns, DK, DV, stride_qb, stride_qh,
+                  stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_dob,
                   stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks, stride_dvb,
                   stride_dvh, stride_dvs, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale,
                   qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_BUFFERS: gl.constexpr):
-    """Grid (key blocks of 128, heads_kv, batch). q/k/v/dO/dK/dV strides in elements,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, DQ_BUFFERS: gl.constexpr,
+                  DETERMINISTIC: gl.constexpr):
+    """Grid (key blocks of 128, heads_kv, batch), or (heads_kv, batch, key blocks) if
+    DETERMINISTIC. q/k/v/dO/dK/dV strides in elements,
     (batch, head, row) each (head_dim is unit-stride); Lse, Delta (batch, heads_q,
-    seqlen_q) and DQAccum (batch, heads_q, seqlen_q, head_dim) contiguous fp32."""
+    seqlen_q) and DQAccum (batch, heads_q, seqlen_q, head_dim) contiguous fp32; DQTurns
+    (batch, heads_q, query blocks of BLOCK_M, CONSUMERS) int32 zeros if DETERMINISTIC,
+    else None."""
     dtype: gl.constexpr = Q.dtype.element_ty
     BLOCK_N: gl.constexpr = CONSUMERS * KEYS
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, HEAD_DIM], dtype)
@@ -256,6 +342,8 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     qdo_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFFERS, 1], mbarrier.MBarrierLayout())
+    dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFFERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(i), count=1)
@@ -264,23 +352,33 @@ def attn_bwd_sm90(Q, K, V, DOut, Lse, Delta, DQAccum, DK, DV, stride_qb, stride_
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=CONSUMERS)
         mbarrier.init(ds_free.index(i), count=CONSUMERS)
+    for i in gl.static_range(DQ_BUFFERS):
+        mbarrier.init(dq_ready.index(i), count=CONSUMERS)
+        mbarrier.init(dq_free.index(i), count=1)
     fence_async_shared()
-    n0 = gl.program_id(0) * BLOCK_N
-    h_kv = gl.program_id(1)
-    b = gl.program_id(2)
+    if DETERMINISTIC:  # heads fastest: sm90.backward_grid
+        n0 = gl.program_id(2) * BLOCK_N
+        h_kv = gl.program_id(0)
+        b = gl.program_id(1)
+    else:
+        n0 = gl.program_id(0) * BLOCK_N
+        h_kv = gl.program_id(1)
+        b = gl.program_id(2)
     group = heads_q // heads_kv
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem, kv_ready,
-                     qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
-                     stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group,
-                     heads_q, seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM, BLOCK_M, STAGES,
-                     CAUSAL, DQ_BUFFERS)),
-        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem, kv_ready,
-                     qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_desc, DK, DV, stride_dkb, stride_dkh,
-                     stride_dks, stride_dvb, stride_dvh, stride_dvs, b, h_kv, n0, group,
-                     heads_q, seqlen_q, seqlen_k, scale, qk_scale, HEAD_DIM, BLOCK_M, STAGES,
-                     CAUSAL, DQ_BUFFERS)),
+        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem,
+                     kv_ready, qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_ready,
+                     dq_free, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                     stride_dvh, stride_dvs, b, h_kv, n0, group, seqlen_q, seqlen_k, scale,
+                     qk_scale, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, DQ_BUFFERS)),
+        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem, stats_smem,
+                     kv_ready, qdo_ready, qdo_free, stats_ready, ds_ready, ds_free, dq_ready,
+                     dq_free, DK, DV, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                     stride_dvh, stride_dvs, b, h_kv, n0, group, seqlen_q, seqlen_k, scale,
+                     qk_scale, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, DQ_BUFFERS)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, stats_smem,
                    kv_ready, qdo_ready, qdo_free, stats_ready, Lse, Delta, b, h_kv, n0, group,
                    heads_q, seqlen_q, seqlen_k, BLOCK_M, STAGES, CAUSAL)),
-    ], [4, LOADER_WARPS], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+        (_dq_writer, (dq_desc, dq_smem, dq_ready, dq_free, DQTurns, b, h_kv, n0, group, heads_q,
+                      seqlen_q, seqlen_k, BLOCK_M, CAUSAL, DQ_BUFFERS, DETERMINISTIC)),
+    ], [4, 1, 1], [CONSUMER_REGISTERS, WORKER_REGISTERS, WORKER_REGISTERS])
