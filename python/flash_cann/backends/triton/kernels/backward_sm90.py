@@ -114,12 +114,20 @@ def _pass_turn(turn, PENDING: gl.constexpr):
 
 @gluon.jit
 def _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """[first, end) of the query blocks that see a key of the block starting at n0
-    (causal: from the first row whose diagonal reaches n0)."""
+    """(first, count) of the query blocks that see a key of the block starting at n0
+    (causal: from the first row whose diagonal reaches n0). Every partition walks them
+    for each query head of the group in turn (_walk_step)."""
     first = 0
     if CAUSAL:
         first = gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M
-    return first, gl.cdiv(seqlen_q, BLOCK_M)
+    return first, gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first, 0)
+
+
+@gluon.jit
+def _walk_step(i, first, blocks, h_kv, group, BLOCK_M: gl.constexpr):
+    """(query head, first row) of step i of the walk."""
+    g = i // blocks
+    return h_kv * group + g, (first + i - g * blocks) * BLOCK_M
 
 
 @gluon.jit
@@ -131,23 +139,21 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, st
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, h_kv, n0, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, h_kv, n0, 0], kv_ready, v_smem)
-    first, end = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    blocks = gl.maximum(end - first, 0)
+    first, blocks = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
     for i in range(group * blocks):
-        g = i // blocks
-        m0 = (first + i - g * blocks) * BLOCK_M
+        h, m0 = _walk_step(i, first, blocks, h_kv, group, BLOCK_M)
         slot = i % STAGES
         mbarrier.wait(qdo_free.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(qdo_ready.index(slot),
                         q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h_kv * group + g, m0, 0],
-                                        qdo_ready.index(slot), q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [b, h_kv * group + g, m0, 0],
-                                        qdo_ready.index(slot), do_smem.index(slot))
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], qdo_ready.index(slot),
+                                        q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [b, h, m0, 0], qdo_ready.index(slot),
+                                        do_smem.index(slot))
         # The block's lse and D (rows past seqlen_q: 0, which the consumers replace),
         # by cp.async: their rows need not be 16-byte aligned, as TMA's would.
         rows = m0 + gl.arange(0, BLOCK_M, stats_layout)
-        row_vector = ((b * heads_q + h_kv * group + g).to(gl.int64) * seqlen_q + rows)
+        row_vector = (b * heads_q + h).to(gl.int64) * seqlen_q + rows
         async_copy.async_copy_global_to_shared(stats_smem.index(2 * slot), Lse + row_vector,
                                                mask=rows < seqlen_q)
         async_copy.async_copy_global_to_shared(stats_smem.index(2 * slot + 1),
@@ -165,13 +171,10 @@ def _dq_writer(dq_desc, dq_smem, dq_ready, dq_free, DQTurns, b, h_kv, n0, group,
     compute; a block's shared tiles go back to them once the next block's adds are
     issued and theirs have been read (DETERMINISTIC: written, then the turn passed)."""
     HALF_D: gl.constexpr = dq_desc.block_type.shape[3]
-    first, end = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    blocks = gl.maximum(end - first, 0)
+    first, blocks = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
     previous_turn = DQTurns  # DETERMINISTIC: the turn to pass on once its block's adds land
     for i in range(group * blocks):
-        g = i // blocks
-        h = h_kv * group + g
-        m0 = (first + i - g * blocks) * BLOCK_M
+        h, m0 = _walk_step(i, first, blocks, h_kv, group, BLOCK_M)
         buf = i % DQ_BUFFERS
         mbarrier.wait(dq_ready.index(buf), (i // DQ_BUFFERS) & 1)
         if DETERMINISTIC:
@@ -222,13 +225,10 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
     k_mine = k_all.slice(c * KEYS, KEYS)
     v_mine = v_smem.reshape([CONSUMERS * KEYS, HEAD_DIM]).slice(c * KEYS, KEYS)
     k_half = k_all.slice(c * HALF_D, HALF_D, dim=1)
-    first, end = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    blocks = gl.maximum(end - first, 0)
+    first, blocks = _query_blocks(n0, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
     mbarrier.wait(kv_ready, 0)
     for i in range(group * blocks):
-        g = i // blocks
-        h = h_kv * group + g
-        m0 = (first + i - g * blocks) * BLOCK_M
+        h, m0 = _walk_step(i, first, blocks, h_kv, group, BLOCK_M)
         slot = i % STAGES
         mbarrier.wait(qdo_ready.index(slot), (i // STAGES) & 1)
         q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
