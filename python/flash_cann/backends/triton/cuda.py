@@ -564,9 +564,9 @@ def _dq_accumulator(lse_shape, head_dim: int, deterministic: bool, device: torch
     accum = torch.zeros((*lse_shape, head_dim), dtype=torch.float32, device=device)
     if not deterministic:
         return accum, None
-    *heads, seqlen_q = lse_shape
+    *batch_heads, seqlen_q = lse_shape
     blocks = triton.cdiv(seqlen_q, sm90.BACKWARD_BLOCK_M)
-    return accum, torch.zeros((*heads, blocks), dtype=torch.int32, device=device)
+    return accum, torch.zeros((*batch_heads, blocks), dtype=torch.int32, device=device)
 
 
 def _backward_sm90(q, k, v, do, lse, delta, dq, dk, dv, scale, causal, deterministic, rows,

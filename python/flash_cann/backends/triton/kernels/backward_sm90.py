@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from .hopper import bnsd_descriptor
+from .hopper import bnsd_descriptor, warpgroup_accumulator
 
 if not hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce"):
     raise ImportError("this Triton's Gluon builds no TMA reduce-add")  # sm90.py falls back
@@ -207,12 +207,9 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, dq_smem
     (c + 1) * HEAD_DIM / 2) of every query block's dQ share."""
     dtype: gl.constexpr = q_smem.dtype
     HALF_D: gl.constexpr = HEAD_DIM // CONSUMERS
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF_D, 16])
+    s_layout: gl.constexpr = warpgroup_accumulator(BLOCK_M)
+    kv_layout: gl.constexpr = warpgroup_accumulator(HEAD_DIM)
+    dq_layout: gl.constexpr = warpgroup_accumulator(HALF_D)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from .hopper import bnsd_descriptor
+from .hopper import bnsd_descriptor, warpgroup_accumulator
 
 CONSUMERS = gl.constexpr(2)     # warpgroups computing, BLOCK_M (64) query rows each
 LOADER_WARPS = gl.constexpr(1)
@@ -149,10 +149,8 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_free, k_ready,
     """Rows [c * BLOCK_M, (c + 1) * BLOCK_M) of every tile this CTA takes."""
     TILE_M: gl.constexpr = CONSUMERS * BLOCK_M
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = warpgroup_accumulator(BLOCK_N)
+    o_layout: gl.constexpr = warpgroup_accumulator(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
