@@ -407,13 +407,29 @@ __aicore__ inline GradUnit MakeUnit(const GradTilingData& t, uint32_t batch, uin
     return u;
 }
 
+// A unit index of a flattened (batch, head, block) space, block fastest, in its parts:
+// the key pass's units (head_kv, key block) and the query pass's (head_q, query block).
+struct UnitPosition {
+    uint32_t batch;
+    uint32_t head;
+    uint32_t block;
+};
+
+__aicore__ inline UnitPosition SplitUnit(uint64_t unit, uint32_t heads, uint32_t blocks)
+{
+    const uint64_t pair = unit / blocks;  // batch * heads + head
+    UnitPosition p{};
+    p.batch = static_cast<uint32_t>(pair / heads);
+    p.head = static_cast<uint32_t>(pair - uint64_t{p.batch} * heads);
+    p.block = static_cast<uint32_t>(unit - pair * blocks);
+    return p;
+}
+
 template <bool CAUSAL>
 __aicore__ inline GradUnit UnitAt(const GradTilingData& t, uint64_t unit)
 {
-    const uint64_t pair = unit / t.keyBlocks;  // batch * headsKv + head
-    const uint32_t batch = static_cast<uint32_t>(pair / t.headsKv);
-    return MakeUnit<CAUSAL>(t, batch, static_cast<uint32_t>(pair - uint64_t{batch} * t.headsKv),
-                            static_cast<uint32_t>(unit - pair * t.keyBlocks), t.seqlenQ, t.seqlenK, 0, 0);
+    const UnitPosition p = SplitUnit(unit, t.headsKv, t.keyBlocks);
+    return MakeUnit<CAUSAL>(t, p.batch, p.head, p.block, t.seqlenQ, t.seqlenK, 0, 0);
 }
 
 // Where a unit's rows live: query row `row` of query head headQ (element offset in
@@ -539,10 +555,8 @@ __aicore__ inline GradQueryUnit MakeQueryUnit(const GradTilingData& t, uint32_t 
 template <bool CAUSAL>
 __aicore__ inline GradQueryUnit QueryUnitAt(const GradTilingData& t, uint64_t unit)
 {
-    const uint64_t pair = unit / t.queryBlocks;  // batch * headsQ + head
-    const uint32_t batch = static_cast<uint32_t>(pair / t.headsQ);
-    return MakeQueryUnit<CAUSAL>(t, batch, static_cast<uint32_t>(pair - uint64_t{batch} * t.headsQ),
-                                 static_cast<uint32_t>(unit - pair * t.queryBlocks), t.seqlenQ, t.seqlenK, 0, 0);
+    const UnitPosition p = SplitUnit(unit, t.headsQ, t.queryBlocks);
+    return MakeQueryUnit<CAUSAL>(t, p.batch, p.head, p.block, t.seqlenQ, t.seqlenK, 0, 0);
 }
 
 // The query pass's work of a query unit: its steps (the planner balances queryStart on it).
