@@ -262,7 +262,7 @@ def _refusal(name, exc, **kwargs):
 @pytest.mark.parametrize("name,exc,kwargs", [
     _refusal("pse", NotImplementedError, pse=torch.zeros(1, 4, 6, 9)),
     _refusal("padding_mask", NotImplementedError, padding_mask=torch.zeros(1)),
-    _refusal("sink", NotImplementedError, sink=torch.zeros(4)),
+    _refusal("sink", ValueError, sink=torch.zeros(3)),                 # not (head_num,)
     _refusal("prefix", NotImplementedError, prefix=[2, 2]),
     _refusal("sparse_mode", NotImplementedError, sparse_mode=5),
     _refusal("sparse_mode", NotImplementedError, sparse_mode=6),
