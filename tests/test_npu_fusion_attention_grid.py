@@ -273,3 +273,152 @@ def test_left_bound_at_and_past_the_matrix_is_no_bound(gen):
     for seqlen_q, seqlen_k in ((10, 4), (3, 7)):
         for pre in (seqlen_k - 2, seqlen_k - 1, seqlen_k, seqlen_q, NO_BAND):
             check_batched(gen, 4, seqlen_q, seqlen_k, pre, 0)
+
+
+# npu_fusion_attention_grad at the grid's edges: the same gradients as autograd through
+# the forward, from the forward's saved statistics (flash_cann's pair, or Huawei's
+# genuine row max and sum) and output.
+GRAD_CASES = [
+    pytest.param("BNSD", 2, (10, 4), NO_BAND, NO_BAND, False, 1.0, id="mode2-split"),
+    pytest.param("SBH", 4, (10, 4), 1, 5, True, 1.0, id="mode4-split-sink"),
+    pytest.param("BSND", 4, (7, 5), 3, -1, False, 1.0, id="mode4-dropped-keys"),
+    pytest.param("BSH", 4, (7, 5), -2, 4, True, 1.0, id="mode4-unseen-rows-sink"),
+    pytest.param("BNSD", 3, (7, 5), NO_BAND, NO_BAND, True, 0.8, id="mode3-dropout-sink"),
+    pytest.param("BNSD", 0, (8, 4), NO_BAND, NO_BAND, False, 1.0, id="mode0-causal-padding"),
+    pytest.param("TND", 7, None, 7, -1, False, 1.0, id="tnd-mode7"),
+    pytest.param("TND", 8, None, NO_BAND, 5, True, 0.7, id="tnd-mode8-dropout-sink"),
+]
+
+
+def _grad_inputs(gen, layout, mode, seqlens, sink):
+    if layout == "TND":
+        tensors = [torch.randn(sum(TND_Q), HEADS_Q, HEAD_DIM, generator=gen),
+                   *(torch.randn(sum(TND_K), HEADS_KV, HEAD_DIM, generator=gen)
+                     for _ in range(2))]
+        extra = dict(actual_seq_qlen=torch.tensor(TND_Q).cumsum(0).tolist(),
+                     actual_seq_kvlen=torch.tensor(TND_K).cumsum(0).tolist())
+    else:
+        seqlen_q, seqlen_k = seqlens
+        tensors = [to_layout(t, layout) for t in _leaves(gen, 2, seqlen_q, seqlen_k, False)]
+        extra = {}
+    if mode == 0:
+        ones = torch.ones(*seqlens, dtype=torch.bool)
+        padded = torch.zeros(2, 1, 1, seqlens[1], dtype=torch.bool)
+        padded[0, ..., -1] = True
+        extra["atten_mask"] = torch.triu(ones, 1) | padded
+    else:
+        extra["atten_mask"] = COMPRESSED
+    if sink:
+        extra["sink"] = torch.randn(HEADS_Q, generator=gen)
+    return tensors, extra
+
+
+@pytest.mark.parametrize("layout,mode,seqlens,pre,nxt,sink,keep_prob", GRAD_CASES)
+def test_grad_matches_autograd_of_the_forward(gen, layout, mode, seqlens, pre, nxt, sink,
+                                              keep_prob):
+    tensors, extra = _grad_inputs(gen, layout, mode, seqlens, sink)
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    if sink:
+        extra["sink"] = extra["sink"].clone().requires_grad_()
+    args = dict(scale=SCALE, keep_prob=keep_prob, pre_tockens=pre, next_tockens=nxt,
+                sparse_mode=mode, **extra)
+    out, softmax_max, softmax_sum, softmax_in, seed, offset, numels = \
+        flash_cann.npu_fusion_attention(*leaves, HEADS_Q, layout, **args)
+    dy = torch.randn(out.shape, generator=gen)
+    wrt = leaves + ([extra["sink"]] if sink else [])
+    expected = torch.autograd.grad((out * dy).sum(), wrt)
+    args["scale_value"] = args.pop("scale")
+    grads = flash_cann.npu_fusion_attention_grad(
+        *tensors, dy, HEADS_Q, layout, softmax_max=softmax_max, softmax_sum=softmax_sum,
+        softmax_in=softmax_in, attention_in=out.detach(), seed=seed, offset=offset,
+        numels=numels, **{**args, "sink": extra["sink"].detach() if sink else None})
+    assert len(grads) == (5 if sink else 4) and grads[3].numel() == 0
+    for name, grad, ref in zip(("dq", "dk", "dv", "dsink"), grads[:3] + grads[4:], expected):
+        assert grad.shape == ref.shape, name
+        assert torch.allclose(grad, ref, atol=1e-5), name
+    if layout != "TND" and keep_prob == 1.0:  # Huawei's genuine pair: the row max and sum
+        lse = softmax_max[..., 0].double()
+        row_max = lse - torch.rand(lse.shape, generator=gen, dtype=torch.float64)
+        genuine = [x.float().unsqueeze(-1).expand(*x.shape, 8)
+                   for x in (row_max, torch.exp(lse - row_max))]
+        again = flash_cann.npu_fusion_attention_grad(
+            *tensors, dy, HEADS_Q, layout, softmax_max=genuine[0], softmax_sum=genuine[1],
+            attention_in=out.detach(), seed=seed, offset=offset,
+            **{**args, "sink": extra["sink"].detach() if sink else None})
+        for grad, ref in zip(again[:3], expected):
+            assert torch.allclose(grad, ref, atol=1e-4)
+
+
+def test_grad_refusals_name_the_argument(gen):
+    tensors, extra = _grad_inputs(gen, "BNSD", 3, (5, 5), False)
+    out, softmax_max, softmax_sum = flash_cann.npu_fusion_attention(
+        *tensors, HEADS_Q, "BNSD", sparse_mode=3, **extra)[:3]
+    base = dict(softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=out,
+                sparse_mode=3, **extra)
+    for change, name in ((dict(attention_in=None), "attention_in"),
+                         (dict(softmax_max=softmax_max[..., :3]), "softmax_max"),
+                         (dict(softmax_in=torch.ones(3)), "softmax_in"),
+                         (dict(pse=torch.ones(1)), "pse"),
+                         (dict(seed=1.5), "seed")):
+        with pytest.raises((ValueError, TypeError, NotImplementedError), match=name):
+            flash_cann.npu_fusion_attention_grad(*tensors, out, HEADS_Q, "BNSD",
+                                                 **{**base, **change})
+    with pytest.raises(ValueError, match="dy"):
+        flash_cann.npu_fusion_attention_grad(*tensors, out[:, :1], HEADS_Q, "BNSD", **base)
+
+
+def test_v3_takes_tensor_lengths_and_returns_tensors(gen):
+    tensors, extra = _grad_inputs(gen, "TND", 8, None, True)
+    lengths = {name: torch.tensor(extra.pop(name), dtype=torch.int64)
+               for name in ("actual_seq_qlen", "actual_seq_kvlen")}
+    v1 = flash_cann.npu_fusion_attention(*tensors, HEADS_Q, "TND", sparse_mode=8, pre_tockens=7,
+                                         next_tockens=1, **extra,
+                                         **{n: t.tolist() for n, t in lengths.items()})
+    v3 = flash_cann.npu_fusion_attention_v3(*tensors, HEADS_Q, "TND", sparse_mode=8,
+                                            pre_tockens=7, next_tockens=1, **extra, **lengths)
+    assert len(v3) == 6 and all(isinstance(t, torch.Tensor) for t in v3)
+    for a, b in zip(v1[:3], v3[:3]):
+        assert torch.equal(a, b)
+    assert v3[4].dtype == torch.int64 and int(v3[4]) == v1[4] and int(v3[5]) == v1[5]
+    with pytest.raises(TypeError, match="actual_seq_qlen"):
+        flash_cann.npu_fusion_attention_v3(*tensors, HEADS_Q, "TND", **extra,
+                                           actual_seq_qlen=lengths["actual_seq_qlen"].float(),
+                                           actual_seq_kvlen=lengths["actual_seq_kvlen"])
+
+
+def test_sink_is_the_docs_extra_logit_column(gen):
+    """torch_npu's doc example: scores with one sink column per head, softmax, the column
+    dropped -- no mask; and rows that see no key have lse = sink."""
+    q, k, v, sink = _leaves(gen, 2, 6, 6, True)
+    out, softmax_max = flash_cann.npu_fusion_attention(q, k, v, HEADS_Q, "BNSD", scale=SCALE,
+                                                       sink=sink)[:2]
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * SCALE).double()
+    probs = torch.softmax(torch.cat([scores, sink.double().view(1, -1, 1, 1).expand(
+        2, HEADS_Q, 6, 1)], -1), -1)[..., :-1]
+    assert torch.allclose(out.double(), probs @ v.repeat_interleave(2, 1).double(), atol=2e-5)
+    # mode 4 with pre_tockens = -2: the last 2 rows see no key
+    out, softmax_max = flash_cann.npu_fusion_attention(
+        q, k, v, HEADS_Q, "BNSD", scale=SCALE, sink=sink, atten_mask=COMPRESSED,
+        sparse_mode=4, pre_tockens=-2, next_tockens=3)[:2]
+    assert torch.equal(softmax_max[:, :, -2:, 0], sink.view(1, -1, 1).expand(2, -1, 2))
+    assert not out[:, :, -2:].any()
+
+
+def test_grad_sink_counts_rows_that_see_no_key(gen):
+    """d sink = -sum over every row of P_sink * D, D = rowsum(dy * attention_in): rows this
+    call hides from every key count too (their P_sink = exp(sink - lse) = 1), which
+    matters when attention_in is a ring attention's merged output, not this call's 0."""
+    tensors, extra = _grad_inputs(gen, "BNSD", 4, (7, 5), True)
+    args = dict(sparse_mode=4, pre_tockens=-2, next_tockens=4, **extra)
+    out, softmax_max, softmax_sum = flash_cann.npu_fusion_attention(
+        *tensors, HEADS_Q, "BNSD", scale=SCALE, **args)[:3]
+    dy = torch.randn(out.shape, generator=gen)
+    call = dict(softmax_max=softmax_max, softmax_sum=softmax_sum, scale_value=SCALE, **args)
+    plain = flash_cann.npu_fusion_attention_grad(*tensors, dy, HEADS_Q, "BNSD",
+                                                 attention_in=out, **call)
+    merged = out.clone()
+    merged[:, :, -2:] = torch.randn(merged[:, :, -2:].shape, generator=gen)
+    ring = flash_cann.npu_fusion_attention_grad(*tensors, dy, HEADS_Q, "BNSD",
+                                                attention_in=merged, **call)
+    share = (dy[:, :, -2:] * merged[:, :, -2:]).sum(-1).sum((0, 2))
+    assert torch.allclose(ring[4], plain[4] - share, atol=1e-5)
