@@ -316,8 +316,8 @@ def test_tnd_refusals_name_the_argument(gen, kwargs, name):
 @pytest.mark.parametrize("backend", ["twin", "npu"])
 def test_causal_and_padding_masks_reach_backends_without_windows(gen, backend):
     """Mode 3, mode 2 with S1 == S2 and a causal + key padding full mask become plain
-    causal attention with key padding: the Ascend C backends (no window feature yet)
-    take them. Checked against the backend's declared features, without running it."""
+    causal attention with key padding (no window argument), which the Ascend C backends
+    take. Checked against the backend's declared features, without running it."""
     from flash_cann.api import fusion_masks
     from flash_cann.contract.checks import check_fwd
     from flash_cann.contract.spec import load
