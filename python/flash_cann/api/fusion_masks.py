@@ -22,8 +22,8 @@ One band needs two calls. flash_cann's window follows flash-attn 2.8, where a bo
 seqlen_k is no bound (contract.variant.window_bounds); on the right that drops a bound
 ``seqlen_k <= right < seqlen_q - 1`` that still hides keys from the first rows (Huawei's
 left-up causal, right = S1 - S2, with S1 >= 2 * S2; a band whose next_tockens lies in
-[S2, S1 - 1); a full top-left causal mask with S1 >= 2 * S2). Row i sees every key once ``i >= seqlen_q - 1 -
-right``, so the rows are split at ``m = seqlen_q - right``: rows ``[0, m)`` are a call of
+[S2, S1 - 1); a full top-left causal mask with S1 >= 2 * S2). Row i sees every key once
+``i >= seqlen_q - 1 - right``, so the rows are split at ``m = seqlen_q - right``: rows ``[0, m)`` are a call of
 their own whose bottom-right diagonal is the band's right edge (``d' = d - right``:
 window ``(left + right, 0)``, i.e. causal), and rows ``[m, seqlen_q)`` keep ``d``
 unchanged (``m + right = seqlen_q``: the same diagonal) and see every key up to the last:

@@ -8,6 +8,12 @@ probability of keeping a score (dropout_p = 1 - keep_prob); ``actual_seq_qlen`` 
 ``atten_mask`` the sparse mode and the band are not applied (full attention), as Huawei
 documents. Everything else is translated into flash_cann's bottom-right aligned window,
 causal flag and key padding (flash_cann.api.fusion_masks) or refused by name.
+
+One translation (``_translate``: the query rows cut into segments, each one
+torch.ops.flash_cann call or rows that see no key) serves the forward
+(``npu_fusion_attention``, ``npu_fusion_attention_v3``) and
+``npu_fusion_attention_grad``, which runs torch.ops.flash_cann.bwd over the same
+segments from the statistics and output it is given.
 """
 
 from __future__ import annotations
@@ -166,22 +172,6 @@ def _sequence_band(sparse_mode: int, index: int, count: int, seqlen_q: int, seql
     if sparse_mode == 3:
         return bottom_right_band(None, 0, seqlen_q, seqlen_k, "pre_tockens", "next_tockens")
     return bottom_right_band(pre, nxt, seqlen_q, seqlen_k, "pre_tockens", "next_tockens")
-
-
-def _tnd_groups(bands: list[Band | None]) -> list[tuple[int, int, Band]]:
-    """Runs of consecutive sequences with the same band: one flash_cann call each. A
-    sequence whose keys or queries are cut short goes alone (its kept rows are then one
-    slice). A sequence without query rows (band None) computes nothing: it rides along
-    in the run before it, or forms a run of its own that makes no call."""
-    groups: list[tuple[int, int, Band]] = []
-    for b, band in enumerate(bands):
-        run = groups[-1][2] if groups else None
-        whole = run is not None and run.keys is None and run.queries is None
-        if whole and (band is None or band == run):
-            groups[-1] = (groups[-1][0], b + 1, run)
-        else:
-            groups.append((b, b + 1, FULL if band is None else band))
-    return groups
 
 
 @dataclass(frozen=True)
