@@ -114,7 +114,9 @@ def _dense_masks(mode, batch, seqlen_q, seqlen_k, gen):
 # Modes 2 and 3 ignore pre/next (given as (1, 1) to show it). Mode 4's bands: a right
 # edge left of the diagonal (drops keys), a left edge right of it (drops the last query
 # rows), and an ordinary window.
-@pytest.mark.parametrize("seqlens", [(6, 9), (9, 6), (7, 7)])
+# (10, 4): S1 >= 2 * S2, where mode 2's right bound S1 - S2 >= S2 splits the rows
+# (fusion_masks); tests/test_npu_fusion_attention_grid.py has the whole grid.
+@pytest.mark.parametrize("seqlens", [(6, 9), (9, 6), (7, 7), (10, 4)])
 @pytest.mark.parametrize("mode,band", [(0, None), (1, None), (2, (1, 1)), (3, (1, 1)),
                                        (4, (3, -1)), (4, (-2, 4)), (4, (1, 2))])
 def test_sparse_modes_match_the_oracle(gen, mode, band, seqlens):
