@@ -29,7 +29,8 @@ FAST_TESTS = {"test_features.py": ("test_bad_feature_arguments_are_named",
                                    "test_batched_features_match_the_oracle"),
               "test_npu_fusion_attention.py": ("test_refusals_name_the_argument",
                                                "test_tnd_refusals_name_the_argument",
-                                               "test_sparse_modes_match_the_oracle")}
+                                               "test_sparse_modes_match_the_oracle"),
+              "test_npu_fusion_attention_grid.py": ("test_left_bound_at_and_past",)}
 
 
 def _is_fast(item) -> bool:

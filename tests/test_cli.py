@@ -144,3 +144,51 @@ def test_first_build_says_what_it_is_doing(capsys, monkeypatch, tmp_path):
         native.build.cache_clear()
     assert "building the planner and the CPU twin" in capsys.readouterr().err
     assert [c[1] for c in commands] == ["-S", "--build"]
+
+
+# `flash-cann plan` and the API take the same request the same way: accepted or refused
+# alike, and the same normalised window (the plan's variant, the op's checked Variant).
+CLI_API_REQUESTS = [
+    pytest.param(True, (4096, 0), 0.0, 0.0, id="mistral-causal-window"),
+    pytest.param(True, (16, 5), 0.0, 0.0, id="causal-ignores-right"),
+    pytest.param(True, (16, -1), 0.0, 0.0, id="causal-left"),
+    pytest.param(False, (16, 0), 0.0, 0.0, id="window-right-0"),
+    pytest.param(False, (300, 300), 0.0, 0.0, id="bounds-past-seqlen_k"),
+    pytest.param(False, (-5, 0), 0.0, 0.0, id="left-below-minus-1"),
+    pytest.param(True, (3, -2), 0.0, 0.0, id="right-below-minus-1"),
+    pytest.param(False, (-1, -1), -1.0, 0.0, id="negative-softcap"),
+    pytest.param(False, (-1, -1), 0.0, 1.0, id="dropout-1"),
+    pytest.param(False, (-1, -1), 0.0, -0.1, id="negative-dropout"),
+]
+
+
+@pytest.mark.parametrize("causal, window, softcap, dropout", CLI_API_REQUESTS)
+def test_plan_and_the_api_take_a_request_alike(capsys, causal, window, softcap, dropout):
+    import json
+
+    import torch
+
+    from flash_cann.contract.checks import check_fwd
+    from flash_cann.contract.spec import load
+
+    batch, heads, seqlen, head_dim = 1, 2, 128, 64
+    argv = ["plan", "--shape", f"{batch},{heads},{seqlen},{head_dim}", "--window",
+            *map(str, window), "--softcap", str(softcap), "--dropout", str(dropout), "--json"]
+    rc = cli.main(argv + (["--causal"] if causal else []))
+    captured = capsys.readouterr()
+    cli_window = None
+    if rc == 0:
+        variant = json.loads(captured.out)["tiling"]["variant"]
+        cli_window = (variant["window_left"], variant["window_right"])
+    q = torch.zeros(batch, heads, seqlen, head_dim, dtype=torch.float16)
+    try:
+        problem = check_fwd(q, q, q, None, 0.125, causal=causal, layout="BNSD",
+                            window_left=window[0], window_right=window[1], softcap=softcap,
+                            dropout_p=dropout,
+                            rng_state=torch.zeros(2, dtype=torch.int64) if dropout else None,
+                            backend=load().backends["cpu"])
+        api_window = (problem.variant.window_left, problem.variant.window_right)
+    except ValueError:
+        api_window = None
+    assert (rc == 0) == (api_window is not None), (rc, captured.err, api_window)
+    assert cli_window == api_window

@@ -43,6 +43,8 @@ def _op(q, k, v, mask=None, scale=0.25, causal=False, layout="BNSD"):
     ("kv seqlen differ", ValueError, "key and value must have the same seqlen"),
     ("batch differ", ValueError, "same batch size"),
     ("empty", ValueError, "query must not be empty"),
+    ("head_dim 0", ValueError, r"head_dim must be in \[1, 256\] \(got 0: query's last dim"),
+    ("key head_dim 0", ValueError, r"head_dim must be in \[1, 256\] \(got 0: key's last dim"),
     ("int dtype", TypeError, "query dtype int32 is not supported on device type 'cpu'"),
     ("nan scale", ValueError, "softmax scale must be a finite number"),
     ("inf scale", ValueError, "softmax scale must be a finite number"),
@@ -78,6 +80,10 @@ def test_op_rejects(case, exc, pattern):
         k = k[:1]
     elif case == "empty":
         q = q[:, :, :0]
+    elif case == "head_dim 0":
+        q, k, v = (t[..., :0] for t in (q, k, v))
+    elif case == "key head_dim 0":
+        k = k[..., :0]
     elif case == "int dtype":
         q, k, v = (t.int() for t in (q, k, v))
     elif case == "nan scale":
@@ -309,3 +315,23 @@ def test_fp16_scores_reaches_the_backward_and_the_cpu_backend_ignores_it():
         out = flash_cann.flash_attn_func(q, k, v, causal=True, fp16_scores=fp16_scores)
         grads.append((out, *torch.autograd.grad(out.float().sum(), (q, k, v))))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("api", ["attention", "flash_attn_func"])
+def test_head_dim_0_is_named_eagerly_and_at_compile_time(api):
+    """head_dim 0 names head_dim and its range (not 'query must not be empty'), through
+    the public API's eager shortcut and the compiled trace's fake kernel alike."""
+    q, k, v = (t[..., :0] for t in _qkv())
+    if api == "flash_attn_func":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    message = r"head_dim must be in \[1, 256\] \(got 0: query's last dim"
+    with pytest.raises(ValueError, match=message):
+        getattr(flash_cann, api)(q, k, v)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(q_, k_, v_):
+        return getattr(flash_cann, api)(q_, k_, v_)
+
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=message):
+        fn(q, k, v)

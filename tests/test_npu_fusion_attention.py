@@ -114,7 +114,9 @@ def _dense_masks(mode, batch, seqlen_q, seqlen_k, gen):
 # Modes 2 and 3 ignore pre/next (given as (1, 1) to show it). Mode 4's bands: a right
 # edge left of the diagonal (drops keys), a left edge right of it (drops the last query
 # rows), and an ordinary window.
-@pytest.mark.parametrize("seqlens", [(6, 9), (9, 6), (7, 7)])
+# (10, 4): S1 >= 2 * S2, where mode 2's right bound S1 - S2 >= S2 splits the rows
+# (fusion_masks); tests/test_npu_fusion_attention_grid.py has the whole grid.
+@pytest.mark.parametrize("seqlens", [(6, 9), (9, 6), (7, 7), (10, 4)])
 @pytest.mark.parametrize("mode,band", [(0, None), (1, None), (2, (1, 1)), (3, (1, 1)),
                                        (4, (3, -1)), (4, (-2, 4)), (4, (1, 2))])
 def test_sparse_modes_match_the_oracle(gen, mode, band, seqlens):
@@ -262,7 +264,7 @@ def _refusal(name, exc, **kwargs):
 @pytest.mark.parametrize("name,exc,kwargs", [
     _refusal("pse", NotImplementedError, pse=torch.zeros(1, 4, 6, 9)),
     _refusal("padding_mask", NotImplementedError, padding_mask=torch.zeros(1)),
-    _refusal("sink", NotImplementedError, sink=torch.zeros(4)),
+    _refusal("sink", ValueError, sink=torch.zeros(3)),                 # not (head_num,)
     _refusal("prefix", NotImplementedError, prefix=[2, 2]),
     _refusal("sparse_mode", NotImplementedError, sparse_mode=5),
     _refusal("sparse_mode", NotImplementedError, sparse_mode=6),
@@ -316,8 +318,8 @@ def test_tnd_refusals_name_the_argument(gen, kwargs, name):
 @pytest.mark.parametrize("backend", ["twin", "npu"])
 def test_causal_and_padding_masks_reach_backends_without_windows(gen, backend):
     """Mode 3, mode 2 with S1 == S2 and a causal + key padding full mask become plain
-    causal attention with key padding: the Ascend C backends (no window feature yet)
-    take them. Checked against the backend's declared features, without running it."""
+    causal attention with key padding (no window argument), which the Ascend C backends
+    take. Checked against the backend's declared features, without running it."""
     from flash_cann.api import fusion_masks
     from flash_cann.contract.checks import check_fwd
     from flash_cann.contract.spec import load

@@ -25,7 +25,8 @@ from .api.interface import (attention, flash_attn_func, flash_attn_kvpacked_func
                             flash_attn_qkvpacked_func, flash_attn_varlen_func,
                             flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                             flash_attn_with_kvcache)
-from .api.npu_fusion_attention import npu_fusion_attention
+from .api.npu_fusion_attention import (npu_fusion_attention, npu_fusion_attention_grad,
+                                       npu_fusion_attention_v3)
 from .contract.kvcache import check_kvcache_capacity
 from .contract.ops import backend_for, use_backend
 from .integrations import torch_context_parallel as _torch_context_parallel
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 __all__ = ["attention", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_with_kvcache", "npu_fusion_attention", "check_kvcache_capacity",
+           "flash_attn_with_kvcache", "npu_fusion_attention", "npu_fusion_attention_grad",
+           "npu_fusion_attention_v3", "check_kvcache_capacity",
            "backend_for", "use_backend", "enable_torchair", "install_as_flash_attn",
            "__version__"]

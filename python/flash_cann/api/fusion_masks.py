@@ -17,6 +17,18 @@ or sparse_mode 0's top-left band with seqlen_q > seqlen_k) leaves the last ``-le
 query rows without a key: they are dropped from the call and come back as output 0,
 lse -inf (what flash_cann gives any row that sees no key), and the rest is window
 ``(0, right + left)``.
+
+One band needs two calls. flash_cann's window follows flash-attn 2.8, where a bound >=
+seqlen_k is no bound (contract.variant.window_bounds); on the right that drops a bound
+``seqlen_k <= right < seqlen_q - 1`` that still hides keys from the first rows (Huawei's
+left-up causal, right = S1 - S2, with S1 >= 2 * S2; a band whose next_tockens lies in
+[S2, S1 - 1); a full top-left causal mask with S1 >= 2 * S2). Row i sees every key once
+``i >= seqlen_q - 1 - right``, so the rows are split at ``m = seqlen_q - right``: rows ``[0, m)`` are a call of
+their own whose bottom-right diagonal is the band's right edge (``d' = d - right``:
+window ``(left + right, 0)``, i.e. causal), and rows ``[m, seqlen_q)`` keep ``d``
+unchanged (``m + right = seqlen_q``: the same diagonal) and see every key up to the last:
+window ``(left, -1)``. On the left no such case exists: ``d >= -(seqlen_k - 1)`` always,
+so a left bound >= seqlen_k - 1 is genuinely no bound.
 """
 
 from __future__ import annotations
@@ -32,22 +44,39 @@ COMPRESSED_MASK_SIZE = 2048
 
 @dataclass(frozen=True)
 class Band:
-    """A flash_cann call's visibility for one problem: keep the first ``queries`` query
-    rows and ``keys`` keys (None: all; the rows dropped see no key: output 0, lse -inf),
-    then the window ``(window_left, window_right)``."""
+    """A problem's visibility as flash_cann calls: keep the first ``queries`` query rows
+    and ``keys`` keys (None: all; the rows dropped see no key: output 0, lse -inf), then
+    the window ``(window_left, window_right)``. With ``split``, rows ``[0, split)`` are a
+    call of their own with the window ``(split_left, 0)`` and the window applies to rows
+    ``[split, queries)`` (module docstring)."""
 
     keys: int | None
     window_left: int
     window_right: int
     queries: int | None = None
+    split: int | None = None
+    split_left: int = -1
 
     def op_arguments(self) -> dict:
-        """torch.ops.flash_cann.fwd's causal and window. A window whose right edge is the
-        diagonal is passed as plain ``causal`` (right bound -1): the same scores, and a
-        backend without the window feature (npu, twin today) still takes it."""
-        causal = self.window_right == 0
-        return dict(causal=causal, window_left=self.window_left,
-                    window_right=-1 if causal else self.window_right)
+        """torch.ops.flash_cann.fwd's causal and window (of the rows after ``split``)."""
+        return _op_arguments(self.window_left, self.window_right)
+
+    def row_blocks(self, seqlen_q: int) -> list[tuple[int, int, dict]]:
+        """``(first_row, rows, op_arguments)`` of each call, in row order; the rows after
+        the last block (``seqlen_q - queries``) see no key."""
+        rows = seqlen_q if self.queries is None else self.queries
+        if self.split is None:
+            return [(0, rows, self.op_arguments())]
+        return [(0, self.split, _op_arguments(self.split_left, 0)),
+                (self.split, rows - self.split, self.op_arguments())]
+
+
+def _op_arguments(window_left: int, window_right: int) -> dict:
+    """A window whose right edge is the diagonal is passed as plain ``causal`` (right
+    bound -1): the same scores, and a backend without the window feature still takes it."""
+    causal = window_right == 0
+    return dict(causal=causal, window_left=window_left,
+                window_right=-1 if causal else window_right)
 
 
 def bottom_right_band(left: int | None, right: int, seqlen_q: int, seqlen_k: int,
@@ -79,9 +108,17 @@ def bottom_right_band(left: int | None, right: int, seqlen_q: int, seqlen_k: int
     # A bound at or beyond the matrix's edge is no bound (-1): d lies in
     # [-(keys - 1), queries - 1]. (Huawei's default 2147483647 lands here, and never
     # reaches a kernel's int32; a full causal mask read off a tensor has left = keys - 1.)
-    window_left = -1 if left is None or left >= (keys or seqlen_k) - 1 else left
-    window_right = -1 if right >= (queries or seqlen_q) - 1 else right
-    return Band(keys, window_left, window_right, queries)
+    rows, columns = queries or seqlen_q, keys or seqlen_k
+    window_left = -1 if left is None or left >= columns - 1 else left
+    if right >= rows - 1:
+        return Band(keys, window_left, -1, queries)
+    if right < columns:
+        return Band(keys, window_left, right, queries)
+    # columns <= right < rows - 1: flash_cann would read this bound as none; split the
+    # rows at m = rows - right (module docstring).
+    split = rows - right
+    split_left = -1 if left is None or left + right >= columns - 1 else left + right
+    return Band(keys, window_left, -1, queries, split, split_left)
 
 
 def check_compressed_mask(atten_mask: torch.Tensor, sparse_mode: int) -> None:

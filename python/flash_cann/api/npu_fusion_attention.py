@@ -8,6 +8,12 @@ probability of keeping a score (dropout_p = 1 - keep_prob); ``actual_seq_qlen`` 
 ``atten_mask`` the sparse mode and the band are not applied (full attention), as Huawei
 documents. Everything else is translated into flash_cann's bottom-right aligned window,
 causal flag and key padding (flash_cann.api.fusion_masks) or refused by name.
+
+One translation (``_translate``: the query rows cut into segments, each one
+torch.ops.flash_cann call or rows that see no key) serves the forward
+(``npu_fusion_attention``, ``npu_fusion_attention_v3``) and
+``npu_fusion_attention_grad``, which runs torch.ops.flash_cann.bwd over the same
+segments from the statistics and output it is given.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -46,7 +53,7 @@ def _real(value, name: str) -> float:
     return float(value)
 
 
-def _refuse_unsupported(pse, padding_mask, prefix, sink, sparse_mode: int) -> None:
+def _refuse_unsupported(pse, padding_mask, prefix, sparse_mode: int) -> None:
     if pse is not None:
         raise NotImplementedError(
             "flash_cann: pse (a materialised positional bias) is not supported; for ALiBi "
@@ -56,9 +63,6 @@ def _refuse_unsupported(pse, padding_mask, prefix, sink, sparse_mode: int) -> No
         raise NotImplementedError("flash_cann: padding_mask is reserved (unused) in "
                                   "torch_npu.npu_fusion_attention too; pass None (key "
                                   "padding goes in atten_mask, True = masked out)")
-    if sink is not None:
-        raise NotImplementedError("flash_cann: sink (attention sinks) is not supported; "
-                                  "pass sink=None")
     if prefix is not None or sparse_mode in (5, 6):
         raise NotImplementedError(
             f"flash_cann: prefix attention (prefix, sparse_mode 5 and 6) is not supported "
@@ -170,59 +174,93 @@ def _sequence_band(sparse_mode: int, index: int, count: int, seqlen_q: int, seql
     return bottom_right_band(pre, nxt, seqlen_q, seqlen_k, "pre_tockens", "next_tockens")
 
 
-def _tnd_groups(bands: list[Band | None]) -> list[tuple[int, int, Band]]:
-    """Runs of consecutive sequences with the same band: one flash_cann call each. A
-    sequence whose keys or queries are cut short goes alone (its kept rows are then one
-    slice). A sequence without query rows (band None) computes nothing: it rides along
-    in the run before it, or forms a run of its own that makes no call."""
-    groups: list[tuple[int, int, Band]] = []
-    for b, band in enumerate(bands):
-        run = groups[-1][2] if groups else None
-        whole = run is not None and run.keys is None and run.queries is None
-        if whole and (band is None or band == run):
-            groups[-1] = (groups[-1][0], b + 1, run)
-        else:
-            groups.append((b, b + 1, FULL if band is None else band))
-    return groups
+@dataclass(frozen=True)
+class _Segment:
+    """Query rows ``[first, first + rows)`` (the sequence axis of a batched call, the
+    token axis of TND) and how they are computed: ``window`` None = they see no key
+    (output 0, lse -inf, or the head's sink logit), else one torch.ops.flash_cann call
+    with that causal / window over keys ``[key_first, key_first + keys)``; TND calls
+    carry their cu_seqlens (relative to ``first`` / ``key_first``) and add
+    ``rng_offset`` to the dropout offset (the Philox counter's sequence index)."""
+
+    first: int
+    rows: int
+    window: dict | None = None
+    key_first: int = 0
+    keys: int = 0
+    seq_q: tuple[int, ...] | None = None
+    seq_k: tuple[int, ...] | None = None
+    rng_offset: int = 0
 
 
-def _fwd(q, k, v, key_padding_mask, band: Band, layout: str, scale: float, dropout_p: float,
-         rng_state, **varlen):
-    return torch.ops.flash_cann.fwd(
-        q, k, v, key_padding_mask, rng_state=rng_state, scale=scale, layout=layout,
-        dropout_p=dropout_p, **band.op_arguments(), **varlen)
+def _band_segments(band: Band, seqlen_q: int, seqlen_k: int, row0: int = 0, key0: int = 0,
+                   sequence: int | None = None) -> list[_Segment]:
+    """One problem's (a batched call, or one TND sequence when ``sequence`` is given)
+    segments under ``band``: its row blocks (one, or two when split), then the rows that
+    see no key."""
+    keys = seqlen_k if band.keys is None else band.keys
+    segments = []
+    for first, rows, window in band.row_blocks(seqlen_q):
+        varlen = {} if sequence is None else dict(seq_q=(0, rows), seq_k=(0, keys),
+                                                  rng_offset=sequence)
+        segments.append(_Segment(row0 + first, rows, window, key0, keys, **varlen))
+    if band.queries is not None and band.queries < seqlen_q:
+        segments.append(_Segment(row0 + band.queries, seqlen_q - band.queries))
+    return segments
 
 
-def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
-                         atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=_NO_BAND,
-                         next_tockens=_NO_BAND, inner_precise=0, prefix=None,
-                         actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
-                         gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
-    """torch_npu.npu_fusion_attention's arguments and outputs, computed by flash_cann.
+@dataclass
+class _Problem:
+    """A checked npu_fusion_attention call as flash_cann calls: the op-layout views of
+    query, key and value, the segments of query rows (in row order, covering every row),
+    and what the outputs need."""
 
-    Returns ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset,
-    numels)``:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    layout: str                      # the op's: BNSD, BSND or TND
+    input_layout: str                # the caller's
+    segments: list[_Segment]
+    key_padding_mask: torch.Tensor | None
+    numels: int
+    sinks: torch.Tensor | None
+    head_dim: int | None             # BSH / SBH: the head size the hidden axis splits into
+    query_shape: tuple               # query's shape in the caller's layout
 
-    - attention_out: query's shape and input_layout, differentiable w.r.t. query, key,
-      value through autograd (there is no separate npu_fusion_attention_grad).
-    - softmax_max, softmax_sum: float32 (B, N1, S1, 8), or (T, N1, 8) for TND, each row's
-      value repeated 8 times. flash_cann keeps one statistic, the logsumexp; it is
-      returned as softmax_max = lse and softmax_sum = 1, so softmax_max + log(softmax_sum)
-      = lse, as for Huawei's pair (not their individual values: Huawei's max is the
-      row's largest score). Rows that see no key: -inf and 1.
-    - softmax_out: an empty tensor (reserved, as in torch_npu).
-    - seed, offset: ints; with keep_prob < 1 the seed of flash_cann's Philox dropout
-      mask and 0; else 0, 0. They seed flash_cann's generator, not Huawei's
-      DropoutGenMask: the dropped positions differ from torch_npu's.
-    - numels: B * N1 * S1 * S2 (TND: N1 * sum of S1_b * S2_b), as torch_npu computes it.
+    @property
+    def row_axis(self) -> int:
+        return self.layout.index("S") if self.layout != "TND" else 0
 
-    See docs/migration.md for every argument (mapped, refused or without effect) and
-    the sparse modes.
-    """
-    head_num, layout, sparse_mode, scale, keep_prob, pre, nxt = _scalar_arguments(
-        head_num, input_layout, sparse_mode, scale, keep_prob, pre_tockens, next_tockens,
-        inner_precise, gen_mask_parallel, sync, softmax_layout)
-    _refuse_unsupported(pse, padding_mask, prefix, sink, sparse_mode)
+    @property
+    def lse_axis(self) -> int:
+        return 1 if self.layout == "TND" else 2
+
+    def view(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """Another tensor of query's input layout (dy, attention_in) in the op's layout."""
+        if tuple(t.shape) != tuple(self.query_shape):
+            raise ValueError(f"flash_cann: {name} must have query's shape "
+                             f"{tuple(self.query_shape)} (got {tuple(t.shape)})")
+        return _as_op_layout(t, name, self.input_layout, self.head_dim)
+
+    def to_input_layout(self, out: torch.Tensor) -> torch.Tensor:
+        if self.input_layout == "BSH":
+            return out.flatten(-2)
+        if self.input_layout == "SBH":
+            return out.transpose(0, 1).flatten(-2)
+        return out
+
+    def stat_from_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """lse (op layout) as torch_npu's softmax statistic's rows: (B, N1, S1) / (T, N1)."""
+        return lse.transpose(0, 1) if self.layout == "TND" else lse
+
+    def lse_from_stat(self, stat: torch.Tensor) -> torch.Tensor:
+        return stat.transpose(0, 1) if self.layout == "TND" else stat
+
+
+def _translate(query, key, value, head_num: int, layout: str, atten_mask, sparse_mode: int,
+               pre: int, nxt: int, actual_seq_qlen, actual_seq_kvlen, sink) -> _Problem:
+    """Check the tensors and translate the masks: everything both the forward and
+    npu_fusion_attention_grad compute from the same arguments."""
     query, key, value = (require_tensor(t, n) for t, n in
                          ((query, "query"), (key, "key"), (value, "value")))
     if atten_mask is not None:
@@ -237,11 +275,8 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         warnings.warn(f"flash_cann.npu_fusion_attention: sparse_mode={sparse_mode} without "
                       f"atten_mask computes FULL attention (no causal mask, no band), as "
                       f"torch_npu documents; pass the compressed 2048x2048 mask for the mode "
-                      f"to apply", stacklevel=2)
-    _refuse_host_reads_in_capture(query.device, atten_mask, layout, keep_prob)
-    dropout_p = 1.0 - keep_prob
-    rng_state = _rng_state(dropout_p, query.device, None) if dropout_p > 0 else None
-
+                      f"to apply", stacklevel=3)
+    sinks = _sinks(sink, head_num, query)
     head_dim = None
     if layout in ("BSH", "SBH"):
         if query.dim() == 3 and query.shape[-1] % head_num:
@@ -255,10 +290,11 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         if heads_q != head_num:
             raise ValueError(f"flash_cann: head_num={head_num} does not match query's "
                              f"{heads_q} heads in input_layout '{layout}'")
+    key_padding_mask = None
     if layout == "TND":
-        out, lse, numels = _packed(q, k, v, atten_mask, actual_seq_qlen, actual_seq_kvlen,
-                                   sparse_mode, pre, nxt, scale, dropout_p, rng_state)
-        softmax_stat = lse.transpose(0, 1)                            # (T, N1)
+        segments, numels = _packed_segments(q, k, atten_mask, actual_seq_qlen, actual_seq_kvlen,
+                                            sparse_mode, pre, nxt)
+        op_layout = "TND"
     else:
         for name, lengths in (("actual_seq_qlen", actual_seq_qlen),
                               ("actual_seq_kvlen", actual_seq_kvlen)):
@@ -266,58 +302,44 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                 raise ValueError(f"flash_cann: {name} is only taken with input_layout 'TND' "
                                  f"(got input_layout '{layout}')")
         op_layout = "BNSD" if layout == "BNSD" else "BSND"
-        out, lse = _batched(q, k, v, atten_mask, op_layout, sparse_mode, pre, nxt, scale,
-                            dropout_p, rng_state)
-        batch, heads_q, seqlen_q = lse.shape
-        numels = batch * heads_q * seqlen_q * layouts.sizes(k, op_layout)[2]
-        softmax_stat = lse
-        if layout == "BSH":
-            out = out.flatten(-2)
-        elif layout == "SBH":
-            out = out.transpose(0, 1).reshape(query.shape[0], query.shape[1], -1)
-    softmax_max = softmax_stat.unsqueeze(-1).expand(*softmax_stat.shape,
-                                                     SOFTMAX_STAT_WIDTH).contiguous()
-    softmax_sum = torch.ones_like(softmax_max)
-    softmax_out = torch.empty(0, dtype=query.dtype, device=query.device)
-    seed = int(rng_state[0]) if rng_state is not None else 0
-    return out, softmax_max, softmax_sum, softmax_out, seed, 0, numels
+        batch, heads_q, seqlen_q, _ = layouts.sizes(q, op_layout)
+        seqlen_k = layouts.sizes(k, op_layout)[2]
+        if atten_mask is None:
+            band = FULL
+        elif sparse_mode in (0, 1):
+            band, key_padding_mask = fusion_masks.dense_mask_as_flash_cann(
+                atten_mask, batch, heads_q, seqlen_q, seqlen_k,
+                top_left_band=(pre, nxt) if sparse_mode == 0 else None)
+        else:
+            fusion_masks.check_compressed_mask(atten_mask, sparse_mode)
+            band = _sequence_band(sparse_mode, 0, 1, seqlen_q, seqlen_k, pre, nxt)
+        segments = _band_segments(band, seqlen_q, seqlen_k)
+        numels = batch * heads_q * seqlen_q * seqlen_k
+    return _Problem(q, k, v, op_layout, layout, segments, key_padding_mask, numels, sinks,
+                    head_dim, tuple(query.shape))
 
 
-def _batched(q, k, v, atten_mask, layout, sparse_mode, pre, nxt, scale, dropout_p, rng_state):
-    """One flash_cann call for BSND / BNSD views (BSH and SBH arrive as BSND views)."""
-    batch, heads_q, seqlen_q, _ = layouts.sizes(q, layout)
-    seqlen_k = layouts.sizes(k, layout)[2]
-    key_padding_mask = None
-    if atten_mask is None:
-        band = FULL
-    elif sparse_mode in (0, 1):
-        band, key_padding_mask = fusion_masks.dense_mask_as_flash_cann(
-            atten_mask, batch, heads_q, seqlen_q, seqlen_k,
-            top_left_band=(pre, nxt) if sparse_mode == 0 else None)
-    else:
-        fusion_masks.check_compressed_mask(atten_mask, sparse_mode)
-        band = _sequence_band(sparse_mode, 0, 1, seqlen_q, seqlen_k, pre, nxt)
-    seq_axis = layout.index("S")
-    if band.keys is not None:  # keys no row sees are dropped: a view
-        k, v = (t.narrow(seq_axis, 0, band.keys) for t in (k, v))
-    if band.queries is None:
-        return _fwd(q, k, v, key_padding_mask, band, layout, scale, dropout_p, rng_state)
-    out, lse = _fwd(q.narrow(seq_axis, 0, band.queries), k, v, key_padding_mask, band, layout,
-                    scale, dropout_p, rng_state)
-    return _unseen_rows(out, lse, seqlen_q - band.queries, seq_axis, 2)
+def _sinks(sink, head_num: int, query: torch.Tensor) -> torch.Tensor | None:
+    """torch_npu's sink: one float32 logit per query head, shape (head_num,), that joins
+    every row's softmax denominator -- flash_cann's sinks (in the accumulator dtype)."""
+    if sink is None:
+        return None
+    sink = require_tensor(sink, "sink")
+    if tuple(sink.shape) != (head_num,) or not sink.is_floating_point():
+        raise ValueError(f"flash_cann: sink must be a float32 tensor of shape (head_num,) = "
+                         f"({head_num},): one logit per query head (got {sink.dtype} "
+                         f"{tuple(sink.shape)})")
+    if sink.device != query.device:
+        raise ValueError(f"flash_cann: sink must be on query's device ({query.device}; got "
+                         f"{sink.device})")
+    want = torch.float64 if query.dtype == torch.float64 else torch.float32
+    return sink if sink.dtype == want else sink.to(want)
 
 
-def _unseen_rows(out, lse, rows: int, out_axis: int, lse_axis: int):
-    """Append ``rows`` query rows that see no key: output 0, lse -inf."""
-    out_shape, lse_shape = list(out.shape), list(lse.shape)
-    out_shape[out_axis], lse_shape[lse_axis] = rows, rows
-    return (torch.cat((out, out.new_zeros(out_shape)), dim=out_axis),
-            torch.cat((lse, lse.new_full(lse_shape, -math.inf)), dim=lse_axis))
-
-
-def _packed(q, k, v, atten_mask, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pre, nxt,
-            scale, dropout_p, rng_state):
-    """TND: one flash_cann call per run of sequences that share a mapped band."""
+def _packed_segments(q, k, atten_mask, actual_seq_qlen, actual_seq_kvlen, sparse_mode: int,
+                     pre: int, nxt: int) -> tuple[list[_Segment], int]:
+    """TND: one flash_cann call per run of sequences that share a mapped band; a sequence
+    whose keys or rows are cut, or whose rows are split, is a run of its own."""
     cu_q = _cumulative(actual_seq_qlen, "actual_seq_qlen", q.shape[0], "query")
     cu_k = _cumulative(actual_seq_kvlen, "actual_seq_kvlen", k.shape[0], "key")
     if len(cu_q) != len(cu_k):
@@ -337,32 +359,283 @@ def _packed(q, k, v, atten_mask, actual_seq_qlen, actual_seq_kvlen, sparse_mode,
         fusion_masks.check_compressed_mask(atten_mask, sparse_mode)
         bands = [_sequence_band(sparse_mode, b, count, sq, sk, pre, nxt) if sq else None
                  for b, (sq, sk) in enumerate(lengths)]
-    outs, lses = [], []
+    segments = []
     for first, last, band in _tnd_groups(bands):
         if cu_q[last] == cu_q[first]:
             continue
-        q_end = cu_q[last] if band.queries is None else cu_q[first] + band.queries
-        k_end = cu_k[last] if band.keys is None else cu_k[first] + band.keys
-        seq_q = ([x - cu_q[first] for x in cu_q[first:last + 1]] if band.queries is None
-                 else [0, band.queries])
-        seq_k = ([x - cu_k[first] for x in cu_k[first:last + 1]] if band.keys is None
-                 else [0, band.keys])
-        # The Philox counter takes the sequence index + rng_state[1]: offsetting by the
-        # run's first sequence gives every sequence the mask one call would have drawn.
-        group_rng = None if rng_state is None else rng_state + torch.tensor(
-            [0, first], dtype=rng_state.dtype, device=rng_state.device)
-        keys = slice(cu_k[first], k_end)
-        out, lse = _fwd(
-            q[cu_q[first]:q_end], k[keys], v[keys], None, band, "TND", scale, dropout_p,
-            group_rng,
-            cu_seqlens_q=torch.tensor(seq_q, dtype=torch.int32, device=q.device),
-            cu_seqlens_k=torch.tensor(seq_k, dtype=torch.int32, device=q.device),
-            max_seqlen_q=max(1, max(b - a for a, b in zip(seq_q, seq_q[1:]))),
-            max_seqlen_k=max(1, max(b - a for a, b in zip(seq_k, seq_k[1:]))))
-        if band.queries is not None:
-            out, lse = _unseen_rows(out, lse, cu_q[last] - q_end, 0, 1)
+        if band.keys is None and band.queries is None and band.split is None:
+            # The Philox counter takes the sequence index + rng_state[1]: offsetting by the
+            # run's first sequence gives every sequence the mask one call would have drawn.
+            segments.append(_Segment(
+                cu_q[first], cu_q[last] - cu_q[first], band.op_arguments(), cu_k[first],
+                cu_k[last] - cu_k[first], tuple(x - cu_q[first] for x in cu_q[first:last + 1]),
+                tuple(x - cu_k[first] for x in cu_k[first:last + 1]), first))
+        else:
+            segments += _band_segments(band, *lengths[first], cu_q[first], cu_k[first], first)
+    return segments, numels
+
+
+def _tnd_groups(bands: list[Band | None]) -> list[tuple[int, int, Band]]:
+    """Runs of consecutive sequences with the same band: one flash_cann call each. A
+    sequence whose keys or queries are cut short, or whose rows are split, goes alone. A
+    sequence without query rows (band None) computes nothing: it rides along in the run
+    before it, or forms a run of its own that makes no call."""
+    groups: list[tuple[int, int, Band]] = []
+    for b, band in enumerate(bands):
+        run = groups[-1][2] if groups else None
+        whole = run is not None and run.keys is None and run.queries is None and run.split is None
+        if whole and (band is None or band == run):
+            groups[-1] = (groups[-1][0], b + 1, run)
+        else:
+            groups.append((b, b + 1, FULL if band is None else band))
+    return groups
+
+
+def _segment_arguments(problem: _Problem, seg: _Segment, rng_state):
+    """The tensors' slices and keyword arguments of one segment's flash_cann call."""
+    axis = problem.row_axis
+    q = problem.q.narrow(axis, seg.first, seg.rows)
+    k, v = (t.narrow(axis, seg.key_first, seg.keys) for t in (problem.k, problem.v))
+    kwargs = dict(seg.window)
+    if seg.seq_q is not None:
+        device = q.device
+        kwargs.update(cu_seqlens_q=torch.tensor(seg.seq_q, dtype=torch.int32, device=device),
+                      cu_seqlens_k=torch.tensor(seg.seq_k, dtype=torch.int32, device=device),
+                      max_seqlen_q=max(1, max(b - a for a, b in zip(seg.seq_q, seg.seq_q[1:]))),
+                      max_seqlen_k=max(1, max(b - a for a, b in zip(seg.seq_k, seg.seq_k[1:]))))
+    if rng_state is not None and seg.rng_offset:
+        rng_state = rng_state + torch.tensor([0, seg.rng_offset], dtype=rng_state.dtype,
+                                             device=rng_state.device)
+    kpm = problem.key_padding_mask
+    if kpm is not None:
+        kpm = kpm.narrow(1, seg.key_first, seg.keys)
+    return q, k, v, kpm, rng_state, kwargs
+
+
+def _unseen_lse(problem: _Problem, seg: _Segment, like: torch.Tensor) -> torch.Tensor:
+    """lse of rows that see no key: -inf, or the head's sink logit."""
+    if problem.layout == "TND":
+        shape, heads_at = (like.shape[1], seg.rows), 0
+    else:
+        batch, heads, _, _ = layouts.sizes(problem.q, problem.layout)
+        shape, heads_at = (batch, heads, seg.rows), 1
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    if problem.sinks is None:
+        return torch.full(shape, -math.inf, dtype=dtype, device=like.device)
+    view = [1] * len(shape)
+    view[heads_at] = -1
+    return problem.sinks.view(view).expand(shape)
+
+
+def _forward(problem: _Problem, scale: float, dropout_p: float, rng_state):
+    """(out, lse) in the op's layout: each segment's call, concatenated in row order
+    (differentiable through autograd: each call's own backward)."""
+    outs, lses = [], []
+    for seg in problem.segments:
+        if seg.window is None:
+            rows = problem.q.narrow(problem.row_axis, seg.first, seg.rows)
+            outs.append(torch.zeros_like(rows))
+            lses.append(_unseen_lse(problem, seg, rows))
+            continue
+        q, k, v, kpm, rng, kwargs = _segment_arguments(problem, seg, rng_state)
+        out, lse = torch.ops.flash_cann.fwd(q, k, v, kpm, rng_state=rng, scale=scale,
+                                            layout=problem.layout, dropout_p=dropout_p,
+                                            sinks=problem.sinks, **kwargs)
         outs.append(out)
         lses.append(lse)
     if len(outs) == 1:
-        return outs[0], lses[0], numels
-    return torch.cat(outs), torch.cat(lses, dim=1), numels
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=problem.row_axis), torch.cat(lses, dim=problem.lse_axis)
+
+
+def _backward(problem: _Problem, dy, out, lse, scale: float, dropout_p: float, rng_state):
+    """(dq, dk, dv, dsink) in the op's layout from the given out and lse: each segment's
+    torch.ops.flash_cann.bwd (P recomputed from lse, D = rowsum(dy * out))."""
+    axis, lse_axis = problem.row_axis, problem.lse_axis
+    dq = torch.zeros_like(problem.q)
+    dk, dv = torch.zeros_like(problem.k), torch.zeros_like(problem.v)
+    dsink = None if problem.sinks is None else torch.zeros_like(problem.sinks)
+    for seg in problem.segments:
+        rows = [t.narrow(axis, seg.first, seg.rows) for t in (dy, out)]
+        seg_lse = lse.narrow(lse_axis, seg.first, seg.rows)
+        if seg.window is None:
+            if dsink is not None:  # the sink's share of rows that see no key: -P_sink * D
+                d = (rows[0].to(seg_lse.dtype) * rows[1].to(seg_lse.dtype)).sum(-1)
+                d = d if problem.layout == "BNSD" else d.transpose(-1, -2)
+                sinks = problem.sinks.view(-1, 1) if problem.layout == "TND" else \
+                    problem.sinks.view(1, -1, 1)
+                share = torch.exp(sinks - seg_lse) * d
+                dsink -= share.sum(-1) if problem.layout == "TND" else share.sum((0, 2))
+            continue
+        q, k, v, kpm, rng, kwargs = _segment_arguments(problem, seg, rng_state)
+        gq, gk, gv, gs = torch.ops.flash_cann.bwd(
+            rows[0], q, k, v, rows[1], seg_lse, kpm, None, scale=scale, layout=problem.layout,
+            rng_state=rng, sinks=problem.sinks, dropout_p=dropout_p, **kwargs)
+        dq.narrow(axis, seg.first, seg.rows).copy_(gq)
+        dk.narrow(axis, seg.key_first, seg.keys).add_(gk)
+        dv.narrow(axis, seg.key_first, seg.keys).add_(gv)
+        if dsink is not None:
+            dsink += gs
+    return dq, dk, dv, dsink
+
+
+def _softmax_stats(problem: _Problem, lse: torch.Tensor):
+    """torch_npu's (softmax_max, softmax_sum): lse and 1, each row's value 8 times."""
+    stat = problem.stat_from_lse(lse)
+    softmax_max = stat.unsqueeze(-1).expand(*stat.shape, SOFTMAX_STAT_WIDTH).contiguous()
+    return softmax_max, torch.ones_like(softmax_max)
+
+
+def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
+                         atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=_NO_BAND,
+                         next_tockens=_NO_BAND, inner_precise=0, prefix=None,
+                         actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+                         gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
+    """torch_npu.npu_fusion_attention's arguments and outputs, computed by flash_cann.
+
+    Returns ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset,
+    numels)``:
+
+    - attention_out: query's shape and input_layout, differentiable w.r.t. query, key,
+      value (and sink) through autograd; npu_fusion_attention_grad computes the same
+      gradients from the saved statistics.
+    - softmax_max, softmax_sum: float32 (B, N1, S1, 8), or (T, N1, 8) for TND, each row's
+      value repeated 8 times. flash_cann keeps one statistic, the logsumexp; it is
+      returned as softmax_max = lse and softmax_sum = 1, so softmax_max + log(softmax_sum)
+      = lse, as for Huawei's pair (not their individual values: Huawei's max is the
+      row's largest score). Rows that see no key: -inf (with ``sink``: the head's sink
+      logit) and 1.
+    - softmax_out: an empty tensor (reserved, as in torch_npu).
+    - seed, offset: ints; with keep_prob < 1 the seed of flash_cann's Philox dropout
+      mask and 0; else 0, 0. They seed flash_cann's generator, not Huawei's
+      DropoutGenMask: the dropped positions differ from torch_npu's.
+    - numels: B * N1 * S1 * S2 (TND: N1 * sum of S1_b * S2_b), as torch_npu computes it.
+
+    ``sink``: float32 (head_num,), one logit per query head that joins every row's
+    softmax denominator (flash_cann's ``sinks``). See docs/migration.md for every
+    argument (mapped, refused or without effect) and the sparse modes.
+    """
+    head_num, layout, sparse_mode, scale, keep_prob, pre, nxt = _scalar_arguments(
+        head_num, input_layout, sparse_mode, scale, keep_prob, pre_tockens, next_tockens,
+        inner_precise, gen_mask_parallel, sync, softmax_layout)
+    _refuse_unsupported(pse, padding_mask, prefix, sparse_mode)
+    query = require_tensor(query, "query")
+    _refuse_host_reads_in_capture(query.device, atten_mask, layout, keep_prob)
+    problem = _translate(query, key, value, head_num, layout, atten_mask, sparse_mode, pre, nxt,
+                         actual_seq_qlen, actual_seq_kvlen, sink)
+    dropout_p = 1.0 - keep_prob
+    rng_state = _rng_state(dropout_p, query.device, None) if dropout_p > 0 else None
+    out, lse = _forward(problem, scale, dropout_p, rng_state)
+    softmax_max, softmax_sum = _softmax_stats(problem, lse)
+    softmax_out = torch.empty(0, dtype=query.dtype, device=query.device)
+    seed = int(rng_state[0]) if rng_state is not None else 0
+    return (problem.to_input_layout(out), softmax_max, softmax_sum, softmax_out, seed, 0,
+            problem.numels)
+
+
+def _host_lengths(lengths, name: str):
+    """npu_fusion_attention_v3's actual_seq_qlen / kvlen: an int tensor (torch_npu: a cpu
+    int64 one) or, as v1 takes them, a list."""
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise TypeError(f"flash_cann: {name} must be a 1-D integer tensor of cumulative "
+                            f"lengths (got {lengths.dtype} {tuple(lengths.shape)})")
+        return [int(x) for x in lengths.tolist()]
+    return lengths
+
+
+def npu_fusion_attention_v3(query, key, value, head_num, input_layout, pse=None,
+                            padding_mask=None, atten_mask=None, scale=1.0, keep_prob=1.0,
+                            pre_tockens=_NO_BAND, next_tockens=_NO_BAND, inner_precise=0,
+                            prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                            sparse_mode=0, gen_mask_parallel=True, sync=False,
+                            softmax_layout="", sink=None):
+    """torch_npu.npu_fusion_attention_v3: npu_fusion_attention with actual_seq_qlen /
+    actual_seq_kvlen as 1-D integer tensors (read on the host, as torch_npu documents
+    them: cpu tensors) and six tensor outputs ``(attention_out, softmax_max,
+    softmax_sum, softmax_out, seed, offset)``, seed and offset int64 0-d tensors on the
+    cpu (torch_npu returns them on the cpu outside aclgraph). Same computation, same
+    refusals."""
+    out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = npu_fusion_attention(
+        query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
+        atten_mask=atten_mask, scale=scale, keep_prob=keep_prob, pre_tockens=pre_tockens,
+        next_tockens=next_tockens, inner_precise=inner_precise, prefix=prefix,
+        actual_seq_qlen=_host_lengths(actual_seq_qlen, "actual_seq_qlen"),
+        actual_seq_kvlen=_host_lengths(actual_seq_kvlen, "actual_seq_kvlen"),
+        sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync,
+        softmax_layout=softmax_layout, sink=sink)
+    return (out, softmax_max, softmax_sum, softmax_out, torch.tensor(seed, dtype=torch.int64),
+            torch.tensor(offset, dtype=torch.int64))
+
+
+def _statistic(t, name: str, problem: _Problem) -> torch.Tensor:
+    """softmax_max / softmax_sum as given: (B, N1, S1, 8) or (T, N1, 8), or without the
+    trailing 8; their rows' first value."""
+    t = require_tensor(t, name)
+    rows = (tuple(problem.q.shape[:2]) if problem.layout == "TND"
+            else tuple(layouts.sizes(problem.q, problem.layout)[:3]))
+    if tuple(t.shape) not in (rows, (*rows, SOFTMAX_STAT_WIDTH)):
+        raise ValueError(f"flash_cann: {name} must have shape {(*rows, SOFTMAX_STAT_WIDTH)} "
+                         f"(as npu_fusion_attention returns it) or {rows} (got "
+                         f"{tuple(t.shape)})")
+    return t[..., 0] if t.dim() == len(rows) + 1 else t
+
+
+def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, *, pse=None,
+                              padding_mask=None, atten_mask=None, softmax_max=None,
+                              softmax_sum=None, softmax_in=None, attention_in=None,
+                              scale_value=1.0, keep_prob=1.0, pre_tockens=_NO_BAND,
+                              next_tockens=_NO_BAND, inner_precise=0, seed=0, offset=0,
+                              numels=0, prefix=None, actual_seq_qlen=None,
+                              actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
+                              sync=False, softmax_layout="", sink=None):
+    """torch_npu.npu_fusion_attention_grad: the gradients of npu_fusion_attention from its
+    saved outputs, as MindSpeed's ring attention calls it.
+
+    Returns ``(dq, dk, dv, dpse)`` (dpse an empty tensor: pse is refused), and with
+    ``sink`` ``(dq, dk, dv, dpse, dsink)`` (torch_npu's newest signature returns the
+    five, dsink empty without sink).
+
+    The statistics are taken as given, not recomputed: each row's lse is softmax_max +
+    log(softmax_sum) -- flash_cann's pair (lse, 1) and Huawei's genuine (row max, row
+    sum) give the same lse -- P = exp(scale * q k^T - lse) and D = rowsum(dy *
+    attention_in), so a ring attention's merged statistics and output work. ``seed`` /
+    ``offset``: what the forward returned (keep_prob < 1: the Philox mask is drawn again
+    from them); ``numels`` is unused (Huawei's DropoutGenMask length). Every mask
+    argument is translated as the forward translates it.
+    """
+    head_num, layout, sparse_mode, scale, keep_prob, pre, nxt = _scalar_arguments(
+        head_num, input_layout, sparse_mode, scale_value, keep_prob, pre_tockens,
+        next_tockens, inner_precise, gen_mask_parallel, sync, softmax_layout)
+    _refuse_unsupported(pse, padding_mask, prefix, sparse_mode)
+    seed, offset = _int(seed, "seed"), _int(offset, "offset")
+    _int(numels, "numels")
+    if softmax_in is not None and require_tensor(softmax_in, "softmax_in").numel():
+        raise NotImplementedError("flash_cann: softmax_in is reserved (npu_fusion_attention "
+                                  "returns it empty); pass None or the empty tensor")
+    for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum),
+                    ("attention_in", attention_in)):
+        if t is None:
+            raise ValueError(f"flash_cann: {name} is required: npu_fusion_attention_grad "
+                             f"uses the forward's saved statistics and output")
+    query = require_tensor(query, "query")
+    _refuse_host_reads_in_capture(query.device, atten_mask, layout, keep_prob)
+    problem = _translate(query, key, value, head_num, layout, atten_mask, sparse_mode, pre, nxt,
+                         actual_seq_qlen, actual_seq_kvlen, sink)
+    dy = problem.view(require_tensor(dy, "dy"), "dy")
+    out = problem.view(require_tensor(attention_in, "attention_in"), "attention_in")
+    stat_max = _statistic(softmax_max, "softmax_max", problem)
+    stat_sum = _statistic(softmax_sum, "softmax_sum", problem)
+    want = torch.float64 if query.dtype == torch.float64 else torch.float32
+    lse = problem.lse_from_stat(stat_max.to(want) + torch.log(stat_sum.to(want))).contiguous()
+    dropout_p = 1.0 - keep_prob
+    rng_state = None
+    if dropout_p > 0:
+        rng_state = torch.tensor([seed, offset], dtype=torch.int64, device=query.device)
+    with torch.no_grad():
+        dq, dk, dv, dsink = _backward(problem, dy, out, lse, scale, dropout_p, rng_state)
+    dpse = torch.empty(0, dtype=query.dtype, device=query.device)
+    dq, dk, dv = (problem.to_input_layout(g) for g in (dq, dk, dv))
+    if sink is None:
+        return dq, dk, dv, dpse
+    return dq, dk, dv, dpse, dsink.to(sink.dtype)

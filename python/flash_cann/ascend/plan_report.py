@@ -6,12 +6,25 @@ from __future__ import annotations
 
 import json
 
+from ..contract.variant import window_bounds
 from . import planner
 
 
 class Refused(ValueError):
     """A plan that cannot be made as asked (bad arguments, an unknown SoC, a shape the
     planner refuses); the message says why, in one line."""
+
+
+def _window(args, seqlen_k: int) -> tuple[int, int]:
+    """--window as the API reads window_size with the same causal (flash_cann.contract):
+    each bound >= -1 (-1: unbounded); with --causal the right bound is 0 whatever is given
+    (Mistral's causal=True, window_size=(4096, 0)); a bound >= the key length is none."""
+    left, right = tuple(args.window) if args.window is not None else (-1, -1)
+    for side, value in (("LEFT", left), ("RIGHT", right)):
+        if value < -1:
+            raise Refused(f"--window {side} must be an int >= -1 (-1: unbounded), as the "
+                          f"API's window_size (got {value})")
+    return window_bounds(left, right, args.causal, seqlen_k)
 
 
 def _parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -63,7 +76,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--deterministic", action="store_true",
                         help="with --backward: deterministic dQ (fixed-order reduction)")
     parser.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
-                        help="sliding window: keys i + diagonal - LEFT .. i + diagonal + RIGHT "
+                        help="sliding window: keys i + diagonal - LEFT .. i + diagonal + RIGHT; "
+                             "with --causal RIGHT is 0 whatever is given, as the API "
                              "(-1: unbounded on that side; default: none)")
     parser.add_argument("--softcap", type=float, default=0.0,
                         help="scores softcapped to softcap * tanh(s / softcap) (default: off)")
@@ -268,7 +282,7 @@ def _run_decode(args, batch, heads, seqlen, head_dim, dtype) -> int:
     if not args.seqlen_k:
         raise Refused("--decode needs --seqlen-k, the keys per sequence")
     try:
-        window = tuple(args.window) if args.window is not None else (-1, -1)
+        window = _window(args, args.seqlen_k)
         features = planner.variant(window=window, softcap=args.softcap, alibi=args.alibi,
                                    sinks=args.sinks)
         p = planner.decode_plan(args.soc, batch, heads, seqlen, head_dim, heads_kv=args.kv_heads,
@@ -297,9 +311,7 @@ def run(args) -> int:
     if getattr(args, "decode", False):
         return _run_decode(args, batch, heads, seqlen, head_dim, dtype)
     try:
-        window = tuple(args.window) if args.window is not None else (-1, -1)
-        if args.causal and window[1] != -1:
-            raise Refused("--causal is the window's right bound 0: give --window LEFT -1")
+        window = _window(args, args.seqlen_k or seqlen)
         tokens = (0, 0)
         if args.layout == "TND":
             given = args.tokens or [batch * seqlen]

@@ -237,6 +237,10 @@ def _check_qkv(tensors: dict, layout: str, backend: BackendSpec | None, same_bat
         if t.dim() != len(dims):
             raise ValueError(_prefix(f"{name} must be {len(dims)}-D ({', '.join(dims)}) for "
                                      f"layout {layout} (got {t.dim()}-D shape {tuple(t.shape)})"))
+        if t.numel() == 0 and t.shape[-1] == 0:  # head_dim is every layout's last dim
+            raise ValueError(_prefix(f"head_dim must be in [{spec.head_dim_min}, "
+                                     f"{spec.head_dim_max}] (got 0: {name}'s last dim, shape "
+                                     f"{tuple(t.shape)})"))
         if t.numel() == 0:
             raise ValueError(_prefix(f"{name} must not be empty (got shape {tuple(t.shape)})"))
     sizes = {name: _sizes(t, layout) for name, t in tensors.items()}
