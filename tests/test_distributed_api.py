@@ -98,6 +98,11 @@ def test_varlen_offsets_per_rank():
     assert (shard.max_seqlen_q, shard.max_seqlen_k) == (8, 18)
     full = cp.varlen_shard(documents, causal=False, rank=1, world=4)  # whole documents
     assert (full.k_start, full.k_end, full.cu_seqlens_k.tolist()) == (5, 40, [0, 18, 19, 35])
+    # a document ending exactly at the shard's start, and an empty one inside it, bring
+    # no sequence: rank 1 of [0, 16) [16, 20) [20, 20) [20, 32) holds two documents
+    edge = cp.varlen_shard([0, 16, 20, 20, 32], causal=True, rank=1, world=2)
+    assert (edge.k_start, edge.cu_seqlens_q.tolist(), edge.cu_seqlens_k.tolist()) == \
+        (16, [0, 4, 16], [0, 4, 16])
 
 
 def test_varlen_refusals():
@@ -105,6 +110,8 @@ def test_varlen_refusals():
         cp.varlen_shard([0, 5, 7], causal=True, rank=0, world=2)
     with pytest.raises(ValueError, match="never decrease"):
         cp.varlen_shard([0, 5, 3, 8], causal=True, rank=0, world=2)
+    with pytest.raises(ValueError, match="start at 0"):
+        cp.varlen_shard([2, 6], causal=True, rank=0, world=2)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="host data"):
             cp.varlen_shard(torch.tensor([0, 4]).cuda(), causal=True, rank=0, world=2)
