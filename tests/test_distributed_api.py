@@ -56,6 +56,8 @@ def test_shard_lengths_are_checked(one_rank):
     q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 6, 1, 8)
     with pytest.raises(ValueError, match="same shard"):
         cp.context_parallel_attn_func(q, k, k)
+    with pytest.raises(ValueError, match="same shard"):
+        cp.context_parallel_attn_func(q, q, k)   # v alone differs
     odd = torch.zeros(1, 3, 1, 8)
     with pytest.raises(ValueError, match="divisible by 2"):  # zigzag: 2 chunks per rank
         cp.context_parallel_attn_func(odd, odd, odd)
@@ -66,6 +68,9 @@ def test_one_rank_is_one_call(one_rank):
     q, k, v = (torch.randn(1, 8, 2, 16, generator=g, requires_grad=True) for _ in range(3))
     out = cp.context_parallel_attn_func(q, k, v, causal=True, window_size=(3, -1))
     want = flash_cann.flash_attn_func(q, k, v, causal=True, window_size=(3, -1))
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    out = cp.context_parallel_attn_func(q, k, v, causal=False, softcap=2.0)
+    want = flash_cann.flash_attn_func(q, k, v, causal=False, softcap=2.0)
     torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
 
 
