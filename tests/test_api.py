@@ -190,3 +190,17 @@ def test_every_public_function_takes_sinks(gen):
         lambda: flash_cann.flash_attn_varlen_func(*packed, cu, cu, 7, 7, causal=True,
                                                   sinks=sinks))]
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_default_softmax_scale_is_one_over_sqrt_head_dim():
+    """softmax_scale=None is 1 / sqrt(head_dim), q's last axis (not its sequence axis),
+    for the batched and the packed entry points."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 5, 2, 16, generator=g) for _ in range(3))
+    torch.testing.assert_close(flash_cann.flash_attn_func(q, k, v),
+                               flash_cann.flash_attn_func(q, k, v, softmax_scale=0.25))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    packed = [t[0] for t in (q, k, v)]
+    torch.testing.assert_close(
+        flash_cann.flash_attn_varlen_func(*packed, cu, cu, 3, 3),
+        flash_cann.flash_attn_varlen_func(*packed, cu, cu, 3, 3, softmax_scale=0.25))

@@ -56,6 +56,8 @@ def test_shard_lengths_are_checked(one_rank):
     q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 6, 1, 8)
     with pytest.raises(ValueError, match="same shard"):
         cp.context_parallel_attn_func(q, k, k)
+    with pytest.raises(ValueError, match="same shard"):
+        cp.context_parallel_attn_func(q, q, k)   # v alone differs
     odd = torch.zeros(1, 3, 1, 8)
     with pytest.raises(ValueError, match="divisible by 2"):  # zigzag: 2 chunks per rank
         cp.context_parallel_attn_func(odd, odd, odd)
@@ -66,6 +68,9 @@ def test_one_rank_is_one_call(one_rank):
     q, k, v = (torch.randn(1, 8, 2, 16, generator=g, requires_grad=True) for _ in range(3))
     out = cp.context_parallel_attn_func(q, k, v, causal=True, window_size=(3, -1))
     want = flash_cann.flash_attn_func(q, k, v, causal=True, window_size=(3, -1))
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    out = cp.context_parallel_attn_func(q, k, v, causal=False, softcap=2.0)
+    want = flash_cann.flash_attn_func(q, k, v, causal=False, softcap=2.0)
     torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
 
 
@@ -98,6 +103,11 @@ def test_varlen_offsets_per_rank():
     assert (shard.max_seqlen_q, shard.max_seqlen_k) == (8, 18)
     full = cp.varlen_shard(documents, causal=False, rank=1, world=4)  # whole documents
     assert (full.k_start, full.k_end, full.cu_seqlens_k.tolist()) == (5, 40, [0, 18, 19, 35])
+    # a document ending exactly at the shard's start, and an empty one inside it, bring
+    # no sequence: rank 1 of [0, 16) [16, 20) [20, 20) [20, 32) holds two documents
+    edge = cp.varlen_shard([0, 16, 20, 20, 32], causal=True, rank=1, world=2)
+    assert (edge.k_start, edge.cu_seqlens_q.tolist(), edge.cu_seqlens_k.tolist()) == \
+        (16, [0, 4, 16], [0, 4, 16])
 
 
 def test_varlen_refusals():
@@ -105,6 +115,8 @@ def test_varlen_refusals():
         cp.varlen_shard([0, 5, 7], causal=True, rank=0, world=2)
     with pytest.raises(ValueError, match="never decrease"):
         cp.varlen_shard([0, 5, 3, 8], causal=True, rank=0, world=2)
+    with pytest.raises(ValueError, match="start at 0"):
+        cp.varlen_shard([2, 6], causal=True, rank=0, world=2)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="host data"):
             cp.varlen_shard(torch.tensor([0, 4]).cuda(), causal=True, rank=0, world=2)

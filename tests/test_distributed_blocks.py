@@ -94,3 +94,39 @@ def test_random_shards_and_bands():
         got = _covered(calls, d.shape[0], d.shape[1])
         assert got.max() <= 1 and torch.equal(got.bool(), (d >= -left) & (d <= right)), (
             q_chunks, k_chunks, left, right, calls)
+
+
+@pytest.mark.parametrize("layout", ["BSND", "BNSD"])
+def test_partials_merge_to_attention_over_the_union(layout):
+    """flash_cann.distributed.merge.Partial: merging the (out, lse) of disjoint key sets,
+    in two row ranges, is attention over their union; a row no set shows a key to stays
+    output 0, lse -inf (never NaN), and one that sees keys in only one set takes it."""
+    from flash_cann.distributed.merge import Partial
+    g = torch.Generator().manual_seed(3)
+    batch, heads, nq, nk, d = 2, 3, 6, 10, 4
+    q, k, v = (torch.randn(batch, heads, n, d, generator=g) for n in (nq, nk, nk))
+    scores = q @ k.transpose(-1, -2)
+    seen = torch.rand(nq, nk, generator=g) < 0.6
+    seen[0] = False                  # row 0 sees nothing anywhere
+    seen[1, :] = False
+    seen[1, 7] = True                # row 1 sees one key, in the second set only
+    sets = [torch.arange(nk) < 4, torch.arange(nk) >= 4]
+
+    def attend(mask):                # (out, lse) of the rows over the keys of mask
+        s = scores.masked_fill(~mask, -math.inf)
+        lse = torch.logsumexp(s, -1)
+        p = torch.where(torch.isneginf(lse)[..., None], 0.0, torch.exp(s - lse[..., None]))
+        return p @ v, lse
+
+    as_layout = (lambda t: t.transpose(1, 2)) if layout == "BSND" else (lambda t: t)
+    acc = Partial(as_layout(q), layout)
+    seq = 1 if layout == "BSND" else 2
+    for rows in ((0, 4), (4, nq)):
+        for keys in sets:
+            out, lse = attend(seen & keys)
+            acc.add(rows[0], rows[1], as_layout(out).narrow(seq, rows[0], rows[1] - rows[0]),
+                    lse[..., rows[0]:rows[1]])
+    want_out, want_lse = attend(seen)
+    torch.testing.assert_close(acc.out, as_layout(want_out))
+    torch.testing.assert_close(acc.lse, want_lse)
+    assert torch.isneginf(acc.lse[..., 0]).all() and not acc.out.isnan().any()

@@ -194,6 +194,7 @@ def test_errors_surface_at_compile_time():
     ("flash_attn_func", "softmax_scale", "0.1", "softmax_scale must be a real number or None "
                                                 "(got str '0.1')"),
     ("flash_attn_func", "softmax_scale", True, "softmax_scale must be a real number"),
+    ("flash_attn_func", "softcap", True, "softcap must be a real number (got bool True)"),
     ("attention", "scale", "abc", "scale must be a real number or None (got str 'abc')"),
     ("flash_attn_func", "causal", "yes", "causal must be a bool (or 0 / 1) (got str 'yes')"),
     ("attention", "causal", None, "causal must be a bool (or 0 / 1) (got NoneType None)"),

@@ -319,6 +319,30 @@ def test_kvcache_capacity_guard_on_device_tensors():
     check_capacity_guard("cpu")
 
 
+def test_kvcache_capacity_guard_bounds():
+    """The guard's two edges, on kvcache.append directly: a sequence that ends exactly at
+    the capacity is within it (nothing recorded, all its tokens stored), and a negative
+    cache_seqlens is outside [0, capacity] (recorded, attends to nothing)."""
+    page, heads_kv, head_dim = 4, 1, 8                   # 2 blocks per sequence: capacity 8
+    k_cache, v_cache = torch.randn(2, 5, page, heads_kv, head_dim)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    k, v = torch.randn(2, 2, 2, heads_kv, head_dim)
+    query = torch.randn(2, 1, heads_kv, head_dim)
+    zeros = torch.zeros(2, dtype=torch.int32)
+    c = checks.check_kvcache(query, k_cache, v_cache, k, v, zeros, None, block_table, 1.0,
+                             False)
+    flash_cann.check_kvcache_capacity("cpu")             # no flag left by another test
+    full = torch.tensor([6, 6], dtype=torch.int32)       # 6 + 2 new = the capacity, 8
+    assert kvcache.append(k_cache, v_cache, k, v, full, None, block_table, c).tolist() == [8, 8]
+    torch.testing.assert_close(k_cache[[1, 3], 2:], k)   # positions 6, 7: block 1 / 3, 2..3
+    flash_cann.check_kvcache_capacity("cpu")             # within capacity: nothing to raise
+    negative = torch.tensor([-3, 0], dtype=torch.int32)
+    assert kvcache.append(k_cache, v_cache, k, v, negative, None, block_table, c).tolist() \
+        == [0, 2]
+    with pytest.raises(RuntimeError, match=r"1 flash_attn_with_kvcache call\(s\)"):
+        flash_cann.check_kvcache_capacity("cpu")
+
+
 def test_kvcache_num_splits_is_a_hint(gen):
     """num_splits changes no result (the CPU reference ignores it; the Triton backend's
     split-KV is tested in test_triton_interpreter.py); the op refuses one outside

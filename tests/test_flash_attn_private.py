@@ -79,6 +79,18 @@ def test_dense_forward_and_backward(causal, window):
     assert not d[..., 9:].any()
 
 
+def test_window_bounds_of_none_are_unbounded():
+    """window_size_left / right None are -1 (unbounded), as the public API's -1."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 6, 2, 16, generator=g) for _ in range(3))
+    for causal in (False, True):
+        unbounded = private._flash_attn_forward(q, k, v, 0.0, 0.25, causal, -1, -1, 0.0, None,
+                                                False)
+        none = private._flash_attn_forward(q, k, v, 0.0, 0.25, causal, None, None, 0.0, None,
+                                           False)
+        torch.testing.assert_close(none[0], unbounded[0], rtol=0, atol=0)
+
+
 def test_varlen_forward_and_backward():
     g = torch.Generator().manual_seed(1)
     cu = torch.tensor([0, 3, 10, 16], dtype=torch.int32)

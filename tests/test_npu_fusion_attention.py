@@ -305,6 +305,7 @@ def test_refusals_name_the_argument(gen, name, exc, kwargs):
 @pytest.mark.parametrize("kwargs,name", [
     (dict(actual_seq_qlen=[3, 2], actual_seq_kvlen=[3, 5]), "actual_seq_qlen"),
     (dict(actual_seq_qlen=[3, 4], actual_seq_kvlen=[3, 5]), "actual_seq_qlen"),
+    (dict(actual_seq_qlen=[-1, 5], actual_seq_kvlen=[3, 5]), "actual_seq_qlen"),  # negative first
     (dict(actual_seq_qlen=[3, 5], actual_seq_kvlen=[5]), "actual_seq_kvlen"),
     (dict(actual_seq_qlen=[3, 5], actual_seq_kvlen=[3, 5], sparse_mode=0,
           atten_mask=torch.zeros(3, 3, dtype=torch.bool)), "atten_mask"),

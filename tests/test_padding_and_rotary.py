@@ -28,11 +28,12 @@ def test_unpad_input_packs_the_real_tokens_in_order():
 
 def test_unused_slots_are_packed_but_not_counted_as_used():
     unused = torch.zeros_like(MASK)
-    unused[0, 3] = True
+    unused[0, 3:] = True   # sequence 0 becomes the longest packed one (5 slots, 3 used)
     packed, indices, cu_seqlens, max_seqlen, used = bert_padding.unpad_input(
         torch.randn(3, 5, 2), MASK, unused)
-    assert indices.tolist() == [0, 1, 2, 3, 6, 7, 8, 9, 10]
-    assert cu_seqlens.tolist() == [0, 4, 8, 9] and used.tolist() == [3, 4, 1]
+    assert indices.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+    assert cu_seqlens.tolist() == [0, 5, 9, 10] and used.tolist() == [3, 4, 1]
+    assert max_seqlen == 5   # the longest packed sequence, unused slots included (flash-attn)
 
 
 def test_pad_input_inverts_unpad_input_with_zeros_in_the_padding():
@@ -114,6 +115,7 @@ def test_rotation_keeps_the_norm_and_turns_by_the_position():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(x=torch.randn(1, 20, 1, 8)), "too few for position 19"),
+    (dict(x=torch.randn(1, 13, 1, 8)), "too few for position 12"),   # one past the table
     (dict(x=torch.randn(1, 4, 1, 4)), "rotary_dim = 2 \\* cos.shape\\[1\\] = 6 must be <= "
                                       "headdim 4"),
     (dict(x=torch.randn(4, 1, 8)), "x must be \\(batch_size, seqlen, nheads, headdim\\)"),

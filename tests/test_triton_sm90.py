@@ -30,10 +30,11 @@ def on_sm90(monkeypatch):
     monkeypatch.delenv("FLASH_CANN_SM90", raising=False)
 
 
-def serves(q, k=None, v=None, *, plain=True, packed=False, mask=None, scale=0.1):
+def serves(q, k=None, v=None, *, plain=True, packed=False, mask=None, scale=0.1, out=None):
     k = q if k is None else k
     v = k if v is None else v
-    return sm90.eligible(q, k, v, torch.empty_like(q), plain=plain, packed=packed,
+    out = torch.empty_like(q) if out is None else out
+    return sm90.eligible(q, k, v, out, plain=plain, packed=packed,
                          key_padding_mask=mask, scale=scale)
 
 
@@ -50,7 +51,7 @@ def test_serves_plain_fp16_bf16_at_head_dims_64_and_128(on_sm90):
 
 @pytest.mark.parametrize("case", ["feature", "packed", "mask", "scale", "fp32", "head_dim",
                                   "unaligned_row", "strided_dim", "expanded_heads",
-                                  "expanded_batch", "setting"])
+                                  "expanded_batch", "unaligned_out", "setting"])
 def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     q = bnsd()
     kwargs = {}
@@ -74,6 +75,9 @@ def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
         q = torch.randn(2, 256, 1, 128, dtype=torch.bfloat16).expand(2, 256, 4, 128).transpose(1, 2)
     elif case == "expanded_batch":  # a batch stride of 0: the 4-D descriptor carries it
         q = torch.randn(1, 256, 4, 128, dtype=torch.bfloat16).expand(2, 256, 4, 128).transpose(1, 2)
+    elif case == "unaligned_out":  # q, k, v fine; the output written through TMA is not
+        kwargs["out"] = torch.empty(2, 256, 4, 68, dtype=torch.bfloat16)[..., :64].transpose(1, 2)
+        q = bnsd(head_dim=64)
     elif case == "setting":
         monkeypatch.setenv("FLASH_CANN_SM90", "0")
     assert not serves(q, **kwargs)

@@ -147,6 +147,21 @@ def test_overflowing_scores_stay_finite():
     assert all(torch.isfinite(t).all() for t in (out, lse, *grads))
 
 
+def test_scores_far_above_the_clamped_offset_stay_finite():
+    """The other side: with |c| clamped to 65504, a row whose largest scores pass
+    2 x 65504 leaves S - c above fp16's range (+inf from the Fixpipe); the vector cores
+    clamp it too, so the gradients stay finite."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = make_qkv(1, 2, 2, 64, 256, 64, torch.float16, "BNSD", generator=g)
+    q, k = ((t.float() * 80).half() for t in (q, k))  # |q.k| up to ~3e5
+    scores = q.float() @ k.float().transpose(-1, -2)
+    assert (scores - scores.amax(-1, keepdim=True).clamp(max=65504)).max() > 65504
+    options = dict(scale=0.125, causal=False, layout="BNSD", variant=Variant(fp16_scores=True))
+    out, lse = twin.forward(q, k, v, None, **options)
+    grads = twin.backward(out, q, k, v, out, lse, None, None, **options)[:3]
+    assert all(torch.isfinite(t).all() for t in (out, lse, *grads))
+
+
 def test_the_fast_kernels_allocate_what_the_planners_account():
     """Forward and backward with fp16_scores: the bytes the kernels allocate per memory
     level (every InitBuffer, measured by the twin) are the planners' figures; the backward

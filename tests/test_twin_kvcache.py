@@ -161,14 +161,18 @@ def test_each_feature_matches_oracle(feature):
     _check(q, kc, vc, lengths, table, None, causal=every, variant=variant, leftpad=leftpad, splits=2)
 
 
-def test_tnd_mixed_prefill_and_decode_rows():
-    """vLLM's call: packed query rows (a 5-row prefill chunk, a decode row, a sequence
-    with no new row), cache_seqlens as seqused_k, causal, paged."""
+@pytest.mark.parametrize("cu", [
+    [0, 5, 6, 6],   # a 5-row prefill chunk, a decode row, a sequence with no new row
+    [0, 1, 6, 7],   # decode, prefill, decode: sequence b's rows do not start at b x max_seqlen_q
+])
+def test_tnd_mixed_prefill_and_decode_rows(cu):
+    """vLLM's call: packed query rows of prefill chunks and decode rows, cache_seqlens as
+    seqused_k, causal, paged."""
     gen = torch.Generator().manual_seed(3)
     lengths = [40, 17, 9]
-    cu = torch.tensor([0, 5, 6, 6], dtype=torch.int32)
+    cu = torch.tensor(cu, dtype=torch.int32)
     kc, vc, table, _ = _cache(gen, torch.float16, batch=3, hk=2, d=64, lengths=lengths, page=16)
-    q = torch.randn(6, 4, 64, generator=gen).half()
+    q = torch.randn(int(cu[-1]), 4, 64, generator=gen).half()
     _check(q, kc, vc, lengths, table, None, causal=True, cu=cu, splits=2)
 
 

@@ -94,6 +94,27 @@ def test_threshold_is_exact_next_to_a_draw():
         assert torch.equal(got, want)
 
 
+def test_a_draw_equal_to_the_threshold_is_kept():
+    """A draw whose value is a float32-exact threshold (its low 8 bits 0): with the
+    threshold equal to it, that element is kept (draw >= threshold), in the twin and in
+    variant.keep_mask alike."""
+    seed, offset = 99, 3
+    rng = torch.tensor([seed, offset], dtype=torch.int64)
+    draws = variant.philox(seed, torch.arange(8192), 0, 0, offset)[0]
+    exact = ((draws % 256 == 0) & (draws >= 2**24)).nonzero().flatten()
+    assert exact.numel(), "no float32-exact draw among the first 8192 columns"
+    col = int(exact[0])
+    threshold = int(draws[col])
+    p = threshold / 2**32
+    assert variant.dropout_threshold(p) == threshold
+    j0 = col - col % 64
+    cols = torch.arange(j0, j0 + 64).view(1, -1)
+    want = variant.keep_mask(rng, p, 0, 0, torch.zeros(1, 1, dtype=torch.int64), cols)
+    assert bool(want[0, col - j0])          # the draw equal to the threshold is kept
+    got = twin_keep(seed, offset, p, 0, 0, 0, 1, j0, 64, 256)
+    assert torch.equal(got, want)
+
+
 def test_every_barrier_of_the_generator_is_needed():
     """Race-checked on the twin, and no barrier is superfluous: with the happens-before
     edge of any PipeBarrier of flash_attention_philox.h dropped, the race detector stops

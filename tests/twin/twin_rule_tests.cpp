@@ -330,6 +330,13 @@ void ReservedEventIds()
         WaitFlag<HardEvent::V_MTE3>(ids[6]);
         for (TEventID id : ids) pipe.ReleaseEventID<HardEvent::V_MTE3>(id);
         if (ids[6] != 6) twin::Fail({__FILE__, __LINE__}, "[test] AllocEventID gave ", int{ids[6]});
+        // A released id goes back to the pool: more alloc/release pairs than the pool has
+        // ids, each handed the lowest, id 0 (a pool that kept released ids runs out: R67).
+        for (int round = 0; round < 10; ++round) {
+            const TEventID id = pipe.AllocEventID<HardEvent::V_MTE3>();
+            if (id != 0) twin::Fail({__FILE__, __LINE__}, "[test] AllocEventID after a release gave ", int{id});
+            pipe.ReleaseEventID<HardEvent::V_MTE3>(id);
+        }
     });
 }
 

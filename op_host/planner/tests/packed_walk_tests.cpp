@@ -275,6 +275,21 @@ int main()
         CheckForward<true>(forward.plan.tiling, bad.cu, 5, worst);
         CheckBackward<true>(backward.plan.tiling, bad.cu, 5, true);
     }
+    // Negative offsets (a first entry below 0, one inside) clamp to token 0.
+    Batch negative;
+    negative.cu.q = {-7, 30, -2, 100};
+    negative.cu.k = {-9, 20, 40, 60};
+    negative.maxQ = negative.maxK = 110;
+    PlanRequest n = PackedRequest(negative, 2, 1, true, -1, -1);
+    n.tokensQ = 100;
+    n.tokensK = 60;
+    const PlanResult forwardN = MakePlan(n, platform);
+    const GradPlanResult backwardN = MakeGradPlan({n, true}, platform);
+    EXPECT(forwardN.ok() && backwardN.ok(), "negative offsets: planner refused");
+    if (forwardN.ok() && backwardN.ok()) {
+        CheckForward<true>(forwardN.plan.tiling, negative.cu, 5, worst);
+        CheckBackward<true>(backwardN.plan.tiling, negative.cu, 5, true);
+    }
     // Same tokens, same work: 8 documents of 2048 vs the dense batch 8 x 2048.
     ReportVarlenPrediction("8 x 2048 (equal)", std::vector<int32_t>(8, 2048), 8);
     // The case: 7 documents, 16k tokens, causal (lengths drawn once, fixed here).
