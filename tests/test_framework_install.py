@@ -28,33 +28,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from doc_commands import SERVER_DOCS, documented_commands
 from torch_npu_wheel import torch_npu_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = (ROOT / "docs" / "npu.md", ROOT / "README.md")
+DOCS = SERVER_DOCS
 COMMAND = re.compile(r"^pip install --no-build-isolation \./framework\b")
 
 
-def documented_commands(paths=DOCS, pattern=COMMAND) -> dict[str, list[str]]:
-    """Each shell line of the docs' fenced bash blocks matching ``pattern``, comment
-    stripped, with the files that print it."""
-    found: dict[str, list[str]] = {}
-    for path in paths:
-        in_bash = False
-        for line in path.read_text().splitlines():
-            fence = line.strip()
-            if fence.startswith("```"):
-                in_bash = not in_bash and fence[3:].strip() in ("bash", "sh", "shell")
-                continue
-            if in_bash:
-                command = line.split(" #", 1)[0].strip()
-                if pattern.match(command):
-                    found.setdefault(command, []).append(path.name)
-    return found
+def framework_commands(paths=DOCS) -> dict[str, list[str]]:
+    return documented_commands(paths, COMMAND)
 
 
 def test_the_docs_print_the_framework_install_command():
-    found = documented_commands()
+    found = framework_commands()
     assert found, f"no `pip install --no-build-isolation ./framework` in {[p.name for p in DOCS]}"
     printed_in = {name for names in found.values() for name in names}
     assert printed_in == {p.name for p in DOCS}, f"printed only in {sorted(printed_in)}"
@@ -65,7 +52,7 @@ def test_documented_commands_are_found_and_comments_dropped(tmp_path):
     doc.write_text("```bash\nsource x\npip install --no-build-isolation ./framework   # why\n"
                    "```\n\n```python\npip install --no-build-isolation ./framework -v\n```\n"
                    "pip install --no-build-isolation ./framework --user\n")
-    assert documented_commands([doc]) == {
+    assert framework_commands([doc]) == {
         "pip install --no-build-isolation ./framework": ["doc.md"]}
 
 
@@ -171,7 +158,7 @@ def installed(tmp_path_factory):
     env, site = _environment(tmp)
     _torch_npu_package(wheel, site)
     results = {}
-    for command in documented_commands():
+    for command in framework_commands():
         done = subprocess.run(["bash", "-c", command], cwd=clone, env=env,
                               capture_output=True, text=True)
         results[command] = done
