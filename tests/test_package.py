@@ -551,3 +551,36 @@ def test_documented_build_command_without_cann_says_what_is_missing(tmp_path):
         for needed in ("ASCEND_HOME_PATH", "--cann-path=", "./build.sh --host-only"):
             assert needed in done.stderr, f"`{command}`: {done.stderr}"
         assert not (tmp_path / "build_out").exists(), "it built something without CANN"
+
+
+@pytest.mark.parametrize("how", ["default", "install-path"])
+def test_install_and_uninstall_with_custom_opp_path_set_touch_no_other_vendor(
+        package, payload_vendor, tmp_path, how):
+    """ASCEND_CUSTOM_OPP_PATH already names another vendor's --install-path package (and a
+    second opp tree's vendor): installing ours, either way, and uninstalling it change
+    nothing of theirs, and the installer does not edit the variable's packages."""
+    opp = make_opp(tmp_path / "opp")
+    other_install = tmp_path / "other install" / "vendors" / "other_custom"
+    (other_install / "op_api" / "lib").mkdir(parents=True)
+    (other_install / "op_api" / "lib" / "libcust_opapi.so").write_text("theirs\n")
+    (other_install / "bin").mkdir()
+    (other_install / "bin" / "set_env.bash").write_text("export THEIRS=1\n")
+    target = tmp_path / "ours"
+    target.mkdir()
+    before = {"opp": snapshot(opp), "other": snapshot(tmp_path / "other install")}
+    custom = {"ASCEND_CUSTOM_OPP_PATH": f"{other_install}:{opp / 'vendors' / 'other_vendor'}"}
+    command = [package] if how == "default" else [package, f"--install-path={target}"]
+    result = run(command, opp=opp, extra_env=custom)
+    assert result.returncode == 0, result.stderr
+    vendor_dir = (opp if how == "default" else target) / "vendors" / VENDOR
+    check_installed(vendor_dir, payload_vendor, added={"scripts/config.ini.orig"}
+                    if how == "default" else {"bin/set_env.bash"})
+    assert snapshot(tmp_path / "other install") == before["other"]
+    installed_opp = snapshot(opp)
+    untouched = [k for k in before["opp"] if k != "vendors/config.ini"]
+    assert {k: installed_opp[k] for k in untouched} == {k: before["opp"][k] for k in untouched}
+    result = uninstall(vendor_dir, extra_env=custom)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(opp) == before["opp"]
+    assert snapshot(tmp_path / "other install") == before["other"]
+    assert not vendor_dir.exists()
