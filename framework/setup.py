@@ -27,7 +27,7 @@ def _flash_cann():
     """The flash_cann package of this repository (not an installed one): the extension is
     generated from the spec it ships."""
     sources = REPO / "python"
-    if not (sources / "flash_cann" / "aclnn.py").is_file():
+    if not (sources / "flash_cann" / "backends" / "npu" / "aclnn.py").is_file():
         sys.exit(f"framework/setup.py: flash_cann sources not found in {sources}; build from "
                  f"a checkout of the repository (pip >= 21.3 builds in place)")
     sys.path.insert(0, str(sources))

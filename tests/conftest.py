@@ -99,6 +99,8 @@ def pytest_configure(config):
     at once: without it the planner, twin, CANN-shell and packaging tests would all skip,
     and CI would pass."""
     config.addinivalue_line("markers", "fast: the <= 60 s tier (-m fast); see conftest.py")
+    config.addinivalue_line("markers", "npu: needs a real Ascend NPU (-m npu; "
+                                       "tests/test_npu_tier.py); skips without one")
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         # The controller of xdist workers: they run in _xdist_order's order, and their
         # torch threads sleep when idle, instead of spinning on the cores the other

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "flash_cann"
 # The layers, top down, and what each may import (besides itself and third-party code).
 # The package's face (__init__, __main__) sits above them all and may import anything.
 MAY_IMPORT = {
-    "tools": {"api", "contract", "ascend"},
+    # tools: backends too, for `flash-cann doctor`'s look at the NPU backend's parts
+    "tools": {"api", "contract", "ascend", "backends"},
     "integrations": {"distributed", "api", "contract"},
     "distributed": {"api", "contract"},
     "api": {"contract"},

@@ -486,3 +486,101 @@ def test_shell_scripts_pass_shellcheck():
     result = subprocess.run([shellcheck, "-x", "--source-path=SCRIPTDIR", *map(str, scripts)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+# --- the docs' install commands, as printed ------------------------------------------------------
+
+RUN_COMMAND = re.compile(r"^\./build_out/custom_opp_<os>_<arch>\.run(\s|$)")
+SET_ENV_COMMAND = re.compile(r"^source DIR/vendors/\w+/bin/set_env\.bash$")
+BUILD_COMMAND = re.compile(r"^\./build\.sh$")
+
+
+def test_documented_install_commands_run_as_printed(package, payload_vendor, tmp_path):
+    """README's and docs/npu.md's `.run` and `set_env.bash` lines, run with bash as printed;
+    only the docs' placeholders are filled in: `<os>_<arch>` with this package's name,
+    `DIR` with an --install-path target."""
+    from doc_commands import SERVER_DOCS, documented_commands
+    runs = documented_commands(SERVER_DOCS, RUN_COMMAND)
+    set_envs = documented_commands(SERVER_DOCS, SET_ENV_COMMAND)
+    assert {n for names in runs.values() for n in names} == {p.name for p in SERVER_DOCS}
+    assert {n for names in set_envs.values() for n in names} == {"npu.md"}
+    suffix = package.name[len("custom_opp_"):-len(".run")]
+    clone = tmp_path / "clone"
+    (clone / "build_out").mkdir(parents=True)
+    shutil.copy(package, clone / "build_out" / package.name)
+    target = tmp_path / "custom"
+    target.mkdir()
+    for command in runs:
+        opp = make_opp(tmp_path / f"opp{len(list(tmp_path.iterdir()))}")
+        printed = command.replace("<os>_<arch>", suffix)
+        result = run(["bash", "-c", printed], opp=opp, cwd=clone)
+        assert result.returncode == 0, f"`{command}`: {result.stderr}"
+        check_installed(opp / "vendors" / VENDOR, payload_vendor,
+                        added={"scripts/config.ini.orig"})
+        # the same line with --install-path=DIR (README's "or:"), then the docs' source line
+        result = run(["bash", "-c", f"{printed} --install-path={shlex.quote(str(target))}"],
+                     cwd=clone)
+        assert result.returncode == 0, result.stderr
+    for command in set_envs:
+        script = command.replace("DIR", shlex.quote(str(target)), 1)
+        env = {k: v for k, v in os.environ.items() if k != "ASCEND_CUSTOM_OPP_PATH"}
+        out = subprocess.run(["bash", "-c", f'set -eu; {script}; printf %s "$ASCEND_CUSTOM_OPP_PATH"'],
+                             env=env, capture_output=True, text=True)
+        assert out.returncode == 0, f"`{command}`: {out.stderr}"
+        assert out.stdout == str(target / "vendors" / VENDOR)
+
+
+def test_documented_build_command_without_cann_says_what_is_missing(tmp_path):
+    """`./build.sh` as the docs print it, from a copy of the repository's files, on a machine
+    without CANN: it stops before building and names what to set (the CANN build itself
+    needs the toolkit: docs/packaging.md lists it as never run)."""
+    from doc_commands import SERVER_DOCS, documented_commands
+    commands = documented_commands([*SERVER_DOCS, REPO / "docs" / "packaging.md"], BUILD_COMMAND)
+    assert commands, "no `./build.sh` line in the docs"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file() and not name.startswith(("tests/", "benchmarks/", "docs/")):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tmp_path / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")}
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode != 0
+        for needed in ("ASCEND_HOME_PATH", "--cann-path=", "./build.sh --host-only"):
+            assert needed in done.stderr, f"`{command}`: {done.stderr}"
+        assert not (tmp_path / "build_out").exists(), "it built something without CANN"
+
+
+@pytest.mark.parametrize("how", ["default", "install-path"])
+def test_install_and_uninstall_with_custom_opp_path_set_touch_no_other_vendor(
+        package, payload_vendor, tmp_path, how):
+    """ASCEND_CUSTOM_OPP_PATH already names another vendor's --install-path package (and a
+    second opp tree's vendor): installing ours, either way, and uninstalling it change
+    nothing of theirs, and the installer does not edit the variable's packages."""
+    opp = make_opp(tmp_path / "opp")
+    other_install = tmp_path / "other install" / "vendors" / "other_custom"
+    (other_install / "op_api" / "lib").mkdir(parents=True)
+    (other_install / "op_api" / "lib" / "libcust_opapi.so").write_text("theirs\n")
+    (other_install / "bin").mkdir()
+    (other_install / "bin" / "set_env.bash").write_text("export THEIRS=1\n")
+    target = tmp_path / "ours"
+    target.mkdir()
+    before = {"opp": snapshot(opp), "other": snapshot(tmp_path / "other install")}
+    custom = {"ASCEND_CUSTOM_OPP_PATH": f"{other_install}:{opp / 'vendors' / 'other_vendor'}"}
+    command = [package] if how == "default" else [package, f"--install-path={target}"]
+    result = run(command, opp=opp, extra_env=custom)
+    assert result.returncode == 0, result.stderr
+    vendor_dir = (opp if how == "default" else target) / "vendors" / VENDOR
+    check_installed(vendor_dir, payload_vendor, added={"scripts/config.ini.orig"}
+                    if how == "default" else {"bin/set_env.bash"})
+    assert snapshot(tmp_path / "other install") == before["other"]
+    installed_opp = snapshot(opp)
+    untouched = [k for k in before["opp"] if k != "vendors/config.ini"]
+    assert {k: installed_opp[k] for k in untouched} == {k: before["opp"][k] for k in untouched}
+    result = uninstall(vendor_dir, extra_env=custom)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(opp) == before["opp"]
+    assert snapshot(tmp_path / "other install") == before["other"]
+    assert not vendor_dir.exists()

@@ -1,5 +1,5 @@
-"""The flash-cann command (also python -m flash_cann): run the demo, or print the Ascend
-tiling plan for a shape.
+"""The flash-cann command (also python -m flash_cann): run the demo, print the Ascend
+tiling plan for a shape, or check an Ascend server (doctor).
 
 Every subcommand reports a request it cannot carry out (a bad argument, a device or
 backend this machine lacks, a shape the planner refuses) the same way: one line
@@ -62,6 +62,12 @@ def _parser():
         "plan", help="the Ascend tiling plan for a shape: blocks, per-core work, buffer use "
                      "per memory level, and a predicted time (a model, not a measurement)")
     plan_report.add_arguments(plan)
+    doctor = commands.add_parser(
+        "doctor", help="check what the NPU path needs (CANN, driver, torch / torch_npu / "
+                       "torchair, the op package, the NPU extension, the SoC and its plan), "
+                       "then a short smoke on the NPU against the CPU backend; exits 1 if "
+                       "anything failed")
+    doctor.add_argument("--json", action="store_true", help="the same report as JSON")
     return parser
 
 
@@ -74,6 +80,9 @@ def _run(args) -> int:
     try:
         if args.command == "demo":
             return demo.main(args.device, args.seqlen, args.backend)
+        if args.command == "doctor":
+            from . import doctor
+            return doctor.main(as_json=args.json)
         return plan_report.run(args)
     except (demo.CannotRun, plan_report.Refused) as refusal:
         print(error_line(str(refusal)), file=sys.stderr)

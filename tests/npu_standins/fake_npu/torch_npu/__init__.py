@@ -15,6 +15,8 @@ import torch
 
 from . import dynamo
 
+__version__ = os.environ.get("FAKE_TORCH_NPU_VERSION", torch.__version__.split("+")[0])
+
 dynamo.install(os.environ.get("FAKE_TORCH_NPU_TORCHAIR", "import"))
 
 if os.environ.get("FAKE_TORCH_NPU_LIB"):
@@ -24,6 +26,7 @@ if os.environ.get("FAKE_TORCH_NPU_LIB"):
     npu.is_available = lambda: True
     npu.device_count = lambda: 1
     npu.current_device = lambda: 0
+    npu.get_device_name = lambda device=0: os.environ.get("FAKE_NPU_SOC", "Ascend910B2")
     from . import graphs  # torch.npu.NPUGraph & co. on the fake device
 
     graphs.install(npu)
