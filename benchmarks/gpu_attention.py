@@ -221,16 +221,17 @@ def per_call_us(call, calls=HOST_CALLS, repeats=HOST_REPEATS) -> float:
     """Host time of one ``call()``: the median over ``repeats`` timings (perf_counter_ns)
     of ``calls`` calls each, after a warm-up that compiles and plans. The median, because
     the lent machine's host is noisy (one stage moved 22 -> 34 us between runs)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(50):
         call()
-    torch.cuda.synchronize()
+    sync()
     timings = []
     for _ in range(repeats):
         start = time.perf_counter_ns()
         for _ in range(calls):
             call()
         timings.append((time.perf_counter_ns() - start) / calls / 1e3)
-        torch.cuda.synchronize()
+        sync()
     return statistics.median(timings)
 
 

@@ -44,4 +44,4 @@ def built(relative: str):
 
 def run(relative: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(built(relative)), *args], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=3600)

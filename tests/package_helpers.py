@@ -124,7 +124,7 @@ def run(command, *, opp: Path | None = None, cwd: Path | None = None, unprivileg
     command = [str(part) for part in command]
     if unprivileged:
         command = [*UNPRIVILEGED, *command]
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
 
 
 def installed_payload(run_file: Path, into: Path) -> Path:

@@ -17,7 +17,7 @@ from flash_cann.contract import ops
 
 def test_demo_runs_and_passes_its_accuracy_check():
     result = subprocess.run([sys.executable, "-m", "flash_cann", "demo", "--seqlen", "1024"],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "accuracy: PASS" in result.stdout
     for reference in ("torch SDPA (fused)", "naive (materialising)"):
@@ -28,7 +28,7 @@ def test_demo_runs_and_passes_its_accuracy_check():
 
 def test_help_lists_the_commands_without_markup():
     result = subprocess.run([sys.executable, "-m", "flash_cann", "--help"], capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=3600)
     assert result.returncode == 0 and "demo" in result.stdout
     assert "``" not in result.stdout
 
@@ -107,12 +107,13 @@ def test_plan_takes_cores_within_the_socs():
 
 def test_output_cut_short_by_its_reader_ends_quietly():
     """`flash-cann plan ... | head`: the reader is gone before the first write."""
+    native_build.built("planner/libflash_cann_planner.so")  # a first build writes to stderr
     process = subprocess.Popen([sys.executable, "-m", "flash_cann", "plan", "--shape",
                                 "1,8,4096,64"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     process.stdout.close()
     stderr = process.stderr.read()
-    assert process.wait(timeout=300) == 141
+    assert process.wait(timeout=3600) == 141
     assert stderr == ""
 
 

@@ -40,7 +40,7 @@ def results(tmp_path_factory):
     build = build_extension(tmp_path_factory)
     env = dict(scenario_env(build, "capture.jsonl"), FAKE_ACLNN_INT_VALUES="1")
     done = subprocess.run([sys.executable, str(FAKE / "capture_scenarios.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
 

@@ -47,7 +47,7 @@ def build(tmp_path_factory):
 def results(build):
     done = subprocess.run([sys.executable, str(FAKE / "scenarios.py")],
                           env=scenario_env(build, "aclnn.jsonl"), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=3600)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 

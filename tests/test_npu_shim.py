@@ -88,7 +88,7 @@ def probes(tmp_path_factory):
                                                 if entry_point else {}))
     states = {}
     for name, process in started.items():
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=3600)
         assert process.returncode == 0, stderr
         states[name] = json.loads(stdout.splitlines()[-1])
     return states
@@ -204,7 +204,7 @@ def lazy_torchair():
                for name, env in LAZY_TORCHAIR.items()}
     states = {}
     for name, process in started.items():
-        stdout, stderr = process.communicate(timeout=180)
+        stdout, stderr = process.communicate(timeout=3600)
         assert process.returncode == 0, stderr
         states[name] = json.loads(stdout.splitlines()[-1])
     return states

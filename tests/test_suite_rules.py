@@ -1,8 +1,10 @@
 """Rules of the suite itself: under CI=true missing native tools fail the run instead of
-skipping its native tests; the fast tier (-m fast) takes only what conftest lists."""
+skipping its native tests; the fast tier (-m fast) takes only what conftest lists; no time
+limit in tests/ turns a slow run on a loaded machine into a failure."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
+import pytest
 
 HERE = Path(__file__).resolve().parent
 
@@ -19,7 +22,7 @@ def test_ci_without_cmake_or_compiler_fails(tmp_path):
     env = {**os.environ, "CI": "true", "PATH": str(tmp_path)}  # an empty PATH: no tools
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "--collect-only", str(HERE / "test_cli.py")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+                         env=env, capture_output=True, text=True, timeout=3600, cwd=HERE.parent)
     assert run.returncode != 0, run.stdout
     assert "CI=true but cmake, g++, gcc not found" in run.stderr + run.stdout
 
@@ -84,7 +87,7 @@ def test_the_ci_command_fails_on_a_failing_test_and_on_no_tests(tmp_path):
     for target, status in ((tmp_path / "test_one.py", 1), (tmp_path / "empty", 5)):
         run = subprocess.run([sys.executable, "-m", "pytest", *options, "-p", "no:cacheprovider",
                               "--rootdir", str(tmp_path), str(target)], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=3600)
         assert run.returncode == status, run.stdout + run.stderr
 
 
@@ -95,3 +98,58 @@ def test_xdist_units_keep_a_module_on_one_worker_unless_spread():
         conftest.xdist_unit("tests/test_npu_extension.py::test_b")  # one extension build
     assert conftest.xdist_unit("tests/test_accuracy.py::test_a[x]") == \
         "tests/test_accuracy.py::test_a[x]"
+
+
+# A time limit in tests/ is a hang guard only: at least this many seconds, so that a slow
+# run on a loaded machine is slow, not red. The long work (the Triton interpreter, the
+# triton-ascend lowering) has no limit at all.
+HANG_GUARD_FLOOR_S = 3600
+
+
+def short_time_limits(source: str, name: str = "<source>") -> list[str]:
+    """Every time limit in Python source below HANG_GUARD_FLOOR_S, or not a number
+    literal (which this scan cannot check): `timeout=` keywords, and a number given
+    positionally to `.wait(...)`, `.join(...)`, `signal.alarm(...)` or
+    `pytest.mark.timeout(...)`."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if not isinstance(node, ast.Call):
+            continue
+        limits = [k.value for k in node.keywords if k.arg == "timeout"]
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
+            getattr(node.func, "id", "")
+        if callee in ("wait", "join", "alarm", "timeout") and node.args and \
+                isinstance(node.args[0], ast.Constant):  # not str.join(...)
+            limits.append(node.args[0])
+        for limit in limits:
+            value = limit.value if isinstance(limit, ast.Constant) else None
+            if not isinstance(value, (int, float)) or value < HANG_GUARD_FLOOR_S:
+                found.append(f"{name}:{limit.lineno}: {ast.unparse(node)[:100]}")
+    return found
+
+
+def test_no_time_limit_in_tests_below_the_hang_guard_floor():
+    short = [hit for path in sorted(HERE.rglob("*.py"))
+             for hit in short_time_limits(path.read_text(encoding="utf-8"),
+                                          str(path.relative_to(HERE.parent)))]
+    assert short == [], (f"time limits below {HANG_GUARD_FLOOR_S} s (or not a literal) "
+                         "turn a slow run into a failure; remove them or raise them:\n"
+                         + "\n".join(short))
+
+
+@pytest.mark.parametrize("planted", [
+    "subprocess.run(['x'], capture_output=True, timeout=600)",
+    "process.communicate(timeout=120)",
+    "process.wait(300)",
+    "thread.join(timeout=60.0)",
+    "signal.alarm(900)",
+    "subprocess.run(['x'], timeout=LIMIT)",
+    "@pytest.mark.timeout(600)\ndef test_x():\n    pass",
+])
+def test_the_time_limit_rule_catches_a_planted_short_limit(planted):
+    assert len(short_time_limits(planted)) == 1
+
+
+def test_the_time_limit_rule_takes_a_hang_guard_and_no_limit():
+    assert short_time_limits("subprocess.run(['x'], timeout=3600)\nprocess.wait(timeout=7200)\n"
+                             "subprocess.run(['x'], capture_output=True)\nprocess.wait()") == []

@@ -58,9 +58,11 @@ CASES = [  # (causal, masked, (heads_q, heads_kv), head_dim, (seqlen_q, seqlen_k
 def test_kernels_in_interpreter():
     """Run this file's kernel cases in a subprocess under TRITON_INTERPRET=1."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # No time limit: the interpreter's time grows with the machine's load, and a slow run
+    # must be slow, not red (tests/test_suite_rules.py).
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           __file__, "-k", "not test_kernels_in_interpreter"],
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
     assert "passed" in summary and "skipped" not in summary, run.stdout[-4000:]

@@ -43,7 +43,7 @@ def build_ascend_env(directory: Path, python: str = sys.executable) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = subprocess.run([str(ROOT / "scripts" / "triton_ascend_env.sh"), str(directory)],
                               env=dict(os.environ, PYTHON=python), capture_output=True,
-                              text=True, timeout=900)
+                              text=True)
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     site = directory / "lib" / version / "site-packages"
     if done.returncode or not (site / "triton" / "backends" / "ascend").is_dir():
@@ -73,7 +73,7 @@ def lower(env_path: str, out: Path, *args: str) -> list[dict]:
     """Run flash_cann.backends.triton.ascend_lowering; its results, one dict per lowering."""
     done = subprocess.run([sys.executable, "-m", "flash_cann.backends.triton.ascend_lowering", "--out", str(out),
                            *args], env=dict(os.environ, PYTHONPATH=env_path),
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -382,7 +382,7 @@ def _scenarios(python_path: str, lib: Path, out: Path) -> dict:
                FAKE_TORCH_NPU_LIB=str(lib), LOWERING_DIR=str(out))
     env.pop("ASCEND_CUSTOM_OPP_PATH", None)
     done = subprocess.run([sys.executable, str(STANDINS / "fake_npu" / "triton_scenarios.py")],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
 

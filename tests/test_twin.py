@@ -299,6 +299,6 @@ def test_demo_shows_the_twin():
     import sys
 
     result = subprocess.run([sys.executable, "-m", "flash_cann", "demo", "--backend", "twin"],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "backend 'twin'" in result.stdout and "accuracy: PASS" in result.stdout

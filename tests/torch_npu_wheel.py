@@ -42,7 +42,7 @@ def _download() -> Path:
         done = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
              "--disable-pip-version-check", "-q", "-d", str(download),
-             f"torch-npu=={VERSION}"], capture_output=True, text=True, timeout=600)
+             f"torch-npu=={VERSION}"], capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as err:
         _unavailable(f"pip download failed: {err}")
     wheels = sorted(download.glob("torch_npu-*.whl"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import sys
 from typing import Callable, Iterator
 
 import torch
@@ -332,11 +333,35 @@ _KERNELS = {"fwd": _fwd_kernel, "bwd": _bwd_kernel, "fwd_kvcache": _fwd_kvcache_
 REGISTERED: set[str] = set()
 
 
+def _without_dynamo(kernel: Callable) -> Callable:
+    """``kernel``, run outside Dynamo's frame evaluation once Dynamo is loaded.
+
+    torch.library.register_kernel wraps a kernel in torch._disable_dynamo, which imports
+    torch._dynamo (~900 modules, seconds) on the kernel's first call, eager or not: the
+    first feature call stalled on it. Dynamo can only evaluate frames after torch._dynamo
+    is imported (torch.compile imports it), so until then there is nothing to disable
+    and the kernel runs as it is; from then on it runs under torch._dynamo.disable, as
+    register_kernel's kernels do."""
+    disabled = None
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is None or not hasattr(dynamo, "disable"):
+                return kernel(*args, **kwargs)
+            disabled = dynamo.disable(kernel, recursive=True)
+        return disabled(*args, **kwargs)
+    return run
+
+
 def register_device(device_type: str) -> None:
     """Register the device kernels for ``device_type`` (called at import for the device
     types torch knows; the NPU shim calls it once torch_npu has named PrivateUse1)."""
     for name, kernel in _KERNELS.items():
-        torch.library.register_kernel(SPEC.qualname(name), device_type, kernel, lib=_LIB)
+        torch.library.impl(SPEC.qualname(name), device_type, _without_dynamo(kernel),
+                           lib=_LIB)
     REGISTERED.add(device_type)
 
 

@@ -610,10 +610,14 @@ class _ForwardPlan:
         out = empty(query.shape, query.dtype, self.device)
         lse = empty(self.lse_shape, torch.float32, self.device)
         with _on_device(self.device):
-            # The Hopper forward takes no mask (sm90.eligible): its launch has 5 tensors.
-            tensors = (query, key, value, out, lse, key_padding_mask)[:self.launch.tensors]
-            self.launch(*tensors, stream=current_stream(self.device.index))
+            self.replay(query, key, value, key_padding_mask, out, lse)
         return out, lse
+
+    def replay(self, query, key, value, key_padding_mask, out, lse) -> None:
+        """The recorded launch alone, writing ``out`` and ``lse`` (on the current device).
+        The Hopper forward takes no mask (sm90.eligible): its launch has 5 tensors."""
+        tensors = (query, key, value, out, lse, key_padding_mask)[:self.launch.tensors]
+        self.launch(*tensors, stream=current_stream(self.device.index))
 
 
 class _BackwardPlan:

@@ -65,6 +65,9 @@ class Launch:
         self.template = [None] * tensors + arguments[tensors:]
 
     def __call__(self, *tensors, stream: int) -> None:
+        if len(tensors) != self.tensors:  # else the C launcher's count error, unnamed
+            raise TypeError(f"this launch replays {self.tensors} tensors (its leading "
+                            f"arguments), got {len(tensors)}")
         arguments = self.template.copy()
         arguments[:self.tensors] = tensors
         scratch = (self.allocate(self.scratch_bytes, self.scratch_alignment, stream)
