@@ -217,3 +217,22 @@ def test_the_alias_passes_sinks_through(alias):
     torch.testing.assert_close(flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 5, 5,
                                                       sinks=sinks),
                                flash_cann.flash_attn_func(q, q, q, sinks=sinks)[0])
+
+
+def test_what_flash_attns_own_tests_import_from_the_interface(alias):
+    """tests/test_flash_attn.py of flash-attn 2.8.4 imports _get_block_size_n and
+    USE_TRITON_ROCM from flash_attn.flash_attn_interface. The block sizes off sm86/sm89
+    (flash-attn 2.8.4's table, written out here per head_dim range)."""
+    from flash_attn.flash_attn_interface import USE_TRITON_ROCM, _get_block_size_n
+
+    assert USE_TRITON_ROCM is False
+    # head_dim -> (no dropout, dropout), causal or not
+    expected = {16: (128, 128), 32: (128, 128), 40: (128, 64), 64: (128, 64), 80: (64, 64),
+                96: (64, 64), 112: (64, 32), 128: (64, 32), 160: (64, 64), 192: (64, 64),
+                224: (64, 64), 256: (64, 64)}
+    for head_dim, (plain, dropout) in expected.items():
+        for causal in (False, True):
+            assert _get_block_size_n(torch.device("cpu"), head_dim, False, causal) == plain
+            assert _get_block_size_n("cpu", head_dim, True, causal) == dropout
+    with pytest.raises(ValueError, match="head_dim must be an int in"):
+        _get_block_size_n("cpu", 257, False, False)

@@ -46,7 +46,10 @@ MODULES = {
     "flash_attn": (True, {name: getattr(interface, name) for name in _FUNCTIONS}),
     "flash_attn.flash_attn_interface": (False, {
         **{name: getattr(interface, name) for name in _FUNCTIONS},
-        **{name: getattr(flash_attn_private, name) for name in _PRIVATE}}),
+        **{name: getattr(flash_attn_private, name) for name in _PRIVATE},
+        # what flash-attn's tests/test_flash_attn.py imports from here besides the functions
+        "_get_block_size_n": flash_attn_private._get_block_size_n,
+        "USE_TRITON_ROCM": flash_attn_private.USE_TRITON_ROCM}),
     "flash_attn.bert_padding": (False, {name: getattr(bert_padding, name) for name in (
         "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")}),
     "flash_attn.layers": (True, {}),
