@@ -30,7 +30,9 @@ FAST_TESTS = {"test_features.py": ("test_bad_feature_arguments_are_named",
               "test_npu_fusion_attention.py": ("test_refusals_name_the_argument",
                                                "test_tnd_refusals_name_the_argument",
                                                "test_sparse_modes_match_the_oracle"),
-              "test_npu_fusion_attention_grid.py": ("test_left_bound_at_and_past",)}
+              "test_npu_fusion_attention_grid.py": ("test_left_bound_at_and_past",),
+              # the cpu backend's small fuzz budget (the larger ones are the full suite's)
+              "test_fuzz.py": ("test_cpu_fast_matches_oracle",)}
 
 
 def _is_fast(item) -> bool:

@@ -71,7 +71,9 @@ def _batched(query, key, value, key_padding_mask, scale, causal, layout, compute
     vis = visible(q.shape[2], k.shape[2], causal, key_padding_mask, q.device,
                   (variant.window_left, variant.window_right))
     s = s.masked_fill(~vis, float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)
+    # A sequence with no key (packed: seqlen_k 0) has no max: -inf, as a row that sees none.
+    m = (s.amax(dim=-1, keepdim=True) if s.shape[-1]
+         else s.new_full((*s.shape[:-1], 1), float("-inf")))
     sink = None
     if variant.sinks is not None:
         # The sink: a logit per head that every row sees, with no value.
