@@ -250,3 +250,20 @@ def test_lengths_past_the_capacity_attend_to_the_capacity():
                                            None, table, scale=32 ** -0.5, causal=False)
     full = _check(q, kc, vc, [48], table, None)
     assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
+
+
+def test_a_plan_with_more_blocks_than_the_device_has_cores_is_reported():
+    """The decode's split combine waits across blocks (SyncAll): a plan for 4 cores
+    launched on a device of 3 is stopped there (asc-devkit SyncAll: no more blocks than
+    the AI cores running the kernel); on 4 cores the same plan runs."""
+    gen = torch.Generator().manual_seed(43)
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=2, hk=2, d=64, lengths=[300, 200], page=64)
+    q = torch.randn(2, 1, 4, 64, generator=gen).half()
+    lens = torch.tensor([300, 200], dtype=torch.int32)
+    call = dict(scale=0.125, causal=False, ai_cores=4, num_splits=2)
+    used = []
+    with _launcher().device_cores(3), pytest.raises(
+            _launcher().TwinViolation, match=r"\[R98\] SyncAll in a launch of 4 blocks on 3 AI cores"):
+        _launcher().kvcache_forward(q, kc, vc, lens, None, table, **call)
+    _launcher().kvcache_forward(q, kc, vc, lens, None, table, splits_used=used, **call)
+    assert used == [2]

@@ -32,6 +32,7 @@ int g_tests = 0;
 std::string RunOn(twin::CoreType role, std::vector<float>& gm, const std::function<void()>& body)
 {
     twin::LaunchConfig config;
+    config.scheduleMode = 1;  // batch mode, as a kernel with SyncAll needs
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     return twin::Launch(config, [&] {
         if (twin::Core().type == role && twin::Core().subBlockIdx == 0) {
@@ -456,6 +457,7 @@ void SyncAllAndAtomicAdd()
     std::vector<float> seen(6, -1.0f);
     twin::LaunchConfig config;
     config.blockDim = 2;
+    config.scheduleMode = 1;
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     const std::string v = twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -508,6 +510,7 @@ void SyncAllMissed()
     int line = 0;
     twin::LaunchConfig config;
     config.blockDim = 2;
+    config.scheduleMode = 1;
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     const std::string v = twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -517,6 +520,52 @@ void SyncAllMissed()
         }
     });
     Expect("", "SyncAll skipped by a core", v, "SyncAll<false> at", line);
+}
+
+// A SyncAll kernel launched without batch schedule mode (its TilingFunc never called
+// SetScheduleMode(1)).
+void SyncAllWithoutBatchMode()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll<false>();
+    });
+    Expect("R97", "SyncAll, normal schedule", v, "did not set batch schedule mode", line);
+}
+
+// A SyncAll kernel launched on more blocks than the device has AI cores; the same
+// launch on enough cores passes.
+void SyncAllMoreBlocksThanCores()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 3;
+    config.aiCores = 2;
+    config.scheduleMode = 1;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    auto kernel = [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll<false>();
+    };
+    const std::string v = twin::Launch(config, kernel);
+    Expect("R98", "SyncAll, 3 blocks on 2 cores", v, "3 blocks on 2 AI cores", line);
+    config.aiCores = 3;
+    const std::string fits = twin::Launch(config, kernel);
+    ++g_tests;
+    if (!fits.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL SyncAll, 3 blocks on 3 cores: %s\n", fits.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", "SyncAll, 3 blocks on 3 cores");
+    }
 }
 
 void SyncAllAivOnlyOnCube()
@@ -571,6 +620,7 @@ std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body
 {
     twin::LaunchConfig config;
     config.blockDim = cores;
+    config.scheduleMode = 1;  // the bodies may SyncAll
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     return twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -1338,7 +1388,8 @@ int main()
                       WaitWithoutSet, SetTwice, FixToCubeAfterCo1Free, MatmulMacroIds, QueueAfterKernelFlag,
                       ReservedEventIds, EventPoolExhausted, ComparePartialRepeat, VectorOnCube, GemvMode,
                       ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
-                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
+                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllWithoutBatchMode, SyncAllMoreBlocksThanCores,
+                      SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
                       RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
                       RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RaceFlagFromTheWrongPipe,
