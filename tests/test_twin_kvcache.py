@@ -267,3 +267,25 @@ def test_a_plan_with_more_blocks_than_the_device_has_cores_is_reported():
         _launcher().kvcache_forward(q, kc, vc, lens, None, table, **call)
     _launcher().kvcache_forward(q, kc, vc, lens, None, table, splits_used=used, **call)
     assert used == [2]
+
+
+@pytest.mark.parametrize("cu", [[0, 4, 9], [0, 7, 9], [-3, 2, 5]], ids=["past-end", "start-past-end", "negative"])
+def test_bad_query_offsets_stay_inside_the_tensors(cu):
+    """Malformed cu_seqlens_q (no host check on a graph path): the decode walk clamps the
+    offsets to [0, tokens] as the other packed walks do, so no write of out or
+    softmax_lse leaves its tensor (the twin's GM bounds check stops one that does); the
+    rows a clamped sequence keeps get that sequence's attention."""
+    gen = torch.Generator().manual_seed(47)
+    lengths = [40, 17]
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=2, hk=2, d=64, lengths=lengths, page=16)
+    q = torch.randn(5, 4, 64, generator=gen).half()
+    variant = Variant(cu_seqlens_q=torch.tensor(cu, dtype=torch.int32), max_seqlen_q=5)
+    out, lse = _launcher().kvcache_forward(q, kc, vc, torch.tensor(lengths, dtype=torch.int32),
+                                           None, table, scale=0.125, causal=False, layout="TND",
+                                           variant=variant, num_splits=2)
+    # The clamped spans: sequence 0 rows [max(cu0, 0), min(cu1, 5)), sequence 1 the rest.
+    first = min(max(cu[1], 0), 5)
+    good = _check(q[:first], kc, vc, lengths[:1], table[:1], None,
+                  cu=torch.tensor([0, first], dtype=torch.int32), splits=2) if first > 0 else None
+    if good is not None:
+        assert torch.equal(out[:first], good[0]) and torch.equal(lse[:, :first], good[1])
