@@ -1226,6 +1226,30 @@ void BackstopTimeout()
     Expect("R32", "backstop timeout", v, "still waiting after 100 ms", line);
 }
 
+// The integer saturation bit left changed at exit (R99); saved and restored, it passes.
+void SaturationModeNotRestored()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        line = AT;
+        SetSaturationFlag<SaturationMode::INT>(false);
+    });
+    Expect("R99", "saturation bit not restored", v, "not as it found it", line);
+    const std::string restored = RunOn(twin::CoreType::AIV, gm, [&] {
+        const bool saturating = GetSaturationFlag<SaturationMode::INT>();
+        SetSaturationFlag<SaturationMode::INT>(false);
+        SetSaturationFlag<SaturationMode::INT>(saturating);
+    });
+    ++g_tests;
+    if (!restored.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL saturation bit restored: %s\n", restored.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", "saturation bit restored");
+    }
+}
+
 // Integer arithmetic under CTRL bit 53: truncation wraps, saturation clamps; 16-bit
 // lanes and shifts as the dropout generator uses them.
 void IntegerArithmetic()
@@ -1394,7 +1418,7 @@ int main()
                       RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
                       RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RaceFlagFromTheWrongPipe,
                       RaceWaitOnTheWrongPipe, RaceBarrierOnTheWrongPipe,
-                      RaceCrossCoreFlagFromTheWrongPipe, IntegerArithmetic, RuleCasesFire, BackstopTimeout, KernelValid,
+                      RaceCrossCoreFlagFromTheWrongPipe, IntegerArithmetic, SaturationModeNotRestored, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

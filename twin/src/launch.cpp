@@ -215,6 +215,11 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
     try {
         kernel();
         error = state.pending;
+        Require(!error.empty() || state.intSaturation < 0 || state.intSaturation == kIntSaturationAtEntry,
+                state.intSaturationSite, "[R99] ", "the kernel exits with CTRL's integer saturation "
+                "bit (SetSaturationFlag<SaturationMode::INT>) not as it found it (",
+                int{kIntSaturationAtEntry}, ", now ", int{state.intSaturation}, "): restore the value "
+                "GetSaturationFlag read");
     } catch (const Violation& v) {
         if (std::string(v.what()).rfind("aborted", 0) != 0) {
             error = v.what();
