@@ -52,7 +52,8 @@ static ge::graphStatus FlashCannAttentionTiling(gert::TilingContext* context)
     const flash_cann::PlanResult result = flash_cann::MakePlan(request, platform);
     FLASH_CANN_CHECK(context, result.ok(), "refused: %s", result.error.c_str());
     const flash_cann::Plan& plan = result.plan;
-    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey,
+    // Normal schedule mode: the forward waits only within an AI core, never across blocks.
+    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey, flash_cann::kScheduleNormal,
                      plan.userWorkspaceBytes);
 }
 

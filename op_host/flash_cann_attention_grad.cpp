@@ -131,7 +131,7 @@ static ge::graphStatus FlashCannAttentionGradTiling(gert::TilingContext* context
     const flash_cann::GradPlanResult result = flash_cann::MakeGradPlan(request, platform);
     FLASH_CANN_CHECK(context, result.ok(), "refused: %s", result.error.c_str());
     const flash_cann::GradPlan& plan = result.plan;
-    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey,
+    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey, plan.scheduleMode,
                      plan.userWorkspaceBytes);
 }
 

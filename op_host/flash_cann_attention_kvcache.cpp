@@ -151,7 +151,8 @@ static ge::graphStatus FlashCannAttentionKVCacheTiling(gert::TilingContext* cont
     const flash_cann::DecodePlanResult result = flash_cann::MakeDecodePlan(request, platform);
     FLASH_CANN_CHECK(context, result.ok(), "refused: %s", result.error.c_str());
     const flash_cann::DecodePlan& plan = result.plan;
-    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey, plan.userWorkspaceBytes);
+    return WritePlan(context, plan.tiling, plan.blockDim, plan.tilingKey, plan.scheduleMode,
+                     plan.userWorkspaceBytes);
 }
 
 }  // namespace optiling

@@ -303,11 +303,12 @@ inline ge::graphStatus ReadPlatform(gert::TilingContext* context, flash_cann::Pl
     return ge::GRAPH_SUCCESS;
 }
 
-// Saves a plan into the context: tiling data, block dim, tiling key, and the workspace,
-// whose user part the kernel finds after the system workspace (GetUserWorkspace).
+// Saves a plan into the context: tiling data, block dim, tiling key, schedule mode (batch
+// for a kernel that synchronises across blocks) and the workspace, whose user part the
+// kernel finds after the system workspace (GetUserWorkspace).
 template <typename Tiling>
 ge::graphStatus WritePlan(gert::TilingContext* context, const Tiling& tiling, uint32_t blockDim,
-                          uint64_t tilingKey, uint64_t userWorkspaceBytes)
+                          uint64_t tilingKey, uint32_t scheduleMode, uint64_t userWorkspaceBytes)
 {
     gert::TilingData* raw = context->GetRawTilingData();
     FLASH_CANN_CHECK(context, raw != nullptr && raw->GetCapacity() >= sizeof(tiling),
@@ -317,6 +318,8 @@ ge::graphStatus WritePlan(gert::TilingContext* context, const Tiling& tiling, ui
     raw->SetDataSize(sizeof(tiling));
     context->SetBlockDim(blockDim);
     context->SetTilingKey(tilingKey);
+    FLASH_CANN_CHECK(context, context->SetScheduleMode(scheduleMode) == ge::GRAPH_SUCCESS,
+                     "SetScheduleMode(%u) failed", scheduleMode);
     size_t* workspace = context->GetWorkspaceSizes(1);
     FLASH_CANN_CHECK(context, workspace != nullptr, "no workspace slot");
     const auto ascendc = platform_ascendc::PlatformAscendC(context->GetPlatformInfo());

@@ -9,6 +9,7 @@
 #include "kernel_operator.h"
 #include "flash_attention_common.h"
 #include "flash_cann_decode_tiling.h"
+#include "flash_cann_packed.h"
 
 namespace flash_cann {
 
@@ -49,12 +50,16 @@ public:
     __aicore__ inline void QueryRows(uint32_t batch, uint32_t& rowBase, uint32_t& seqRows) const
     {
         if (t_->layout == static_cast<uint32_t>(DecodeLayout::TND)) {
-            const int32_t first = cuSeqlensQ_.GetValue(batch);
-            const int32_t next = cuSeqlensQ_.GetValue(batch + 1);
+            // Clamped to [0, tokens_q] as every packed walk (flash_cann_packed.h): bad
+            // offsets cannot move a read of query or a write of out and lse outside them.
+            uint64_t first = 0;
+            uint32_t rows = 0;
+            ClampedSpan(cuSeqlensQ_.GetValue(batch), cuSeqlensQ_.GetValue(batch + 1), t_->tokensQ,
+                        first, rows);
             rowBase = static_cast<uint32_t>(first);
             // Rows past max_seqlen_q have no tile (the plan's rowTiles bound them): the
             // caller keeps cu_seqlens_q within max_seqlen_q, as flash-attn requires.
-            seqRows = next > first ? MinU32(static_cast<uint32_t>(next - first), t_->seqlenQ) : 0;
+            seqRows = MinU32(rows, t_->seqlenQ);
         } else {
             rowBase = batch * t_->seqlenQ;
             seqRows = t_->seqlenQ;

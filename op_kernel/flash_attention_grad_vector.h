@@ -308,24 +308,28 @@ private:
     // read acc_; the next chunk's Casts wait for the barrier at the end).
     __aicore__ inline void WriteOffsetPanel(uint64_t row, uint32_t firstRow, uint32_t rows)
     {
-        AscendC::LocalTensor<float> lse = passLoadQue_.template AllocTensor<float>();
-        AscendC::DataCopyPad(lse, lse_[row], AscendC::DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0),
-                             AscendC::DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
-        passLoadQue_.EnQue(lse);
-        lse = passLoadQue_.template DeQue<float>();
-        const AscendC::LocalTensor<half> negA = operand_.template ReinterpretCast<half>();
-        OffsetShift(acc_, acc_[t_.passRows], firstRow, rows);
-        ScoreOffsetHalves(negA, acc_, lse, t_.scale, rows);
-        passLoadQue_.FreeTensor(lse);
-        // Each row's -a over one 32-byte block: the panel's row of 16 halves.
-        AscendC::LocalTensor<T> panel = passOutQue_.template AllocTensor<T>();
-        AscendC::Brcb(panel, negA, static_cast<uint8_t>((rows + kFloatsPerBlock - 1) / kFloatsPerBlock),
-                      AscendC::BrcbRepeatParams(1, kFloatsPerBlock));
-        AscendC::PipeBarrier<PIPE_V>();  // Brcb's reads of operand_ -> the next chunk's Cast
-        passOutQue_.EnQue(panel);
-        panel = passOutQue_.template DeQue<T>();
-        AscendC::DataCopy(buffers_.Offsets(row), panel, rows * kScoreOffsetColumns);
-        passOutQue_.FreeTensor(panel);
+        // fp16 inputs only (the planner refuses fp16 scores for bf16): Brcb broadcasts half
+        // into a panel of T, so a bf16 instantiation of this member would not compile.
+        if constexpr (ScoreType<T>::kHalf) {
+            AscendC::LocalTensor<float> lse = passLoadQue_.template AllocTensor<float>();
+            AscendC::DataCopyPad(lse, lse_[row], AscendC::DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0),
+                                 AscendC::DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
+            passLoadQue_.EnQue(lse);
+            lse = passLoadQue_.template DeQue<float>();
+            const AscendC::LocalTensor<half> negA = operand_.template ReinterpretCast<half>();
+            OffsetShift(acc_, acc_[t_.passRows], firstRow, rows);
+            ScoreOffsetHalves(negA, acc_, lse, t_.scale, rows);
+            passLoadQue_.FreeTensor(lse);
+            // Each row's -a over one 32-byte block: the panel's row of 16 halves.
+            AscendC::LocalTensor<T> panel = passOutQue_.template AllocTensor<T>();
+            AscendC::Brcb(panel, negA, static_cast<uint8_t>((rows + kFloatsPerBlock - 1) / kFloatsPerBlock),
+                          AscendC::BrcbRepeatParams(1, kFloatsPerBlock));
+            AscendC::PipeBarrier<PIPE_V>();  // Brcb's reads of operand_ -> the next chunk's Cast
+            passOutQue_.EnQue(panel);
+            panel = passOutQue_.template DeQue<T>();
+            AscendC::DataCopy(buffers_.Offsets(row), panel, rows * kScoreOffsetColumns);
+            passOutQue_.FreeTensor(panel);
+        }
     }
 
     // ---- main loop ------------------------------------------------------------------

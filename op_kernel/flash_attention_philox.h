@@ -78,9 +78,6 @@ public:
             word_[w] = words[w * passElements];
         }
         keys_ = words[kPhiloxWordArrays * passElements];
-        // The wrap of 32-bit products and sums is the arithmetic above: integer results
-        // truncate (CTRL bit 53 = 0) instead of saturating.
-        AscendC::SetSaturationFlag<AscendC::SaturationMode::INT>(false);
     }
 
     // keepBits: bit r * width + c = keep(query row row0 + r, key column col0 + c) of
@@ -99,11 +96,20 @@ public:
                                     uint32_t head, uint32_t row0, uint32_t rows, uint32_t col0,
                                     uint32_t width)
     {
+        // The wrap of 32-bit products and sums is the arithmetic above: integer results
+        // truncate (CTRL bit 53 = 0) instead of saturating, while the draw runs. The mode
+        // (SaturationMode::INT, bit 53 in dav_c220's kernel_operator_common_impl.h; not in
+        // the A2 SetSaturationFlag table) is put back as found: CTRL outlives the kernel.
+        const bool saturating = AscendC::GetSaturationFlag<AscendC::SaturationMode::INT>();
+        AscendC::SetSaturationFlag<AscendC::SaturationMode::INT>(false);
         const uint32_t passRows = passElements_ / width;
         for (uint32_t first = 0; first < rows; first += passRows) {
             const uint32_t passRowsHere = rows - first < passRows ? rows - first : passRows;
             Pass(keepBits[first * width / 8], batch, head, row0 + first, passRowsHere, col0, width);
         }
+        // No barrier: CTRL, like the vector mask, is taken as read when an instruction issues
+        // (in program order with this scalar write), which the documents do not state.
+        AscendC::SetSaturationFlag<AscendC::SaturationMode::INT>(saturating);
     }
 
 private:

@@ -139,6 +139,18 @@ def test_grad_tiling_func_writes_the_planners_plan(layout, q, k, causal, mask, d
     assert got["last_unit"] == got["units"] == p["tiling"]["units"] and got["scale"] == 0.125
 
 
+def test_tiling_funcs_set_batch_schedule_mode_where_the_kernel_syncs_all_cores():
+    """The backward's pre-pass and the decode's split combine wait across blocks
+    (SyncAll<true>): their TilingFuncs ask for batch mode (SetScheduleMode(1): every block
+    resident at once); the forward waits within an AI core only and keeps the normal mode."""
+    forward, _ = _tiling("BNSD", "fp16", False, False, (1, 4, 512, 64), (1, 4, 512, 64))
+    grad, _ = _grad_tiling("BNSD", "fp16", False, False, False, (1, 4, 512, 64), (1, 4, 512, 64))
+    decode, stderr = _kvcache_tiling("BSND", "bf16", (2, 1, 8, 64), (6, 128, 2, 64),
+                                     cache_seqlens="2", block_table="2x3")
+    assert decode["status"] == "ok", stderr
+    assert (forward["schedule_mode"], grad["schedule_mode"], decode["schedule_mode"]) == (0, 1, 1)
+
+
 def test_grad_tiling_func_reads_the_platform():
     got, _ = _grad_tiling("BNSD", "fp16", False, False, False, (1, 4, 4096, 128),
                           (1, 4, 4096, 128), cores=7)

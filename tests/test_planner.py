@@ -500,3 +500,29 @@ def test_prediction_per_soc_is_pinned(soc):
     got = (fwd["prediction"]["seconds"], fwd["incumbent_design_prediction"]["seconds"],
            bwd["prediction"]["seconds"])
     assert got == pytest.approx(PREDICTIONS[soc], rel=1e-8)
+
+
+# (batch, heads_q, seqlen): one head to large batch x heads.
+_LAUNCH_SHAPES = [(1, 1, 128), (1, 16, 4096), (64, 64, 512), (256, 32, 128), (8, 40, 16384)]
+
+
+@pytest.mark.parametrize("soc, cores", [("Ascend910B2", 0), ("Ascend910B4", 0), ("Ascend910B2", 7)],
+                         ids=["910B2-24", "910B4-20", "restricted-7"])
+def test_syncall_kernels_never_plan_more_blocks_than_ai_cores(soc, cores):
+    """asc-devkit SyncAll: a kernel that synchronises across blocks must launch no more
+    blocks than the AI cores running it (else the runtime schedules rounds and it hangs),
+    and in batch schedule mode. The backward (pre-pass SyncAll) and the decode (split
+    combine SyncAll) plan so on the 910B2's 24, the 910B4's 20 and a restricted count."""
+    built("planner/libflash_cann_planner.so")
+    available = cores or {p["name"]: p for p in planner.platforms()}[soc]["aic_cores"]
+    for batch, heads, seqlen in _LAUNCH_SHAPES:
+        for deterministic in (False, True):
+            p = planner.grad_plan(soc, batch, heads, seqlen, 128, heads_kv=max(1, heads // 4),
+                                  causal=deterministic, deterministic=deterministic,
+                                  aic_cores=cores)
+            assert 1 <= p["block_dim"] <= available, (batch, heads, seqlen, p["block_dim"])
+            assert p["schedule_mode"] == 1
+        d = planner.decode_plan(soc, batch, heads, 1, 128, heads_kv=max(1, heads // 8),
+                                keys=seqlen, page_size=128, aic_cores=cores)
+        assert 1 <= d["block_dim"] <= available, (batch, heads, seqlen, d["block_dim"])
+        assert d["schedule_mode"] == 1

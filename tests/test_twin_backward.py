@@ -234,3 +234,20 @@ def test_planner_refusal_is_reported(gen):
     lse = torch.zeros(1, 3, 8)
     with pytest.raises(twin.TwinViolation, match="planner refused: heads_q"):
         twin.backward(out, q, k, v, out, lse, None, None, scale=0.1, causal=False, layout="BNSD")
+
+
+def test_a_plan_with_more_blocks_than_the_device_has_cores_is_reported():
+    """asc-devkit SyncAll: a kernel that synchronises across blocks must launch no more
+    blocks than the AI cores running it. A backward planned for 4 cores, launched on a
+    device of 3, is stopped at its SyncAll; on 4 cores the same plan runs."""
+    gen = torch.Generator().manual_seed(41)
+    q, k, v = make_qkv(1, 4, 4, 256, 256, 64, torch.float16, generator=gen)
+    scale = 0.125
+    out, lse = cpu.forward(q, k, v, None, scale=scale, causal=False, layout="BNSD")
+    grad = torch.randn(out.shape, generator=gen).half()
+    assert planner.grad_plan("Ascend910B2", 1, 4, 256, 64, aic_cores=4)["block_dim"] == 4
+    call = dict(scale=scale, causal=False, layout="BNSD", ai_cores=4)
+    with twin.device_cores(3), pytest.raises(
+            twin.TwinViolation, match=r"\[R98\] SyncAll in a launch of 4 blocks on 3 AI cores"):
+        twin.backward(grad, q, k, v, out, lse, None, None, **call)
+    twin.backward(grad, q, k, v, out, lse, None, None, **call)

@@ -254,3 +254,42 @@ def test_lengths_past_the_capacity_attend_to_the_capacity():
                                            None, table, scale=32 ** -0.5, causal=False)
     full = _check(q, kc, vc, [48], table, None)
     assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
+
+
+def test_a_plan_with_more_blocks_than_the_device_has_cores_is_reported():
+    """The decode's split combine waits across blocks (SyncAll): a plan for 4 cores
+    launched on a device of 3 is stopped there (asc-devkit SyncAll: no more blocks than
+    the AI cores running the kernel); on 4 cores the same plan runs."""
+    gen = torch.Generator().manual_seed(43)
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=2, hk=2, d=64, lengths=[300, 200], page=64)
+    q = torch.randn(2, 1, 4, 64, generator=gen).half()
+    lens = torch.tensor([300, 200], dtype=torch.int32)
+    call = dict(scale=0.125, causal=False, ai_cores=4, num_splits=2)
+    used = []
+    with _launcher().device_cores(3), pytest.raises(
+            _launcher().TwinViolation, match=r"\[R98\] SyncAll in a launch of 4 blocks on 3 AI cores"):
+        _launcher().kvcache_forward(q, kc, vc, lens, None, table, **call)
+    _launcher().kvcache_forward(q, kc, vc, lens, None, table, splits_used=used, **call)
+    assert used == [2]
+
+
+@pytest.mark.parametrize("cu", [[0, 4, 9], [0, 7, 9], [-3, 2, 5]], ids=["past-end", "start-past-end", "negative"])
+def test_bad_query_offsets_stay_inside_the_tensors(cu):
+    """Malformed cu_seqlens_q (no host check on a graph path): the decode walk clamps the
+    offsets to [0, tokens] as the other packed walks do, so no write of out or
+    softmax_lse leaves its tensor (the twin's GM bounds check stops one that does); the
+    rows a clamped sequence keeps get that sequence's attention."""
+    gen = torch.Generator().manual_seed(47)
+    lengths = [40, 17]
+    kc, vc, table, _ = _cache(gen, torch.float16, batch=2, hk=2, d=64, lengths=lengths, page=16)
+    q = torch.randn(5, 4, 64, generator=gen).half()
+    variant = Variant(cu_seqlens_q=torch.tensor(cu, dtype=torch.int32), max_seqlen_q=5)
+    out, lse = _launcher().kvcache_forward(q, kc, vc, torch.tensor(lengths, dtype=torch.int32),
+                                           None, table, scale=0.125, causal=False, layout="TND",
+                                           variant=variant, num_splits=2)
+    # The clamped spans: sequence 0 rows [max(cu0, 0), min(cu1, 5)), sequence 1 the rest.
+    first = min(max(cu[1], 0), 5)
+    good = _check(q[:first], kc, vc, lengths[:1], table[:1], None,
+                  cu=torch.tensor([0, first], dtype=torch.int32), splits=2) if first > 0 else None
+    if good is not None:
+        assert torch.equal(out[:first], good[0]) and torch.equal(lse[:, :first], good[1])

@@ -190,6 +190,11 @@ DecodePlanResult MakeDecodePlan(const DecodeRequest& r, const Platform& platform
     DecodePlan& plan = result.plan;
     plan.tilingKey = DecodeTilingKey(r.dtype == DType::BFloat16 ? 1u : 0u);
     plan.blockDim = t.usedCores;
+    const std::string launchError = CheckAllCoreLaunch(plan.blockDim, platform);
+    if (!launchError.empty()) {
+        result.error = launchError;
+        return result;
+    }
     plan.userWorkspaceBytes = ws.Total(t.usedCores, static_cast<uint32_t>(units));
     plan.buffers = ListDecodeBuffers(t, elemBytes);
     plan.levels = SumLevels(plan.buffers, platform);

@@ -46,6 +46,7 @@ struct DecodePlan {
     DecodeTiling tiling{};
     uint64_t tilingKey = 0;
     uint32_t blockDim = 0;
+    uint32_t scheduleMode = kScheduleBatch;  // the split combine's SyncAll
     uint64_t userWorkspaceBytes = 0;
     std::vector<BufferUse> buffers;
     std::vector<LevelUse> levels;

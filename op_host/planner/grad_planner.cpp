@@ -526,6 +526,11 @@ GradPlanResult MakeGradPlan(const GradPlanRequest& request, const Platform& plat
     }
     plan.imbalance = total > 0 ? busiest / (total / platform.aicCores) : 1.0;
     plan.blockDim = t.usedCores;
+    const std::string launchError = CheckAllCoreLaunch(plan.blockDim, platform);
+    if (!launchError.empty()) {
+        result.error = launchError;
+        return result;
+    }
 
     const GradWorkspace ws(t, elemBytes);
     plan.userWorkspaceBytes = ws.total;

@@ -54,6 +54,7 @@ struct GradPlan {
     GradTilingData tiling{};
     uint64_t tilingKey = 0;
     uint32_t blockDim = 0;            // AI cores launched (= tiling.usedCores: SyncAll spans them)
+    uint32_t scheduleMode = kScheduleBatch;  // SyncAll: every block resident at once
     uint64_t userWorkspaceBytes = 0;  // excludes the API's system workspace
     GradWorkspaceUse workspace{};
     std::vector<BufferUse> buffers;

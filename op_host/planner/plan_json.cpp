@@ -321,6 +321,7 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
         WritePlatform(out, platform);
         o.Key("tiling_key") << plan.tilingKey;
         o.Key("block_dim") << plan.blockDim;
+        o.Key("schedule_mode") << plan.scheduleMode;
         o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
         o.Key("workspace");
         {
@@ -399,6 +400,7 @@ std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest
         o.Key("kernel") << Quote("decode");
         o.Key("tiling_key") << plan.tilingKey;
         o.Key("block_dim") << plan.blockDim;
+        o.Key("schedule_mode") << plan.scheduleMode;
         o.Key("user_workspace_bytes") << plan.userWorkspaceBytes;
         o.Key("tiling");
         {

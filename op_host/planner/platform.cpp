@@ -80,6 +80,16 @@ Platform WithAiCores(Platform platform, uint32_t aicCores)
     return platform;
 }
 
+std::string CheckAllCoreLaunch(uint32_t blockDim, const Platform& platform)
+{
+    if (blockDim >= 1 && blockDim <= platform.aicCores) {
+        return "";
+    }
+    return "the plan launches " + std::to_string(blockDim) + " blocks of a kernel that synchronises "
+           "across blocks (SyncAll) on " + std::to_string(platform.aicCores) + " AI cores: blockDim "
+           "must be in [1, AI cores]";
+}
+
 double CubePeakFlops(const Platform& p)
 {
     return 16.0 * 16.0 * 16.0 * 2.0 * p.aicCores * p.cubeClockGhz * 1e9;

@@ -45,6 +45,18 @@ const Platform* FindPlatform(const std::string& name);
 // keeps the platform's own count.
 Platform WithAiCores(Platform platform, uint32_t aicCores);
 
+// The schedule modes of a launch (gert::TilingContext::SetScheduleMode). Batch mode
+// starts a kernel only when every block of it can be resident at once: a kernel that
+// waits across blocks (SyncAll) needs it, or under concurrent streams some of its blocks
+// may wait for others that never start (asc-devkit SyncAll documentation).
+constexpr uint32_t kScheduleNormal = 0;
+constexpr uint32_t kScheduleBatch = 1;
+
+// "" or why a plan of `blockDim` blocks for a kernel that synchronises across blocks
+// (SyncAll) cannot launch on `platform`: the blocks must not outnumber its AI cores, or the
+// runtime schedules them in rounds and the first round waits for the next forever.
+std::string CheckAllCoreLaunch(uint32_t blockDim, const Platform& platform);
+
 // Dense fp16/bf16 cube peak: 16 x 16 x 16 MACs per cycle per AI core.
 double CubePeakFlops(const Platform& p);
 

@@ -322,10 +322,10 @@ int GradTiling(int argc, char** argv)
     }
     flash_cann::GradTilingData t;
     std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
-    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"schedule_mode\":%u,\"block_dim\":%u,\"workspace\":%zu,"
                 "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
                 "\"query_units\":%llu,\"scale\":%g,\"units\":%llu,\"last_unit\":%llu}\n",
-                static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
+                static_cast<unsigned long long>(context.tilingKey_), context.scheduleMode_, context.blockDim_,
                 context.workspace_, context.GetRawTilingData()->GetDataSize(), t.blockQ, t.blockK,
                 t.usedCores, static_cast<unsigned long long>(t.queryUnits), t.scale,
                 static_cast<unsigned long long>(t.units),
@@ -364,10 +364,10 @@ int Tiling(int argc, char** argv)
     }
     flash_cann::TilingData t;
     std::memcpy(&t, context.GetRawTilingData()->GetData(), sizeof(t));
-    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u,\"workspace\":%zu,"
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"schedule_mode\":%u,\"block_dim\":%u,\"workspace\":%zu,"
                 "\"tiling_size\":%zu,\"block_q\":%u,\"block_k\":%u,\"used_cores\":%u,"
                 "\"head_dim_pad\":%u,\"scale\":%g,\"last_row\":%llu}\n",
-                static_cast<unsigned long long>(context.tilingKey_), context.blockDim_,
+                static_cast<unsigned long long>(context.tilingKey_), context.scheduleMode_, context.blockDim_,
                 context.workspace_, context.GetRawTilingData()->GetDataSize(), t.blockQ, t.blockK,
                 t.usedCores, t.headDimPad, t.scale,
                 static_cast<unsigned long long>(t.rowStart[t.usedCores]));
@@ -430,8 +430,8 @@ int KVCacheTiling(int argc, char** argv)
         std::printf(",\"status\":\"failed\"}\n");
         return 0;
     }
-    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"block_dim\":%u}\n",
-                static_cast<unsigned long long>(context.tilingKey_), context.blockDim_);
+    std::printf(",\"status\":\"ok\",\"tiling_key\":%llu,\"schedule_mode\":%u,\"block_dim\":%u}\n",
+                static_cast<unsigned long long>(context.tilingKey_), context.scheduleMode_, context.blockDim_);
     return 0;
 }
 

@@ -32,6 +32,7 @@ int g_tests = 0;
 std::string RunOn(twin::CoreType role, std::vector<float>& gm, const std::function<void()>& body)
 {
     twin::LaunchConfig config;
+    config.scheduleMode = 1;  // batch mode, as a kernel with SyncAll needs
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     return twin::Launch(config, [&] {
         if (twin::Core().type == role && twin::Core().subBlockIdx == 0) {
@@ -463,6 +464,7 @@ void SyncAllAndAtomicAdd()
     std::vector<float> seen(6, -1.0f);
     twin::LaunchConfig config;
     config.blockDim = 2;
+    config.scheduleMode = 1;
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     const std::string v = twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -515,6 +517,7 @@ void SyncAllMissed()
     int line = 0;
     twin::LaunchConfig config;
     config.blockDim = 2;
+    config.scheduleMode = 1;
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     const std::string v = twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -524,6 +527,52 @@ void SyncAllMissed()
         }
     });
     Expect("", "SyncAll skipped by a core", v, "SyncAll<false> at", line);
+}
+
+// A SyncAll kernel launched without batch schedule mode (its TilingFunc never called
+// SetScheduleMode(1)).
+void SyncAllWithoutBatchMode()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 2;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    const std::string v = twin::Launch(config, [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll<false>();
+    });
+    Expect("R97", "SyncAll, normal schedule", v, "did not set batch schedule mode", line);
+}
+
+// A SyncAll kernel launched on more blocks than the device has AI cores; the same
+// launch on enough cores passes.
+void SyncAllMoreBlocksThanCores()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    twin::LaunchConfig config;
+    config.blockDim = 3;
+    config.aiCores = 2;
+    config.scheduleMode = 1;
+    config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
+    auto kernel = [&] {
+        KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+        line = AT;
+        SyncAll<false>();
+    };
+    const std::string v = twin::Launch(config, kernel);
+    Expect("R98", "SyncAll, 3 blocks on 2 cores", v, "3 blocks on 2 AI cores", line);
+    config.aiCores = 3;
+    const std::string fits = twin::Launch(config, kernel);
+    ++g_tests;
+    if (!fits.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL SyncAll, 3 blocks on 3 cores: %s\n", fits.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", "SyncAll, 3 blocks on 3 cores");
+    }
 }
 
 void SyncAllAivOnlyOnCube()
@@ -578,6 +627,7 @@ std::string RunRace(uint32_t cores, std::vector<float>& gm, const RaceBody& body
 {
     twin::LaunchConfig config;
     config.blockDim = cores;
+    config.scheduleMode = 1;  // the bodies may SyncAll
     config.gm = {{gm.data(), gm.size() * sizeof(float), "gm"}};
     return twin::Launch(config, [&] {
         KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -1183,6 +1233,30 @@ void BackstopTimeout()
     Expect("R32", "backstop timeout", v, "still waiting after 100 ms", line);
 }
 
+// The integer saturation bit left changed at exit (R99); saved and restored, it passes.
+void SaturationModeNotRestored()
+{
+    std::vector<float> gm(8);
+    int line = 0;
+    const std::string v = RunOn(twin::CoreType::AIV, gm, [&] {
+        line = AT;
+        SetSaturationFlag<SaturationMode::INT>(false);
+    });
+    Expect("R99", "saturation bit not restored", v, "not as it found it", line);
+    const std::string restored = RunOn(twin::CoreType::AIV, gm, [&] {
+        const bool saturating = GetSaturationFlag<SaturationMode::INT>();
+        SetSaturationFlag<SaturationMode::INT>(false);
+        SetSaturationFlag<SaturationMode::INT>(saturating);
+    });
+    ++g_tests;
+    if (!restored.empty()) {
+        ++g_failures;
+        std::fprintf(stderr, "FAIL saturation bit restored: %s\n", restored.c_str());
+    } else {
+        std::printf("ok   %-28s (no violation)\n", "saturation bit restored");
+    }
+}
+
 // Integer arithmetic under CTRL bit 53: truncation wraps, saturation clamps; 16-bit
 // lanes and shifts as the dropout generator uses them.
 void IntegerArithmetic()
@@ -1345,12 +1419,13 @@ int main()
                       WaitWithoutSet, SetTwice, FixToCubeAfterCo1Free, MatmulMacroIds, QueueAfterKernelFlag,
                       ReservedEventIds, EventPoolExhausted, ComparePartialRepeat, VectorOnCube, GemvMode,
                       ScratchOverlap, CrossCoreDeadlock, CrossCoreNeedsMix, CrossCoreReservedFlag,
-                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllAivOnlyOnCube, AtomicTypeMismatch,
+                      SyncAllAndAtomicAdd, SyncAllMissed, SyncAllWithoutBatchMode, SyncAllMoreBlocksThanCores,
+                      SyncAllAivOnlyOnCube, AtomicTypeMismatch,
                       RaceMissingVectorBarrier, RaceMissingMte2ToV, RaceMissingCrossCoreFlag,
                       RaceMissingFixToM, RaceAtomicVersusPlain, UnorderedAtomicAddsReported, RaceScalarThenVector,
                       RaceSmallMmadAccumulation, RaceQueueReuseWithoutFreeEdge, RaceFlagFromTheWrongPipe,
                       RaceWaitOnTheWrongPipe, RaceBarrierOnTheWrongPipe,
-                      RaceCrossCoreFlagFromTheWrongPipe, IntegerArithmetic, RuleCasesFire, BackstopTimeout, KernelValid,
+                      RaceCrossCoreFlagFromTheWrongPipe, IntegerArithmetic, SaturationModeNotRestored, RuleCasesFire, BackstopTimeout, KernelValid,
                       KernelCorruptTiling, KernelTruncatedInput}) {
         test();
     }

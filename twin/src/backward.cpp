@@ -82,6 +82,8 @@ extern "C" int flash_cann_twin_backward(void* gradOut, void* query, void* key, v
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
+    config.aiCores = twin::DeviceAiCores(platform.aicCores);
+    config.scheduleMode = plan.scheduleMode;
     config.gm = {{gradOut, qBytes, "grad_out"}, {query, qBytes, "query"}, {key, kvBytes, "key"},
                  {value, kvBytes, "value"}, {out, qBytes, "out"}, {softmaxLse, lseBytes, "softmax_lse"},
                  {gradQuery, qBytes, "grad_query"}, {gradKey, kvBytes, "grad_key"},

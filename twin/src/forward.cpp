@@ -37,6 +37,22 @@ extern "C" void flash_cann_twin_cube_passes(int32_t cubePasses)
     g_cubePasses = cubePasses;
 }
 
+// The AI cores of the device the following launches run on, whatever the planner planned
+// for (0: the plan's platform): tests launch a plan made for more cores than the device has.
+namespace {
+uint32_t g_deviceCores = 0;
+}  // namespace
+
+extern "C" void flash_cann_twin_device_cores(int32_t cores)
+{
+    g_deviceCores = cores > 0 ? static_cast<uint32_t>(cores) : 0;
+}
+
+uint32_t twin::DeviceAiCores(uint32_t plannedCores)
+{
+    return g_deviceCores > 0 ? g_deviceCores : plannedCores;
+}
+
 extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void* keyPaddingMask,
                                        void* cuSeqlensQ, void* cuSeqlensK, int64_t tokensQ,
                                        int64_t tokensK, void* alibiSlopes, void* rngState, void* sinks,
@@ -85,6 +101,7 @@ extern "C" int flash_cann_twin_forward(void* query, void* key, void* value, void
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
+    config.aiCores = twin::DeviceAiCores(platform.aicCores);
     // The race detector checks what the kernel writes: the outputs and the workspace.
     config.gm = {{query, qBytes, "query", false}, {key, kvBytes, "key", false},
                  {value, kvBytes, "value", false}, {out, qBytes, "out"},

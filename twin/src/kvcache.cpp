@@ -74,6 +74,8 @@ extern "C" int flash_cann_twin_kvcache(const flash_cann_decode_problem* problem,
     twin::LaunchConfig config;
     config.blockDim = plan.blockDim;
     config.tilingKey = plan.tilingKey;
+    config.aiCores = twin::DeviceAiCores(platform.aicCores);
+    config.scheduleMode = plan.scheduleMode;
     const size_t vector = size_t(p.batch) * sizeof(int32_t);
     config.gm = {{query, qBytes, "query", false}, {kCache, cacheBytes, "k_cache", false},
                  {vCache, cacheBytes, "v_cache", false}, {seqlensK, vector, "seqlens_k", false},

@@ -215,6 +215,11 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
     try {
         kernel();
         error = state.pending;
+        Require(!error.empty() || state.intSaturation < 0 || state.intSaturation == kIntSaturationAtEntry,
+                state.intSaturationSite, "[R99] ", "the kernel exits with CTRL's integer saturation "
+                "bit (SetSaturationFlag<SaturationMode::INT>) not as it found it (",
+                int{kIntSaturationAtEntry}, ", now ", int{state.intSaturation}, "): restore the value "
+                "GetSaturationFlag read");
     } catch (const Violation& v) {
         if (std::string(v.what()).rfind("aborted", 0) != 0) {
             error = v.what();
@@ -334,6 +339,16 @@ void SyncAllCores(bool aivOnly, const Site& site)
             "SyncAll<true> synchronises the vector cores only: the cube core would hang in it; "
             "a MIX kernel calls SyncAll<false>()");
     Run& run = *g_run;
+    // asc-devkit SyncAll: a hard SyncAll may deadlock under concurrent streams unless the
+    // tiling set batch mode (some blocks resident, the others held by another stream's
+    // kernel), and the launch's blocks must not outnumber the cores running it.
+    Require(run.config.scheduleMode == 1, site, "[R97] ", "SyncAll in a launch whose tiling did not "
+            "set batch schedule mode (SetScheduleMode(1); got ", run.config.scheduleMode, "): "
+            "under concurrent streams some blocks may wait for blocks that never start");
+    Require(run.config.aiCores == 0 || run.config.blockDim <= run.config.aiCores, site, "[R98] ",
+            "SyncAll in a launch of ", run.config.blockDim, " blocks on ", run.config.aiCores,
+            " AI cores: the runtime runs the blocks in rounds and the first round waits for the "
+            "next forever (blockDim must be <= the AI cores)");
     std::unique_lock<std::mutex> lock(run.mutex);
     const bool edge = SyncEdge("SyncAll", site);
     AllCoreBarrier& barrier = aivOnly ? run.aivs : run.all;

@@ -11,6 +11,10 @@
 
 namespace twin {
 
+// The AI cores of the twin's device for a launch planned on `plannedCores`: the plan's own
+// platform, unless a test shrank the device (flash_cann_twin_device_cores).
+uint32_t DeviceAiCores(uint32_t plannedCores);
+
 // Copies `message` into the caller's buffer (truncated, NUL-terminated); returns 1, the
 // C ABI's failure status.
 inline int Report(const std::string& message, char* error, uint64_t capacity)

@@ -150,11 +150,18 @@ public:
         tilingKey_ = key;
         return ge::GRAPH_SUCCESS;
     }
+    // metadef's TilingContext::SetScheduleMode: 0 normal (its default), 1 batch mode.
+    ge::graphStatus SetScheduleMode(const uint32_t scheduleMode)
+    {
+        scheduleMode_ = scheduleMode;
+        return ge::GRAPH_SUCCESS;
+    }
     size_t* GetWorkspaceSizes(size_t count) { return count == 1 ? &workspace_ : nullptr; }
     const char* GetNodeType() const { return node_.type.c_str(); }
     const char* GetNodeName() const { return node_.type.c_str(); }
 
     uint32_t blockDim_ = 0;
+    uint32_t scheduleMode_ = 0;
     uint64_t tilingKey_ = 0;
     size_t workspace_ = 0;
 

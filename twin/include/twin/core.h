@@ -109,7 +109,14 @@ struct CoreState {
     // SetSaturationFlag<SaturationMode::INT> (CTRL bit 53): -1 never set (its reset value
     // is not documented), 0 integer results wrap (truncation), 1 they saturate.
     int8_t intSaturation = -1;
+    Site intSaturationSite{"", 0};  // where the kernel last set it
 };
+
+// CTRL bit 53 as the twin's kernels find it (GetSaturationFlag<INT> before any set): the
+// hardware's reset value is not documented, so the twin picks saturation, the opposite of
+// the truncation the dropout generator needs; a kernel must leave the bit as it found it
+// (rule R99), since the CTRL register outlives the kernel on its core.
+constexpr int8_t kIntSaturationAtEntry = 1;
 
 CoreState& Core();
 uint64_t TilingKey();

@@ -24,6 +24,13 @@ struct GmRegion {
 struct LaunchConfig {
     uint32_t blockDim = 1;   // AI cores; each runs 1 AIC + 2 AIV threads (MIX 1:2)
     uint64_t tilingKey = 0;
+    // The AI cores of the device running the launch (0: as many as blockDim). A kernel
+    // that calls SyncAll must not launch more blocks than that: the runtime would run
+    // them in rounds and the first round would wait in SyncAll for the next forever.
+    uint32_t aiCores = 0;
+    // The tiling's schedule mode (SetScheduleMode): 1, batch mode, starts the kernel only
+    // when every block is resident; a kernel that calls SyncAll needs it.
+    uint32_t scheduleMode = 0;
     std::vector<GmRegion> gm;
 };
 

@@ -333,11 +333,24 @@ enum class SaturationMode : uint8_t { FLOAT, FLOAT8, INT, CAST };
 // CTRL's saturation bits (asc-devkit kernel_operator_common_intf_impl.h); the twin models
 // the integer one (bit 53), which its integer arithmetic obeys.
 template <SaturationMode mode>
-void SetSaturationFlag(bool enableSat)
+void SetSaturationFlag(bool enableSat, TWIN_SITE)
 {
     if constexpr (mode == SaturationMode::INT) {
         twin::Core().intSaturation = enableSat ? 1 : 0;
+        twin::Core().intSaturationSite = TWIN_HERE;
     }
+}
+
+// The integer bit as set, or as the kernel found it (twin::kIntSaturationAtEntry); the
+// other modes are not modelled (false).
+template <SaturationMode mode>
+bool GetSaturationFlag()
+{
+    if constexpr (mode == SaturationMode::INT) {
+        const int8_t bit = twin::Core().intSaturation;
+        return (bit < 0 ? twin::kIntSaturationAtEntry : bit) == 1;
+    }
+    return false;
 }
 
 #define TWIN_SCALAR(Name, floatExpr, intExpr)                                                  \

@@ -58,6 +58,8 @@ def _library() -> ctypes.CDLL:
            ctypes.c_char_p, ctypes.c_uint64])
     lib.flash_cann_twin_cube_passes.restype = None
     lib.flash_cann_twin_cube_passes.argtypes = [ctypes.c_int32]
+    lib.flash_cann_twin_device_cores.restype = None
+    lib.flash_cann_twin_device_cores.argtypes = [ctypes.c_int32]
     lib.flash_cann_twin_drop_sync.restype = None
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
@@ -262,6 +264,18 @@ def cube_passes(mode: int):
         yield
     finally:
         _library().flash_cann_twin_cube_passes(0)
+
+
+@contextlib.contextmanager
+def device_cores(cores: int):
+    """Launches inside the block run on a device of ``cores`` AI cores, whatever the
+    planner planned for (tests: a plan with more blocks than the device's cores; the twin
+    reports a SyncAll kernel launched so)."""
+    _library().flash_cann_twin_device_cores(cores)
+    try:
+        yield
+    finally:
+        _library().flash_cann_twin_device_cores(0)
 
 
 @contextlib.contextmanager
