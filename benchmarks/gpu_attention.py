@@ -24,7 +24,7 @@ Host: each implementation's host time per call (fwd, fwd+bwd) on a tiny problem 
 GPU work never makes the host wait (--no-host skips it).
 
 Writes gpu[-TAG].json (and gpu[-TAG].png with matplotlib) under --out; prints the
-table last, then the README's table (bf16, head_dim 128) in Markdown. --merge combines JSON files of several runs (no GPU needed).
+table last, then the table of benchmarks/RESULTS.md (bf16, head_dim 128) in Markdown. --merge combines JSON files of several runs (no GPU needed).
 """
 
 from __future__ import annotations
@@ -415,7 +415,7 @@ def host_lines(rows):
 
 
 def markdown_table(rows, dtype="bfloat16", head_dim=128):
-    """The README's GPU table: one dtype and head_dim, every seqlen, causal, mode."""
+    """The GPU table of benchmarks/RESULTS.md: one dtype and head_dim, every seqlen, causal, mode."""
     configs = _by_config(rows)
     impls = [i for i in IMPLS if any(i in c for c in configs.values())]
     peers = [p for p in impls if p != OURS]
@@ -495,7 +495,7 @@ def report(result, out_dir, tag):
     for line in speed_table(result["speed"]):
         print(line)
     if result["speed"]:
-        print("\nREADME table (bf16, head_dim 128):")
+        print("\nRESULTS.md table (bf16, head_dim 128):")
         for line in markdown_table(result["speed"]):
             print(line)
 

@@ -21,7 +21,7 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # listed here, so a new module is in the full tier until someone measures it.
 FAST_MODULES = {"test_api.py", "test_errors.py", "test_ops.py", "test_spec.py", "test_layering.py",
                 "test_reference.py", "test_accuracy.py", "test_host_path.py",
-                "test_mutants.py", "test_serving.py"}
+                "test_mutants.py", "test_serving.py", "test_docs.py"}
 
 
 # Tests of other modules in the fast tier, by name prefix: cheap and central.
@@ -113,7 +113,7 @@ def pytest_configure(config):
     if native_build.ON_CI and absent:
         raise pytest.UsageError(
             f"CI=true but {', '.join(absent)} not found on PATH: the native tests need "
-            f"cmake (>= 3.16) and a C++17 compiler (g++, gcc); see README.md, Tests")
+            f"cmake (>= 3.16) and a C++17 compiler (g++, gcc); see README.md, Two commands")
 
 
 def pytest_sessionstart(session):

@@ -173,7 +173,7 @@ def test_backward_op_rejects_mismatched_lse():
 def test_errors_surface_at_compile_time():
     """torch.compile traces through the fake kernel, which runs the same checks; dynamo
     raises its TorchRuntimeError with our message, our ValueError in its exception chain
-    (as the README says)."""
+    (as docs/api.md says)."""
     q, k, v = _qkv()
 
     @torch.compile(fullgraph=True, backend="eager")
