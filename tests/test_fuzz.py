@@ -358,7 +358,7 @@ def test_cpu_fast_matches_oracle(case):
     check_case(case, CPU)
 
 
-@fuzz(max_examples=300)
+@fuzz(max_examples=150)
 @given(case=cases(CPU))
 def test_cpu_matches_oracle(case):
     check_case(case, CPU)
@@ -371,7 +371,7 @@ def twin_library():
     built("twin/libflash_cann_twin.so")
 
 
-@fuzz(max_examples=100)
+@fuzz(max_examples=60)
 @given(case=cases(TWIN))
 def test_twin_matches_oracle(twin_library, case):
     check_case(case, TWIN)
@@ -393,7 +393,7 @@ def test_triton_interpreter_matches_oracle():
 
 @pytest.mark.skipif(not (HAS_TRITON and INTERPRETING),
                     reason="runs in test_triton_interpreter_matches_oracle's subprocess")
-@fuzz(max_examples=40)
+@fuzz(max_examples=15)
 @given(case=cases(TRITON))
 def test_triton_in_interpreter(case):
     check_case(case, TRITON)
