@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import flash_cann
+from test_npu_fusion_attention import to_bnsd
 
 NO_BAND = 2**31 - 1
 COMPRESSED = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
@@ -110,7 +111,7 @@ def check_batched(gen, mode, seqlen_q, seqlen_k, pre, nxt, atten_mask=None, sink
         q, k, v, HEADS_Q, layout, **call)[:3]
     exact = [t.detach().double().requires_grad_() for t in leaves]
     ref, lse = reference(*exact[:3], keep, SCALE, exact[3] if sink else None)
-    out = from_layout(out, layout, HEADS_Q)
+    out = to_bnsd(out, layout, HEADS_Q)
     assert torch.allclose(out.double(), ref, atol=2e-5), what
     got_lse = softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
     assert torch.allclose(got_lse.double(), lse, atol=2e-5), what
@@ -135,16 +136,6 @@ def to_layout(t, layout):
     if layout == "BSH":
         return t.transpose(1, 2).flatten(-2)
     return t.permute(2, 0, 1, 3).flatten(-2)  # SBH
-
-
-def from_layout(t, layout, heads):
-    if layout == "BNSD":
-        return t
-    if layout == "BSND":
-        return t.transpose(1, 2)
-    if layout == "BSH":
-        return t.unflatten(-1, (heads, -1)).transpose(1, 2)
-    return t.unflatten(-1, (heads, -1)).permute(1, 2, 0, 3)
 
 
 # The cases, in every layout: left-up causal, a full top-left causal mask and a
