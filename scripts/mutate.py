@@ -27,7 +27,8 @@ spec is a link) and one host build of it (FLASH_CANN_BUILD_DIR). For each mutant
    happens rarely).
 
 Before the mutants, every distinct test selection runs once on a pristine copy and must
-pass (--no-baseline skips that): a selection that fails unmutated would "catch" anything.
+pass (--no-baseline skips that): a selection that fails unmutated would "catch" anything,
+so its mutants are reported as errors.
 The run prints id, layer, result and seconds per mutant, then a summary (--json writes the
 rows); it exits non-zero if any mutant survived or errored, or any snippet is not found
 exactly once.
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel build jobs per worker")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for pytest")
     parser.add_argument("--json", type=Path, help="write the result rows here")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="start no mutant after this many seconds (the rest: not run)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the log of each run")
     args = parser.parse_args(argv)
@@ -341,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         print(f"{count} scratch copies and native builds: {time.monotonic() - t0:.0f} s",
               flush=True)
+        broken: dict[tuple, str] = {}   # selections that fail unmutated: their mutants error
         if not args.no_baseline:
             selections = {}
             for m in mutants:
@@ -353,16 +357,24 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"baseline {' '.join(m.tests)}: "
                           f"{'passes' if state == 'survived' else state} "
                           f"({time.monotonic() - t1:.0f} s)", flush=True)
+                    if state != "survived":
+                        print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
                 return state, log
 
-            for state, log in run_all(workers, list(selections.values()), baseline):
+            results = run_all(workers, list(selections.values()), baseline)
+            for key, (state, _) in zip(selections, results):
                 if state != "survived":
-                    print(f"mutate: the selection fails without a mutant:\n{log}", file=sys.stderr)
-                    return 2
+                    broken[key] = state
+        deadline = started + args.deadline if args.deadline else None
 
         def one(worker: Worker, m: Mutant) -> dict:
             t1 = time.monotonic()
-            state, log = worker.run(m)
+            if m.selection() in broken:
+                state, log = "error (selection fails unmutated)", ""
+            elif deadline is not None and t1 > deadline:
+                state, log = "not run (deadline)", ""
+            else:
+                state, log = worker.run(m)
             row = {"id": m.id, "layer": m.layer, "file": m.file, "result": state,
                    "seconds": round(time.monotonic() - t1, 1)}
             with lock:
