@@ -1,5 +1,6 @@
-"""The docs are checked against the code: the README's feature table is the one
-scripts/gen_docs.py generates from the op spec, every committed result file is indexed
+"""The docs are checked against the code: every statement scripts/gen_docs.py generates
+from the op spec (the README's feature table, the dtypes, head_dim and which backends
+have a feature, wherever a doc states them) is current, every committed result file is indexed
 in benchmarks/RESULTS.md, no committed doc cites source line numbers (they move with
 every edit; docs/design-log.md, the history, is exempt), and the README stays a
 one-page entry point."""
@@ -28,11 +29,58 @@ def _gen_docs():
     return module
 
 
-def test_the_readme_feature_table_is_generated_from_the_spec():
+def test_every_generated_statement_is_current():
     gen = _gen_docs()
-    text = README.read_text(encoding="utf-8")
-    assert gen.render(text) == text, (
-        "README.md's feature table differs from the spec: run python scripts/gen_docs.py")
+    assert gen.stale() == [], (
+        "generated statements differ from the spec: run python scripts/gen_docs.py")
+
+
+def _narrowed():
+    """The spec with less in it: the npu backend without the KV cache, triton on NPUs
+    without packed sequences, cpu without float64, head_dim up to 128."""
+    import dataclasses
+    from flash_cann.contract import spec as spec_mod
+    spec = spec_mod.load()
+    b = dict(spec.backends)
+    b["npu"] = dataclasses.replace(b["npu"], features=tuple(
+        f for f in b["npu"].features if f != "kvcache"))
+    triton = b["triton"]
+    b["triton"] = dataclasses.replace(triton, also_on_features={"npu": tuple(
+        f for f in triton.features_on("npu") if f != "varlen")})
+    b["cpu"] = dataclasses.replace(b["cpu"], dtypes=tuple(
+        d for d in b["cpu"].dtypes if d != "float64"))
+    return dataclasses.replace(spec, backends=b, head_dim_max=128)
+
+
+def test_every_generated_statement_follows_the_spec():
+    """Each doc's generated pieces change with the spec (the generators read it, no
+    copy): a feature, a dtype or a limit changing makes every doc that states it stale."""
+    gen = _gen_docs()
+    assert set(gen.stale(_narrowed())) >= {
+        "README.md", "docs/api.md", "docs/npu.md", "docs/migration.md", "docs/distributed.md"}
+    spec = _narrowed()
+    assert gen.support(spec, "kvcache") == (
+        "`cpu`, `twin` and `triton` only (not `npu`)")
+    assert gen.support(spec, "varlen") == (
+        "`cpu`, `twin`, `triton` on CUDA and `npu` only (not `triton` on NPUs)")
+    assert "KV cache" not in gen.features(spec, "npu")
+    assert gen.dtypes(spec) == ("float16 and bfloat16 on every backend "
+                                "(also float32 on `cpu`)")
+    assert gen.head_dim(spec) == "1-128"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("a <!-- gen:nonesuch -->x<!-- /gen -->", "no generator 'nonesuch'"),
+    ("a <!-- gen:support nofeature -->x<!-- /gen -->", "no feature 'nofeature'"),
+    ("a <!-- gen:features nobackend -->x<!-- /gen -->", "no backend 'nobackend'"),
+    ("a <!-- gen:dtypes -->x", "without its"),
+    ("a\n<!-- gen:dtypes -->x<!-- /gen --> b", "starts a line"),
+    ("a <!-- gen:feature-table -->x<!-- /gen -->", "several lines"),
+])
+def test_a_malformed_marker_is_named(text, says):
+    gen = _gen_docs()
+    with pytest.raises(SystemExit, match=says):
+        gen.render(text)
 
 
 def test_the_feature_table_follows_the_spec():
