@@ -138,6 +138,8 @@ CLAIMS: dict[tuple[str, str], object] = {
         "where the refusals live",
     ("docs/architecture.md", "a backend without the feature now refuses `window_size`"):
         "the recipe for adding a feature, a backend without it in general",
+    ("docs/architecture.md", "a sentence written by hand that names a feature with"):
+        "this test's own rule",
     ("docs/distributed.md", "Windows need `causal=True`"): SHARED_CHECK,
     ("docs/distributed.md", "Refused inside the context, by name: key padding masks"):
         "the torch context_parallel integration's own refusals, the same for every backend",
@@ -184,6 +186,11 @@ CLAIMS: dict[tuple[str, str], object] = {
 
 # Sentences naming a backend's or kernel's features without a negative word.
 POSITIVE: dict[tuple[str, str], object] = {
+    ("README.md", "ALiBi, dropout, learnable attention sinks, packed variable-length sequences "
+                  "and paged KV caches. On an Ascend server it runs its own Ascend C kernels"):
+        _all(*FEATURES),
+    ("README.md", "the Ascend C forward, backward and decode kernels"):
+        lambda spec: spec.backends["npu"].backward and "kvcache" in spec.backends["npu"].features,
     ("README.md", "flash-attn 2.8's features on `cpu` and `triton`"):
         _all(*FEATURES, backends=["cpu", "triton"]),
     ("README.md", "Ascend C **forward** kernel"):
