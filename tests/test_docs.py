@@ -167,3 +167,86 @@ def test_the_count_pattern_finds_counts():
     for text in ("to 0 survivors", "1, 3, 7, 24 and 48 cores in the tests",
                  "head_dim 128 only", "in both of those cases", "six or more lines"):
         assert not COUNT.search(text), text
+
+
+def _headings(path: Path) -> list[str]:
+    fence, found = False, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#{1,6} ", line):
+            found.append(line.lstrip("#").strip())
+    return found
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def link_problems(path: Path) -> list[str]:
+    """Relative links of a doc that lead nowhere: a missing file, or an anchor no heading
+    of the target has."""
+    text = re.sub(r"(?ms)^```.*?^```", "", path.read_text(encoding="utf-8"))
+    wrong = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            wrong.append(f"{target}: no file {dest.relative_to(ROOT) if ROOT in dest.parents else dest}")
+        elif anchor and dest.suffix == ".md":
+            slugs = [_slug(h) for h in _headings(dest)]
+            slugs += [f"{s}-{i}" for s in set(slugs) for i in range(1, slugs.count(s))]
+            if anchor not in slugs:
+                wrong.append(f"{target}: no heading of {dest.name} has the anchor #{anchor}")
+    return wrong
+
+
+@pytest.mark.parametrize("path", list(_docs()), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_leads_somewhere(path):
+    wrong = link_problems(path)
+    assert not wrong, f"{path.name}: {wrong}"
+
+
+def test_a_broken_link_is_found(tmp_path):
+    (tmp_path / "a.md").write_text("# A title: `x` (y)\n\n[ok](#a-title-x-y) [bad](b.md) "
+                                   "[anchor](#nowhere) [web](https://example.org/x#y)\n")
+    wrong = link_problems(tmp_path / "a.md")
+    assert len(wrong) == 2 and "b.md" in wrong[0] and "#nowhere" in wrong[1], wrong
+
+
+# `docs/kernel-decode.md, "The decode kernel"`: a doc cited with a section title, in the docs and
+# in the sources' comments (a comment's line break and `//` / `#` inside the title allowed).
+CITED = re.compile(r"\b(?:docs/)?([\w-]+)\.md(?:#[\w-]+)?(?:,|:| \(|,? )\s*\\?\"([A-Z`*](?:[^\"\\\n]|"
+                   r"\n\s*(?://|#)?){1,80}?)\\?\"")
+SOURCES = ("README.md", "benchmarks", "docs", "python", "op_host", "op_kernel", "twin",
+           "framework", "scripts", "tests")
+
+
+def _cited_sections():
+    pages = {p.stem: [h.lower() for h in _headings(p)] for p in (ROOT / "docs").glob("*.md")}
+    for top in SOURCES:
+        base = ROOT / top
+        for path in ([base] if base.is_file() else sorted(base.rglob("*"))):
+            if path.suffix not in (".md", ".py", ".h", ".cpp") or path.name == "design-log.md":
+                continue
+            for m in CITED.finditer(path.read_text(encoding="utf-8", errors="replace")):
+                if m.group(1) not in pages:
+                    continue
+                title = re.sub(r"\s+", " ", re.sub(r"\n\s*(?://|#)?", " ", m.group(2))).strip()
+                yield path, m.group(1), title, pages[m.group(1)]
+
+
+def test_every_cited_section_exists():
+    """A doc cited with a section title ("docs/kernel-decode.md, \"The decode kernel\"")
+    has a heading that starts with it, so a page split or a renamed heading cannot leave
+    a pointer to nothing."""
+    wrong = [f"{p.relative_to(ROOT)}: {page}.md, {title!r}"
+             for p, page, title, heads in _cited_sections()
+             if not any(h.startswith(title.lower()) for h in heads)]
+    assert not wrong, "citations of sections no doc has:\n" + "\n".join(wrong)
