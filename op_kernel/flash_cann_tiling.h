@@ -37,7 +37,7 @@ enum class Layout : uint32_t { BNSD = 0, BSND = 1, TND = 2 };
 // The tiling key selects one kernel instantiation: element type, causal, key mask, and
 // whether the features of VariantTiling are compiled in. Decimal fields so a key reads as
 // what it is: FDCM (F: 1 plain, 2 features; D: 0 fp16, 1 bf16). fp16_scores has no forward
-// key: the forward keeps fp32 S (docs/kernel.md, "The fp16-score fast path"). The features
+// key: the forward keeps fp32 S (docs/kernel-backward.md, "The fp16-score fast path"). The features
 // themselves (window, softcap, ALiBi, dropout, sinks) are runtime branches on the tiling
 // data: one FEATURES binary per plain one keeps the count at 16 (docs/kernel.md, "Variants:
 // the tiling key").

@@ -147,11 +147,13 @@ CLAIMS: dict[tuple[str, str], object] = {
         "which backends have varlen is the generated piece; the rest holds for any backend",
     ("docs/kernel.md", "- **Compiles against the public Ascend C headers.**"): COVERAGE,
     ("docs/kernel.md", "The flag keeps a plain call on exactly the plain kernel"): INTERNALS,
+    ("docs/kernel.md", "has no forward key: the forward keeps fp32 S"):
+        "the fp16-score permission (not a feature) on the forward kernel",
     ("docs/kernel.md", "are read by the kernel only when the tiling data says so"):
         _all("alibi", "dropout", "sinks", backends=ASCEND),
-    ("docs/kernel.md", "No key padding mask with TND"): SHARED_CHECK,
-    ("docs/kernel.md", "The sink joins here once"): INTERNALS,
-    ("docs/kernel.md", "TND with a 5-row prefill, a decode row"):
+    ("docs/kernel-decode.md", "No key padding mask with TND"): SHARED_CHECK,
+    ("docs/kernel-decode.md", "The sink joins here once"): INTERNALS,
+    ("docs/kernel-decode.md", "TND with a 5-row prefill, a decode row"):
         _all("kvcache", "varlen", "softcap", backends=["twin"]),
     ("docs/migration.md", "\"Mapped\" = translated exactly"): "the migration table's legend",
     ("docs/migration.md", "0 or > 1 refused as in torch_npu"): SHARED_CHECK,
@@ -178,9 +180,9 @@ CLAIMS: dict[tuple[str, str], object] = {
     ("docs/npu.md", "capture: no host read of an npu tensor in the npu backend's forward"):
         _all(*FEATURES, backends=["npu", "triton"]),
     ("docs/planner.md", "A sliding-window tile visits only the sub-blocks of its band"): INTERNALS,
-    ("docs/planner.md", "The split over cores is the kernel's, on the device"): INTERNALS,
-    ("docs/planner.md", "*How the planner chooses.*"): INTERNALS,
-    ("docs/planner.md", "Dropout misses its 10 %"): _all("dropout", backends=ASCEND),
+    ("docs/schedule-model.md", "The split over cores is the kernel's, on the device"): INTERNALS,
+    ("docs/schedule-model.md", "*How the planner chooses.*"): INTERNALS,
+    ("docs/schedule-model.md", "Dropout misses its 10 %"): _all("dropout", backends=ASCEND),
     ("docs/planner.md", "**Refusals**: the forward's problem checks"): INTERNALS,
 }
 
@@ -209,7 +211,7 @@ POSITIVE: dict[tuple[str, str], object] = {
     ("docs/api.md", "float32 (float64 with float64 inputs on the CPU)"):
         _only_dtype("float64", "cpu"),
     ("docs/api.md", "paged caches through `block_table`; forward only"): _forward_only("kvcache"),
-    ("docs/kernel.md", "Called by both kernels' vector halves"): _all("dropout", backends=ASCEND),
+    ("docs/kernel-decode.md", "Called by both kernels' vector halves"): _all("dropout", backends=ASCEND),
     ("docs/kernel.md", "the features (window, softcap, ALiBi, dropout, sinks) as both kernels' "
                        "tiling data carries them"):
         _all("window", "softcap", "alibi", "dropout", "sinks", backends=ASCEND),
