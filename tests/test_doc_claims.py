@@ -358,3 +358,48 @@ def test_a_planted_support_statement_must_be_classified(planted):
 def test_a_generated_piece_is_not_swept():
     assert not any(is_support_statement(s) for s in units(
         "Dropout runs on <!-- gen:support dropout -->`cpu` only (not `npu`)<!-- /gen -->."))
+
+
+def readme_backends_problems(text: str, spec) -> list[str]:
+    """README's "Backends: which runs where" table: one row per backend of the spec, its
+    device cell naming exactly the device types the backend serves, "(default)" exactly
+    where the spec lists it first for its own device type."""
+    words = {"cpu": "CPU", "cuda": "CUDA", "npu": "NPU"}
+    rows = {}
+    for line in text[text.index("## Backends: which runs where"):].splitlines():
+        m = re.match(r"\| `(\w+)` \(`backends/\w+/`\) \| ([^|]*) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    wrong = [f"no row for backend {name!r}" for name in spec.backends if name not in rows]
+    wrong += [f"row {name!r}: no such backend in the spec" for name in rows
+              if name not in spec.backends]
+    for name, cell in rows.items():
+        if name not in spec.backends:
+            continue
+        b = spec.backends[name]
+        named = {d for d, w in words.items() if re.search(rf"\b{w}\b", cell)}
+        if named != set(b.device_types):
+            wrong.append(f"{name}: the row names {sorted(named)}, the spec {sorted(b.device_types)}")
+        default = spec.backends_for_device(b.device_type)[0].name == name
+        if default != ("(default)" in cell):
+            wrong.append(f"{name}: '(default)' {'missing' if default else 'wrong'} ({cell!r})")
+    return wrong
+
+
+def test_the_readme_backends_table_follows_the_spec():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme_backends_problems(text, load()) == []
+
+
+def test_a_changed_backend_changes_the_readme_backends_verdict():
+    import dataclasses
+    spec = load()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    # twin listed first: the default of CPU tensors; triton no longer on NPUs
+    backends = {"twin": spec.backends["twin"],
+                **{n: b for n, b in spec.backends.items() if n != "twin"}}
+    backends["triton"] = dataclasses.replace(backends["triton"], also_on={})
+    wrong = readme_backends_problems(text, dataclasses.replace(spec, backends=backends))
+    assert any(w.startswith("twin: '(default)' missing") for w in wrong), wrong
+    assert any(w.startswith("cpu: '(default)' wrong") for w in wrong), wrong
+    assert any(w.startswith("triton: the row names") for w in wrong), wrong
