@@ -208,6 +208,14 @@ POSITIVE: dict[tuple[str, str], object] = {
         _same_on("triton", "npu", "cuda"),
     ("README.md", "On the Ascend kernels (`twin`, `npu`) the KV cache is the decode kernel"):
         _all("kvcache", backends=ASCEND),
+    ("README.md", "sinks, head_dim up to 256 with all of them"):
+        lambda spec: spec.head_dim_max == 256 and _all(*FEATURES, backends=ASCEND)(spec),
+    ("docs/kernel-backward.md", "## Features (issue 23): window, ALiBi, softcap, dropout, sinks, "
+                                "head_dim ≤ 256"):
+        lambda spec: spec.head_dim_max == 256 and _all(
+            "window", "alibi", "softcap", "dropout", "sinks", backends=ASCEND)(spec),
+    ("docs/kernel-backward.md", "**head_dim up to 256** with every feature"):
+        lambda spec: spec.head_dim_max == 256,
     ("docs/api.md", "float32 (float64 with float64 inputs on the CPU)"):
         _only_dtype("float64", "cpu"),
     ("docs/api.md", "paged caches through `block_table`; forward only"): _forward_only("kvcache"),
