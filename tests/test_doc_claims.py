@@ -4,19 +4,18 @@ or asserted here against the spec (``flash_cann.contract.spec.load()``), so a fe
 landing in (or leaving) a backend's ``features`` cannot leave a doc saying otherwise.
 
 How: every sentence of README.md, benchmarks/*.md and docs/*.md (docs/design-log.md, the
-history, is exempt; code blocks and generated pieces are skipped) that names a feature and
-says something is refused, lacking, not supported, not yet there, or only somewhere
-(``SWEEP``), must be listed in ``CLAIMS`` with a fragment of its text and either a
-predicate on the spec that holds exactly when the sentence is true, or the reason it is
-not a statement about backend support (a refusal of an argument combination every
-backend shares, a sentence about a kernel's internals). A new such sentence fails
-``test_every_support_statement_is_classified`` until it is generated or classified; a
-spec change that falsifies a listed sentence fails ``test_the_claims_hold``. ``POSITIVE``
-lists the sentences that name a backend's or kernel's features without a negative word
-(the README's status rows, docs/kernel.md, docs/npu.md); docs/api.md's comparison
-table is read cell by cell. The statement forms tests/test_npu_doc_backends.py
-recognises ("runs on the `a` and `b` backends", "until the npu backend lists `f`") are
-checked in every doc too.
+history, is exempt; code blocks and generated pieces are skipped) that names a feature
+and says something is refused, lacking, not supported, not yet there, or only somewhere
+(``is_support_statement``) must be listed in ``CLAIMS`` with a fragment of its text and
+either a predicate on the spec that holds exactly when the sentence is true, or the
+reason it is not a statement about backend support (a refusal every backend shares, a
+kernel's internals). A new such sentence fails ``test_every_support_statement_is_classified``
+until it is generated or classified; a spec change that falsifies a listed sentence
+fails ``test_the_claims_hold``. ``POSITIVE`` lists the sentences that name a backend's or
+kernel's features without a negative word (the README's status rows, the kernel pages,
+docs/npu.md); docs/api.md's comparison table and the README's backends table are read
+cell by cell. The statement forms tests/test_npu_doc_backends.py recognises ("runs on the
+`a` and `b` backends", "until the npu backend lists `f`") are checked in every doc too.
 """
 
 from __future__ import annotations
@@ -132,7 +131,8 @@ CLAIMS: dict[tuple[str, str], object] = {
     ("docs/api.md", "is refused naming `window_size`"): SHARED_CHECK,
     ("docs/api.md", "on the CPU, `block_table` pages and `cache_batch_idx` rows out of range"):
         "a bounds check the cpu backend makes, not a feature",
-    ("docs/api.md", "refused (\"does not support dropout\")"): "flash-attn-npu's, not a flash-cann backend",
+    ("docs/api.md", "refused (\"does not support dropout\")"):
+        "flash-attn-npu's, not a flash-cann backend",
     ("docs/api.md", "`npu_fusion_attention_v2`'s `pse_type`"): "the comparison's sources",
     ("docs/architecture.md", "the argument checks' per-backend features and dtypes"):
         "where the refusals live",
@@ -219,7 +219,8 @@ POSITIVE: dict[tuple[str, str], object] = {
     ("docs/api.md", "float32 (float64 with float64 inputs on the CPU)"):
         _only_dtype("float64", "cpu"),
     ("docs/api.md", "paged caches through `block_table`; forward only"): _forward_only("kvcache"),
-    ("docs/kernel-decode.md", "Called by both kernels' vector halves"): _all("dropout", backends=ASCEND),
+    ("docs/kernel-decode.md", "Called by both kernels' vector halves"):
+        _all("dropout", backends=ASCEND),
     ("docs/kernel.md", "the features (window, softcap, ALiBi, dropout, sinks) as both kernels' "
                        "tiling data carries them"):
         _all("window", "softcap", "alibi", "dropout", "sinks", backends=ASCEND),
@@ -292,7 +293,8 @@ def api_table_problems(text: str, spec) -> list[str]:
     gives the feature to both Ascend backends (twin, npu), "none"/"refused" otherwise."""
     header = next(line for line in text.splitlines()
                   if "flash-cann Ascend kernels (`npu`, `twin`)" in line)
-    column = [c.strip() for c in header.split("|")].index("flash-cann Ascend kernels (`npu`, `twin`)")
+    title = "flash-cann Ascend kernels (`npu`, `twin`)"
+    column = [c.strip() for c in header.split("|")].index(title)
     rows = {}
     for line in text[text.index(header):].splitlines()[2:]:
         if not line.startswith("|"):
@@ -387,7 +389,8 @@ def readme_backends_problems(text: str, spec) -> list[str]:
         b = spec.backends[name]
         named = {d for d, w in words.items() if re.search(rf"\b{w}\b", cell)}
         if named != set(b.device_types):
-            wrong.append(f"{name}: the row names {sorted(named)}, the spec {sorted(b.device_types)}")
+            wrong.append(f"{name}: the row names {sorted(named)}, "
+                         f"the spec {sorted(b.device_types)}")
         default = spec.backends_for_device(b.device_type)[0].name == name
         if default != ("(default)" in cell):
             wrong.append(f"{name}: '(default)' {'missing' if default else 'wrong'} ({cell!r})")

@@ -199,7 +199,8 @@ def link_problems(path: Path) -> list[str]:
         file, _, anchor = target.partition("#")
         dest = (path.parent / file).resolve() if file else path
         if not dest.exists():
-            wrong.append(f"{target}: no file {dest.relative_to(ROOT) if ROOT in dest.parents else dest}")
+            shown = dest.relative_to(ROOT) if ROOT in dest.parents else dest
+            wrong.append(f"{target}: no file {shown}")
         elif anchor and dest.suffix == ".md":
             slugs = [_slug(h) for h in _headings(dest)]
             slugs += [f"{s}-{i}" for s in set(slugs) for i in range(1, slugs.count(s))]
@@ -223,8 +224,8 @@ def test_a_broken_link_is_found(tmp_path):
 
 # `docs/kernel-decode.md, "The decode kernel"`: a doc cited with a section title, in the docs and
 # in the sources' comments (a comment's line break and `//` / `#` inside the title allowed).
-CITED = re.compile(r"\b(?:docs/)?([\w-]+)\.md(?:#[\w-]+)?(?:,|:| \(|,? )\s*\\?\"([A-Z`*](?:[^\"\\\n]|"
-                   r"\n\s*(?://|#)?){1,80}?)\\?\"")
+CITED = re.compile(r"\b(?:docs/)?([\w-]+)\.md(?:#[\w-]+)?(?:,|:| \(|,? )\s*\\?\""
+                   r"([A-Z`*](?:[^\"\\\n]|\n\s*(?://|#)?){1,80}?)\\?\"")
 SOURCES = ("README.md", "benchmarks", "docs", "python", "op_host", "op_kernel", "twin",
            "framework", "scripts", "tests")
 
