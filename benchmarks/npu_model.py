@@ -1,5 +1,5 @@
 """Predicted NPU performance of the forward kernel (PREDICTIONS of the schedule model in
-docs/planner.md; nothing here ran on an NPU).
+docs/schedule-model.md; nothing here ran on an NPU).
 
     python benchmarks/npu_model.py [--out benchmarks/results/npu_model.json]
     python benchmarks/npu_model.py --calibration    # the calibration table (markdown)
@@ -109,7 +109,7 @@ def _cell(value: float | None) -> str:
 
 
 def _print_table(rows: list[dict]) -> None:
-    print("PREDICTIONS of the schedule model at the fitted rates (docs/planner.md: the fit's "
+    print("PREDICTIONS of the schedule model at the fitted rates (docs/schedule-model.md: the fit's "
           "errors, the calibration, the sensitivity); measured = torch_npu (the incumbent) and "
           "PTO on a 910B2, pto-isa README; nothing here ran on an NPU. TFLOP/s:")
     print(f"{'soc':<12} {'dtype':<9} {'D':>3} {'heads':>5} {'causal':>6} {'seqlen':>6} "
@@ -124,7 +124,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def fit_markdown(fit: dict | None = None) -> str:
-    """docs/planner.md's "Fitted model" tables: the figures, then every point."""
+    """docs/schedule-model.md's "Fitted model" tables: the figures, then every point."""
     fit = fit or planner.model_fit()
     f = fit["figures"]
     lines = ["| figure | fitted | on 910B2 |", "|---|---:|---|",
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "npu_model.json"))
     parser.add_argument("--calibration", action="store_true",
-                        help="print only the calibration table (markdown, as in docs/planner.md)")
+                        help="print only the calibration table (markdown, as in docs/schedule-model.md)")
     parser.add_argument("--fit", action="store_true",
                         help="rerun the model's fit to PTO's published tables and print it")
     args = parser.parse_args(argv)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = grid()
     _print_table(rows)
     Path(args.out).write_text(json.dumps({
-        "label": "PREDICTIONS of the schedule model (docs/planner.md), not measurements",
+        "label": "PREDICTIONS of the schedule model (docs/schedule-model.md), not measurements",
         "fit": planner.model_fit(),
         "calibration": [dict(zip(("seqlen", "measured", "modelled", "error"), r))
                         for r in calibration_rows()],

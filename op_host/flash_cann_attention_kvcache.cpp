@@ -10,7 +10,7 @@
 // k_cache and v_cache are the kernel's inputs only: the new key/value are appended to them
 // before the op by contract/kvcache.append (one device op per cache, with the capacity
 // guard), so this op attends to cache_seqlens keys per sequence and refuses key/value
-// (docs/kernel.md, "The decode kernel", says why the append is not in the kernel).
+// (docs/kernel-decode.md, "The decode kernel", says why the append is not in the kernel).
 #include "flash_cann_host_common.h"
 #include "decode_planner.h"
 

@@ -373,7 +373,7 @@ private:
     // are: at p ~ 1 (a peaked row; c = lse / scale is its max) or at p ~ 1 / n (a flat row
     // of n keys; its bulk is near (lse - ln n) / scale), and the rounding error of a score
     // is proportional to |s - c|, so the midpoint ln(n) / 2 halves the worst case of both
-    // (docs/kernel.md, "The fp16-score fast path", has the measured alternatives). n:
+    // (docs/kernel-backward.md, "The fp16-score fast path", has the measured alternatives). n:
     // the causal bound and the window's sides, within [1, seqlenK] (a key mask is not
     // counted); packed sequences: the widest row's, as the pre-pass does not know a row's
     // sequence.

@@ -1,6 +1,6 @@
 // The element type of S = Q K^T between the backward's cube and vector cores: float, or
 // half on the fp16_scores fast path (the grad tiling key's D digit 2; the forward keeps
-// fp32 S: docs/kernel.md, "The fp16-score fast path").
+// fp32 S: docs/kernel-backward.md, "The fp16-score fast path").
 //
 // The Fixpipe converts L0C's fp32 S on its way out: F322F16 rounds to the nearest fp16.
 // No scalar pre-scale exists for an fp32 source on dav-c220 (QF322F16_PRE is Ascend

@@ -8,7 +8,7 @@
 // of each core, blocks, the split count. The per-sequence values -- seqlens_k (the
 // keys after the append), cache_batch_idx, block_table, cache_leftpad, cu_seqlens_q --
 // are read in GM by the kernel. The new keys and values are appended to the caches
-// before the launch (contract/kvcache.append, one device op per cache; docs/kernel.md,
+// before the launch (contract/kvcache.append, one device op per cache; docs/kernel-decode.md,
 // "The decode kernel", says why).
 //
 // GM arguments, the op's inputs then outputs in spec order: query, k_cache, v_cache, key,

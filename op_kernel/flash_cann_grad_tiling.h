@@ -6,7 +6,7 @@
 // Stable interface: later changes are additive only (new fields at the end of
 // GradTilingData, new functions), announced in the commit message.
 //
-// The backward in one paragraph (docs/kernel.md has the timeline):
+// The backward in one paragraph (docs/kernel-backward.md has the timeline):
 //   pre-pass    (AIV) zero the fp32 dQ accumulator; D = rowsum(dO * O) - dLSE per query
 //               row into the workspace; SyncAll.
 //   key pass    core c owns the work units [unitStart[c], unitStart[c+1]) of the

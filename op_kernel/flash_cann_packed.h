@@ -30,7 +30,7 @@
 // not overlap (the cube's round stream now crosses tiles, the vector cores' per-tile
 // epilogue remains; the constant is not re-tuned). Counting sub-blocks + 1 instead (a first version)
 // left the busiest core 1.55x the mean in the schedule model for 7 documents of 16k
-// tokens (short documents' tiles were underpriced); rounds + 2 gives 1.06 (docs/planner.md).
+// tokens (short documents' tiles were underpriced); rounds + 2 gives 1.06 (docs/schedule-model.md).
 // A tile that sees no key still costs its fill/drain share (it writes its rows). Work of a backward unit: its steps (query
 // blocks x group), + 1 for the unit's K/V load and dK/dV write-out; of a query unit of the
 // deterministic dQ's query pass: its key blocks, + 1 for its Q/dO load and dQ write-out.

@@ -37,10 +37,10 @@ enum class Layout : uint32_t { BNSD = 0, BSND = 1, TND = 2 };
 // The tiling key selects one kernel instantiation: element type, causal, key mask, and
 // whether the features of VariantTiling are compiled in. Decimal fields so a key reads as
 // what it is: FDCM (F: 1 plain, 2 features; D: 0 fp16, 1 bf16). fp16_scores has no forward
-// key: the forward keeps fp32 S (docs/kernel.md, "The fp16-score fast path"). The features
+// key: the forward keeps fp32 S (docs/kernel-backward.md, "The fp16-score fast path"). The features
 // themselves (window, softcap, ALiBi, dropout, sinks) are runtime branches on the tiling
-// data: one FEATURES binary per plain one keeps the count at 16 (docs/kernel.md, "Tiling
-// keys").
+// data: one FEATURES binary per plain one keeps the count at 16 (docs/kernel.md, "Variants:
+// the tiling key").
 constexpr uint64_t TilingKey(uint32_t isBf16, uint32_t causal, uint32_t hasMask,
                              uint32_t features)
 {
@@ -71,7 +71,7 @@ struct TilingData {
     //             ring; else blockQ / 2 (256-row tiles at head_dim 128): the cube works on
     //             the tile in row halves, Q from L1 into L0A per product, O of one half
     //             accumulated over the round's stack, then the other (docs/kernel.md,
-    //             "The cube in row halves").
+    //             "The cube in row passes").
     //   blockK    key sub-block: the unit of one cube product (S = Q K^T of blockK keys,
     //             or the P.V contribution of blockK keys) and of the K/V/P L1 loads.
     //   keyStack  sub-blocks per round: one round = blockK * keyStack keys, at most

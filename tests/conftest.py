@@ -21,7 +21,7 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # listed here, so a new module is in the full tier until someone measures it.
 FAST_MODULES = {"test_api.py", "test_errors.py", "test_ops.py", "test_spec.py", "test_layering.py",
                 "test_reference.py", "test_accuracy.py", "test_host_path.py",
-                "test_mutants.py", "test_serving.py", "test_docs.py"}
+                "test_mutants.py", "test_serving.py", "test_docs.py", "test_doc_claims.py"}
 
 
 # Tests of other modules in the fast tier, by name prefix: cheap and central.

@@ -1,4 +1,4 @@
-"""benchmarks/npu_model.py: the calibration and fit tables in docs/planner.md are the ones
+"""benchmarks/npu_model.py: the calibration and fit tables in docs/schedule-model.md are the ones
 the model generates, the committed fit is what the fit reproduces, and every row of the
 prediction grid is labelled and sane."""
 
@@ -25,8 +25,8 @@ def test_calibration_table_in_docs_is_generated():
     built("planner/libflash_cann_planner.so")
     model = _npu_model()
     table = model.calibration_markdown()
-    doc = (ROOT / "docs" / "planner.md").read_text()
-    assert table in doc, f"docs/planner.md: stale calibration table; it should be:\n{table}"
+    doc = (ROOT / "docs" / "schedule-model.md").read_text()
+    assert table in doc, f"docs/schedule-model.md: stale calibration table; it should be:\n{table}"
     assert all(abs(err) <= model.TOLERANCE for *_, err in model.calibration_rows())
 
 
@@ -40,7 +40,7 @@ def test_prediction_row_carries_the_incumbent_figures():
 
 def test_fit_reproduces_the_committed_figures_and_residuals():
     """Reruns the fit (op_host/planner/model_fit.cpp, ~1.5 s): it must land on the figures
-    committed in engine_rates.cpp with the same residuals, docs/planner.md must hold its
+    committed in engine_rates.cpp with the same residuals, docs/schedule-model.md must hold its
     tables, and the incumbent's held-out calibration points must stay within +-15 %."""
     from flash_cann.ascend import planner
     built("planner/libflash_cann_planner.so")
@@ -54,8 +54,8 @@ def test_fit_reproduces_the_committed_figures_and_residuals():
     for a, b in zip(refit["points"], committed["points"]):
         assert a["modelled_us"] == pytest.approx(b["modelled_us"], rel=1e-9), (a["table"], a["what"])
     table = model.fit_markdown(committed)
-    doc = (ROOT / "docs" / "planner.md").read_text()
-    assert table in doc, f"docs/planner.md: stale fit tables; they should be:\n{table}"
+    doc = (ROOT / "docs" / "schedule-model.md").read_text()
+    assert table in doc, f"docs/schedule-model.md: stale fit tables; they should be:\n{table}"
     checks = [p for p in committed["points"] if p["role"].startswith("check")]
     assert len(checks) == 4 and all(abs(p["error"]) <= model.TOLERANCE for p in checks)
     fitted = [p for p in committed["points"] if p["weight"] > 0]

@@ -329,7 +329,8 @@ def test_cli_unknown_soc_lists_the_known_ones():
     assert ("flash-cann: error: unknown SoC 'ascend910b'; choose one of ascend910b1, "
             "ascend910b2, ascend910b3, ascend910b4, ascend910_93 (any case)") in result.stderr
 
-# docs/planner.md's prediction tables are generated from planner_tests' report lines;
+# docs/planner.md's and docs/schedule-model.md's prediction tables are generated from
+# planner_tests' report lines;
 # these build them, and the test below fails (printing the table) when they drift.
 _TARGET = re.compile(r"targets: forward (non-causal|causal) +seqlen +(\d+): ([\d.]+)% of cube "
                      r"peak \((\d+) TFLOP/s\), work imbalance ([\d.]+), modelled core time "
@@ -389,17 +390,20 @@ def doc_tables(report: str) -> dict[str, str]:
 
 
 def test_docs_prediction_tables_are_generated(planner_tests_run):
-    """docs/planner.md holds exactly the tables planner_tests' report generates."""
+    """docs/planner.md and docs/schedule-model.md hold exactly the tables planner_tests'
+    report generates."""
     report = planner_tests_run.stdout
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = (docs / "planner.md").read_text() + (docs / "schedule-model.md").read_text()
     for name, table in doc_tables(report).items():
         assert table.count("\n") >= 3, f"{name}: no report lines parsed"
-        assert table in doc, f"docs/planner.md: the {name} table is stale; it should be:\n{table}"
+        assert table in doc, (f"docs/planner.md / schedule-model.md: the {name} table is stale; "
+                              f"it should be:\n{table}")
 
 
 # --------------------------------------------------------------------------------------
 # Per-SoC hardware figures, pinned against the sources platform.cpp and engine_rates.cpp
-# cite (docs/planner.md, "Hardware figures"), and one prediction per SoC.
+# cite (docs/schedule-model.md, "Hardware figures"), and one prediction per SoC.
 # --------------------------------------------------------------------------------------
 
 # SoC: (AI cores, cube clock GHz). Core counts: ops-transformer's UT platform stub

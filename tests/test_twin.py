@@ -2,7 +2,7 @@
 (twin/): the twin's rule checks fire, and the kernel matches the float64 oracle
 across dtypes, masks, GQA, head dims, tails and core counts.
 
-What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")."""
+What this verifies and what it cannot: docs/twin.md and docs/kernel-backward.md ("What the twin proves")."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ gradients; the deterministic dQ variant gets no atomic adds from two cores in an
 the hardware does not fix (the race detector's report; the fast variant does) and is
 bitwise repeatable across runs and across core counts that split the work differently.
 
-What this verifies and what it cannot: docs/kernel.md ("What the twin verifies")."""
+What this verifies and what it cannot: docs/twin.md and docs/kernel-backward.md ("What the twin proves")."""
 
 from __future__ import annotations
 

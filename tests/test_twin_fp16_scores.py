@@ -5,9 +5,9 @@ error of out, lse, dq, dk, dv) must be <= 3x the default (fp32-score) path's, pe
 The path: the forward keeps fp32 S (fp16_scores=True runs the default forward, bit for
 bit: its fp16-S variant broke the rule, lse by 100-2000x and out by 15.8x at large
 logits, and was removed), then the fast backward, which rounds S - c to fp16, c a per-row
-offset from lse (docs/kernel.md, "The fp16-score fast path"). It keeps the rule in every
+offset from lse (docs/kernel-backward.md, "The fp16-score fast path"). It keeps the rule in every
 cell of these cases; KNOWN_VIOLATIONS lists the cells that break it (none), and the test
-fails on a cell that breaks it unlisted or a listed one that keeps it. docs/kernel.md has
+fails on a cell that breaks it unlisted or a listed one that keeps it. docs/kernel-backward.md has
 the shape the backward misses (peaked rows over 4096 keys), measured once, not run here.
 
 Scores past fp16's range (|S - c| > 65504) overflow to inf in the Fixpipe (the twin does
@@ -47,7 +47,7 @@ CASES = {
 METRICS = [f"{name} {kind}" for name in ("out", "lse", "dq", "dk", "dv")
            for kind in ("max", "mean")]
 # (case, metric) cells where the fast path's error exceeds RULE x the default path's, as
-# measured on the twin (ratios in docs/kernel.md): none.
+# measured on the twin (ratios in docs/kernel-backward.md): none.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
@@ -118,7 +118,7 @@ def test_the_forward_with_fp16_scores_is_the_default_forward(runs):
 def test_fast_path_keeps_the_accuracy_rule(runs):
     """Issue 25's rule, cell by cell (out, lse, dq, dk, dv; max and mean): a violation not
     in KNOWN_VIOLATIONS fails, and so does a listed cell that keeps the rule (update
-    KNOWN_VIOLATIONS and docs/kernel.md's ratios)."""
+    KNOWN_VIOLATIONS and docs/kernel-backward.md's ratios)."""
     table = {(case, metric): ratio for case, run in runs.items()
              for metric, ratio in run["ratios"].items()}
     print("\n" + "\n".join(f"{case:<14} {metric:<8} {ratio:8.2f}"

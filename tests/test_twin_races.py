@@ -8,7 +8,7 @@ A queue hand-off that another hand-off between the same pipes, issued later, alr
 orders counts as "covered" only when dropping both makes the detector report a race on
 the buffer of the queue itself. PipeBarriers that no mutation catches are listed in
 GUARDS_NOTHING (reported to the lead; this file asserts they still guard nothing, so the
-list cannot go stale). The table is docs/kernel.md's "Mutation table", regenerated with
+list cannot go stale). The table is docs/twin.md's "Mutation table", regenerated with
 FLASH_CANN_REGENERATE_DOCS=1.
 """
 
@@ -28,7 +28,7 @@ from conftest import make_qkv, random_key_padding_mask
 from native_build import built
 from flash_cann.contract.variant import Variant
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "kernel.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "twin.md"
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
 
 # Every kind whose removal must be caught (or, for hand-offs, shown covered).
@@ -172,7 +172,7 @@ def _markdown(rows) -> str:
 
 
 def _doc_markdown(rows) -> str:
-    """docs/kernel.md's table: the sites counted per file, kind and verdict. Sites are
+    """docs/twin.md's table: the sites counted per file, kind and verdict. Sites are
     named by source line in the twin (and in the printed per-site table above); the doc
     cites no line numbers, so it changes only when a verdict or a site count does."""
     counts: dict[tuple[str, str, str], int] = {}
@@ -205,5 +205,5 @@ def test_the_table_in_the_docs_is_current(table):
         DOC.write_text(text[:begin] + current + text[end:])
         return
     assert text[begin:end] == current, (
-        "docs/kernel.md's mutation table is stale: FLASH_CANN_REGENERATE_DOCS=1 pytest "
+        "docs/twin.md's mutation table is stale: FLASH_CANN_REGENERATE_DOCS=1 pytest "
         "tests/test_twin_races.py")

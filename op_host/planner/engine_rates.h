@@ -2,7 +2,7 @@
 // rates of every engine, vector instruction costs, shared L2 and HBM bandwidth, and the
 // fixed latencies. PREDICTION inputs only: nothing here decides correctness.
 //
-// Sources (docs/planner.md, "Hardware figures", says which we trust and why):
+// Sources (docs/schedule-model.md, "Hardware figures", says which we trust and why):
 //   per-core rates, vector costs  MindStudio operator modelling tables, PyPI `msopmodeling`
 //                                 1.0.9, tilesim/core/config/arc_config/910B1/
 //                                 bandwidth_910B1.csv and vec_cycle_910B1.csv (910B1 at

@@ -3,7 +3,7 @@
 // flash_atten/README.md), with the incumbent's column of the same 910B2 table as a
 // held-out check. PREDICTION machinery: nothing here decides correctness.
 //
-// What is fitted, and against what (docs/planner.md, "Fitted model"):
+// What is fitted, and against what (docs/schedule-model.md, "Fitted model"):
 //   - the time per key of one CUBE_S0 block on 1 and 2 cores, from the difference of the
 //     S1 = 8k and 4k columns (the tables' large fixed term cancels; no L2 contention);
 //   - PTO's 24-core 910B2 column, 1k..32k (S0 = S1, B1 H1 D128 fp16, non-causal).

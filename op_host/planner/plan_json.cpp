@@ -189,7 +189,7 @@ void WriteGradTiling(std::ostringstream& out, const GradTilingData& t)
 void WritePrediction(std::ostringstream& out, const Prediction& p, const Platform& platform)
 {
     Object o(out);
-    o.Key("label") << Quote("PREDICTION of the schedule model (docs/planner.md), not a measurement");
+    o.Key("label") << Quote("PREDICTION of the schedule model (docs/schedule-model.md), not a measurement");
     o.Key("design") << Quote(p.design);
     o.Key("seconds") << p.seconds;
     o.Key("launch_seconds") << p.launchSeconds;
@@ -360,7 +360,7 @@ std::string GradPlanToJson(const GradPlanResult& result, const GradPlanRequest& 
             const BackwardPrediction p = PredictGradPlan(plan, request, platform);
             o.Key("prediction");
             Object op(out);
-            op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/planner.md), "
+            op.Key("label") << Quote("PREDICTION of the backward schedule model (docs/schedule-model.md), "
                                      "not a measurement");
             op.Key("seconds") << p.seconds;
             op.Key("pre_seconds") << p.preSeconds;
@@ -428,7 +428,7 @@ std::string DecodePlanToJson(const DecodePlanResult& result, const DecodeRequest
         const DecodePrediction p = PredictDecode(plan, request, platform, keys);
         o.Key("prediction");
         Object op(out);
-        op.Key("label") << Quote("PREDICTION of the decode schedule model (docs/planner.md, \"Decode\"), "
+        op.Key("label") << Quote("PREDICTION of the decode schedule model (docs/planner.md, \"The decode plan\"), "
                                  "not a measurement");
         op.Key("keys_per_sequence") << keys;
         op.Key("seconds") << p.seconds;
@@ -451,7 +451,7 @@ std::string FitToJson(const FitResult& fit, const Platform& platform)
     {
     Object o(out);
     o.Key("label") << Quote("the schedule model's figures fitted to hw-native-sys/pto-isa's published "
-                            "flash_atten tables (docs/planner.md, \"Fitted model\")");
+                            "flash_atten tables (docs/schedule-model.md, \"Fitted model\")");
     const FittedFigures& f = fit.figures;
     const EngineRates r = RatesFor(platform, f);
     o.Key("figures");

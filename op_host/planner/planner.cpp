@@ -34,7 +34,7 @@ constexpr uint32_t kMaxBuffersPerPipe = 64;
 
 // Keys per round (blockK x keyStack): 512, or kMaxRoundKeys (1024) for non-causal key
 // sequences of at least kWideRoundKeys keys at head_dim >= kWideRoundHeadDim, where UB
-// allows. There the schedule model (docs/planner.md) predicts that halving the O
+// allows. There the schedule model (docs/schedule-model.md) predicts that halving the O
 // write-outs and cross-core hand-overs per key outweighs having half as many rounds per
 // tile to pipeline; for shorter sequences, head_dim 64 and causal tiles (which compute a
 // whole round on the diagonal) it predicts a loss.

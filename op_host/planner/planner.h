@@ -41,7 +41,7 @@ struct PlanRequest {
     int64_t tokensK = 0;
     // fp16_scores: the backward may hold S = Q K^T in fp16 (fp16 inputs only; refused
     // otherwise, forward and backward alike). The forward plans as without it: it keeps
-    // fp32 S (docs/kernel.md, "The fp16-score fast path").
+    // fp32 S (docs/kernel-backward.md, "The fp16-score fast path").
     bool fp16Scores = false;
     // The 256-row tile in row passes (TilingData cubeRows): 0 where the schedule model
     // predicts it faster (MakePlan), 1 wherever it fits, -1 never (tests force it at small

@@ -9,7 +9,7 @@
 // dependencies the design allows (data, cross-core flags with their latency, buffer
 // reuse, in-order pipes) and runs it on a Timeline. Long tiles are extrapolated from
 // the simulated steady state; the shared L2 and HBM bandwidths bound the result from
-// below. docs/planner.md gives the figures, their sources and the calibration.
+// below. docs/schedule-model.md gives the figures, their sources and the calibration.
 #ifndef FLASH_CANN_PLANNER_SCHEDULE_MODEL_H
 #define FLASH_CANN_PLANNER_SCHEDULE_MODEL_H
 
@@ -117,7 +117,7 @@ struct KernelDesign {
     double scoreBytes = 4;       // S from Fixpipe to the vector cores
     bool widenScores = false;    // fp16 S (fp16_scores): the vector widens each slice to
                                  // fp32 and clamps it (ScoreWidenProgram) before the softmax
-    // fp16 S with a per-row offset (a design change, not built; docs/kernel.md, "The
+    // fp16 S with a per-row offset (a design change, not built; docs/kernel-backward.md, "The
     // fp16-score fast path"): the cube subtracts c, the running max the vector hands back
     // with P (kScoresAhead + 1 rounds late), by one more Mmad of depth scoreOffsetColumns
     // per sub-block on an offset panel loaded per round (GM -> L1 -> L0A); the first

@@ -181,7 +181,7 @@ void CheckBackward(const GradTilingData& t, const HostSeqlens& cu, uint32_t core
 // The schedule model's prediction (910B2, fp16, head_dim 128, causal, 16 query heads, 16
 // kv heads) for a packed batch of documents (lengths summing to the tokens), against the
 // dense batch with the same tokens: `dense` sequences of tokens / dense rows each.
-// Printed as report lines for docs/planner.md: PREDICTIONS, not measurements.
+// Printed as report lines for docs/schedule-model.md: PREDICTIONS, not measurements.
 void ReportVarlenPrediction(const char* name, const std::vector<int32_t>& lengths, int64_t denseBatch)
 {
     const Platform b2 = *FindPlatform("Ascend910B2");

@@ -419,7 +419,7 @@ void TestTargetsReport()
 // The fp16-score fast path (fp16_scores): the forward plans exactly as without it (it keeps
 // fp32 S), the backward holds S in fp16. Printed for the log, not asserted (the model must
 // not be tuned to a target): the backward's predictions beside the default path's, and the
-// forward's fp16-S designs, which are not built (docs/kernel.md, "The fp16-score fast
+// forward's fp16-S designs, which are not built (docs/kernel-backward.md, "The fp16-score fast
 // path": they fail issue 25's accuracy gate).
 void TestFp16ScoresReport()
 {
@@ -769,7 +769,7 @@ void TestDropoutCost()
 
 }  // namespace
 
-// The features' predicted cost (issue 23; printed for the log and docs/planner.md's
+// The features' predicted cost (issue 23; printed for the log and docs/schedule-model.md's
 // FEATURES table, not asserted against the targets: the model must not be tuned to them):
 // 910B2, fp16, D 128, batch 1, 16 heads, 16k non-causal, each feature alone against the
 // plain kernel; a 4k sliding window at 32k against full attention; D 256. Asserted: the
@@ -834,7 +834,7 @@ void TestFeaturesReport()
 }
 
 // The headline predictions at the fitted rates and with the Fixpipe or the shared-L2 rate
-// scaled by 0.77 and 1.3 (docs/planner.md's SENSITIVITY table; printed, not asserted):
+// scaled by 0.77 and 1.3 (docs/schedule-model.md's SENSITIVITY table; printed, not asserted):
 // 910B2, fp16, D 128, batch 1, 16 heads. Each cell: % of cube peak, then the binding
 // engine and its busy share of the slowest core (the shared L2 first when its floor sets
 // the time).

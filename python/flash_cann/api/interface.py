@@ -251,7 +251,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             rounds S - c, c from lse); the forward runs the default fp32-S path (out and
             softmax_lse exactly the default's). Error against exact attention, measured on
             the twin: within 3x the default path's for every output at the tested shapes
-            (docs/kernel.md, "The fp16-score fast path"). fp16 inputs only: refused for
+            (docs/kernel-backward.md, "The fp16-score fast path"). fp16 inputs only: refused for
             bfloat16 (an 8-bit mantissa rounds scores 8x coarser) and float32. A
             permission: backends without a fast path (cpu, triton) compute at their
             default precision, as torch's allow_fp16_reduced_precision_reduction.

@@ -102,7 +102,7 @@ def _pct(used: int, capacity: int) -> str:
 
 
 def _print_prediction(pred: dict, plat: dict) -> None:
-    print(f"PREDICTION (schedule model of docs/planner.md, fitted to PTO's published 910B2 "
+    print(f"PREDICTION (schedule model of docs/schedule-model.md, fitted to PTO's published 910B2 "
           f"tables within -13..+11 % in time, the incumbent's held out within -13..+5 %; not a "
           f"measurement, nothing here ran on an NPU)")
     print(f"  design     {pred['design']}")
@@ -237,7 +237,7 @@ def _backward_report(p: dict, deterministic: bool) -> None:
         print("\nPREDICTION: none for packed sequences (the backward model walks the planner's "
               "split; the kernel's is on the device)")
         return
-    print("\nPREDICTION (backward schedule model of docs/planner.md; not a measurement, nothing "
+    print("\nPREDICTION (backward schedule model of docs/schedule-model.md; not a measurement, nothing "
           "here ran on an NPU)")
     print(f"  time       {pred['seconds'] * 1e3:.3f} ms (pre-pass {pred['pre_seconds'] * 1e3:.3f} "
           f"+ main loop {pred['main_seconds'] * 1e3:.3f} + post-pass "
@@ -265,7 +265,7 @@ def _decode_report(p: dict) -> None:
           f"{'paged' if t['paged'] else 'contiguous'} cache of {t['capacity']} keys per sequence")
     print(f"workspace  {p['user_workspace_bytes']:,} bytes")
     _memory_lines(p)
-    print(f"\nPREDICTION (decode schedule model of docs/planner.md, \"Decode\"; the forward "
+    print(f"\nPREDICTION (decode schedule model of docs/planner.md, \"The decode plan\"; the forward "
           f"model's fitted engine rates, not calibrated against any decode measurement; nothing "
           f"here ran on an NPU), every sequence holding {pred['keys_per_sequence']} keys")
     print(f"  time       {pred['seconds'] * 1e6:.1f} us (launch {pred['launch_seconds'] * 1e6:.1f} us + "

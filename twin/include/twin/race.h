@@ -13,7 +13,7 @@
 // happened (LaunchReport::unorderedAtomicAdds), the structural check of a deterministic
 // kernel variant.
 //
-// The ordering model (docs/kernel.md, "The race detector"):
+// The ordering model (docs/twin.md, "The race detector"):
 // - a pipe issues its instructions in order, but a later one may overlap an earlier one:
 //   a dependency within one pipe needs PipeBarrier<pipe> (asc-devkit docs, PipeBarrier:
 //   "same-pipe instructions with a data dependency need this barrier"); exceptions the
