@@ -151,14 +151,17 @@ def write(rows: list[dict], out: Path, tag: str, environment: dict) -> list[Path
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"npu_attention: matplotlib not installed, no {stem}.png", file=sys.stderr)
+        print(f"npu_attention: matplotlib is not installed, so no {stem}.png was drawn; "
+              f"{written[0]} has every result (send it back; pip install matplotlib for the "
+              "plot)", file=sys.stderr)
         return written
     panels = sorted({(r["mode"], r["causal"], r["head_dim"], r["dtype"]) for r in rows})
     fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(7, 3 * len(panels)))
     for ax, (mode, causal, head_dim, dtype) in zip(axes[:, 0], panels):
         for impl in sorted({r["impl"] for r in rows}):
-            pts = [r for r in rows if (r["impl"], r["mode"], r["causal"], r["head_dim"],
-                                       r["dtype"]) == (impl, mode, causal, head_dim, dtype)]
+            pts = sorted((r for r in rows if (r["impl"], r["mode"], r["causal"], r["head_dim"],
+                                              r["dtype"]) == (impl, mode, causal, head_dim, dtype)),
+                         key=lambda r: r["seqlen"])  # a line left to right, whatever --seqlens' order
             ax.plot([r["seqlen"] for r in pts], [r["tflops"] for r in pts], "o-", label=impl)
         ax.set(title=f"{mode} {dtype} d{head_dim} {'causal' if causal else 'non-causal'}",
                xscale="log", xlabel="seqlen", ylabel="TFLOP/s")

@@ -13,6 +13,7 @@
 #include "register/op_def_registry.h"
 #include "tiling/platform/platform_ascendc.h"
 
+#include "flash_cann_cann_compat.h"
 #include "flash_cann_contract.h"
 #include "planner.h"
 
@@ -316,7 +317,8 @@ ge::graphStatus WritePlan(gert::TilingContext* context, const Tiling& tiling, ui
                      raw ? raw->GetCapacity() : size_t{0}, sizeof(tiling));
     std::memcpy(raw->GetData(), &tiling, sizeof(tiling));
     raw->SetDataSize(sizeof(tiling));
-    context->SetBlockDim(blockDim);
+    FLASH_CANN_CHECK(context, flash_cann::cann::SetNumBlocks(context, blockDim) == ge::GRAPH_SUCCESS,
+                     "%s(%u) failed", flash_cann::cann::kNumBlocksApi, blockDim);
     context->SetTilingKey(tilingKey);
     FLASH_CANN_CHECK(context, context->SetScheduleMode(scheduleMode) == ge::GRAPH_SUCCESS,
                      "SetScheduleMode(%u) failed", scheduleMode);

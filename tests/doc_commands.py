@@ -26,3 +26,27 @@ def documented_commands(paths, pattern: re.Pattern) -> dict[str, list[str]]:
                 if pattern.match(command):
                     found.setdefault(command, []).append(path.name)
     return found
+
+
+ALL_DOCS = (ROOT / "README.md", ROOT / "docs" / "npu.md", ROOT / "docs" / "packaging.md")
+ANY_COMMAND = re.compile(r"^[^#\s]")  # a line of shell, not a comment or a blank
+
+
+def every_command(paths=ALL_DOCS) -> dict[str, list[str]]:
+    """Every command line of the docs' fenced bash blocks, with the files printing it."""
+    return documented_commands(paths, ANY_COMMAND)
+
+
+def clean_copy(dest: Path) -> Path:
+    """The repository's files as a fresh clone has them (tracked, or untracked and not
+    ignored), nothing built: what a user runs the docs' commands in."""
+    import shutil
+    import subprocess
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest

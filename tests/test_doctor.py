@@ -92,7 +92,7 @@ def test_on_the_fake_npu_each_part_is_found_and_the_smoke_runs(build, tmp_path):
     done = _doctor(_server(tmp_path, build), "--json")
     checks = _by_name(done)
     for name in ("cann toolkit", "cann compiler", "npu driver", "visible npus", "torch_npu",
-                 "op package", "op package aclnn symbols", "op package op proto",
+                 "torchair", "op package", "op package aclnn symbols", "op package op proto",
                  "npu extension", "soc", "plan"):
         assert checks[name]["status"] == "ok", (name, checks[name], done.stderr)
     assert "8.3.RC1" in checks["cann toolkit"]["detail"]
@@ -102,6 +102,7 @@ def test_on_the_fake_npu_each_part_is_found_and_the_smoke_runs(build, tmp_path):
     # another vendor's library comes first on ASCEND_CUSTOM_OPP_PATH: ours is the one found
     assert str(tmp_path / "vendors" / "flash_cann") in checks["op package"]["detail"]
     assert "Ascend910B2" in checks["plan"]["detail"]
+    assert "the copy torch_npu" in checks["torchair"]["detail"]
     smoke = [c for name, c in checks.items() if name.startswith("smoke ")]
     assert [c["name"] for c in smoke] == [f"smoke {case.name}" for case in doctor._smoke_cases()]
     # the fake kernels do not compute attention: each case is run and judged, none passes
@@ -147,3 +148,84 @@ def test_the_smoke_passes_when_the_npu_agrees_with_the_cpu(monkeypatch):
     assert check.status == "fail" and "0.1" in check.detail
     assert calls == ["meta-npu", "cpu"]
     del torch
+
+
+def _printed(pattern: str) -> list[str]:
+    import re
+
+    from doc_commands import ALL_DOCS, documented_commands
+    found = documented_commands(ALL_DOCS, re.compile(pattern))
+    assert found, f"no line matching {pattern!r} in the docs"
+    return list(found)
+
+
+def _on_path(env: dict) -> dict:
+    """PATH starting with this Python's bin directory, as in the activated environment the
+    docs' commands run in (`python`, and the `flash-cann` script that `pip install -e .`
+    installs)."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "flash-cann").is_file(), (
+        f"no flash-cann script in {bin_dir}: install the package (pip install -e .)")
+    return dict(env, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}")
+
+
+def test_the_documented_doctor_command_runs_as_printed(build, tmp_path):
+    """README's `flash-cann doctor`, run with bash as printed: without an NPU it names the
+    missing parts and exits 1; on the fake NPU every part is found and the smoke runs (and
+    fails: the fake kernels compute no attention)."""
+    for command in _printed(r"^flash-cann doctor$"):
+        bare = subprocess.run(["bash", "-c", command], env=_on_path(_bare_env(tmp_path)),
+                              capture_output=True, text=True)
+        assert bare.returncode == 1, bare.stderr
+        assert "[fail] op package" in bare.stdout and "check(s) failed" in bare.stdout
+        server = subprocess.run(["bash", "-c", command],
+                                env=_on_path(_server(tmp_path / "server", build)),
+                                capture_output=True, text=True)
+        assert server.returncode == 1, server.stderr
+        failed = server.stdout.splitlines()[-1]
+        smoke = len(doctor._smoke_cases())
+        assert failed.startswith(f"{smoke} check(s) failed: smoke "), server.stdout
+        assert "[  ok] npu extension" in server.stdout
+
+
+def test_the_documented_readiness_check_runs_as_printed(build, tmp_path):
+    """docs/npu.md's one-line check, as printed: here it names the first missing piece
+    (torch_npu) with its fix; on the fake NPU it says the backend is ready."""
+    for command in _printed(r"^python -c \"from flash_cann.backends.npu import launcher"):
+        bare = subprocess.run(["bash", "-c", command], env=_on_path(_bare_env(tmp_path)),
+                              capture_output=True, text=True)
+        assert bare.returncode == 0, bare.stderr
+        assert bare.stdout.startswith("torch_npu is not installed: install torch_npu"), bare.stdout
+        ready = subprocess.run(["bash", "-c", command],
+                               env=_on_path(_server(tmp_path / "server", build)),
+                               capture_output=True, text=True)
+        assert (ready.returncode, ready.stdout) == (0, "NPU backend ready\n"), ready.stderr
+
+
+def test_the_smoke_covers_every_feature_the_spec_gives_the_npu():
+    """Item 3 of issue 40: forward and backward of each feature on the NPU. A feature the
+    spec adds to the npu backend fails this until a smoke case exercises it."""
+    from flash_cann.contract.spec import load
+
+    covered = {feature for case in doctor._smoke_cases() for feature in case.features}
+    assert set(load().backends["npu"].features) - covered == set()
+    assert len({case.name for case in doctor._smoke_cases()}) == len(doctor._smoke_cases())
+
+
+def test_torchair_matches_torch_npu_only_as_the_copy_torch_npu_ships(tmp_path):
+    from types import SimpleNamespace
+
+    torch_npu = SimpleNamespace(__file__=str(tmp_path / "site/torch_npu/__init__.py"),
+                                __version__="2.13.0")
+    shipped = [SimpleNamespace(__name__="torch_npu.dynamo.torchair", __version__="0.1",
+                               __file__=str(tmp_path / "elsewhere/torchair/__init__.py")),
+               SimpleNamespace(__name__="torchair", __version__="0.1", __file__=str(
+                   tmp_path / "site/torch_npu/dynamo/torchair/__init__.py"))]
+    for torchair in shipped:
+        check = doctor.check_torchair_origin(torchair, torch_npu)
+        assert check.status == "ok" and "the copy torch_npu 2.13.0 ships" in check.detail
+    separate = SimpleNamespace(__name__="torchair", __version__="0.2",
+                               __file__=str(tmp_path / "site/torchair/__init__.py"))
+    check = doctor.check_torchair_origin(separate, torch_npu)
+    assert check.status == "fail" and "cannot be checked" in check.detail
+    assert "pip uninstall torchair" in check.fix

@@ -199,3 +199,42 @@ def test_a_symbol_missing_from_libtorch_npu_is_reported(tmp_path):
                     "-ltorch_npu"], check=True)
     missing, _ = unresolved_symbols(ext, lib)
     assert missing == {"flash_cann_not_in_torch_npu"}
+
+
+WHEEL_INSTALL = re.compile(r"^pip install build_out/flash_cann_npu-\*\.whl$")
+WHEEL_BUILD = "pip wheel --no-build-isolation --no-deps -w build_out ./framework"
+
+
+def test_the_documented_wheel_builds_and_installs(installed, tmp_path):
+    """The other route of docs/npu.md: `./build.sh` builds the extension as a wheel in
+    build_out/ (its own line, run here through bash with build.sh's variables, in the clean
+    copy: the rest of that build needs CANN), then `pip install build_out/flash_cann_npu-*.whl`
+    as printed installs it into a fresh environment, where it resolves like the other."""
+    source = (ROOT / "build.sh").read_text()
+    (line,) = [l.strip() for l in source.splitlines() if l.strip().startswith("python3 -m pip wheel ")]
+    # build.sh's line is the printed one, with build.sh's directories and its python3
+    assert line.replace("python3 -m ", "", 1).replace('"$build_out"', "build_out") \
+        .replace('"$repo/framework"', "./framework") == WHEEL_BUILD, line
+    assert f"`{WHEEL_BUILD}`" in (ROOT / "docs" / "packaging.md").read_text()
+    help_text = subprocess.run(["bash", str(ROOT / "build.sh"), "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert WHEEL_BUILD in help_text
+    clone = installed["clone"]
+    build_env, build_site = _environment(tmp_path / "build")
+    _torch_npu_package(installed["wheel"], build_site)
+    built = subprocess.run(["bash", "-c", f'repo=$1 build_out=$1/build_out; {line}', "_",
+                            str(clone)], cwd=clone, env=build_env, capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert sorted(p.name for p in (clone / "build_out").glob("flash_cann_npu-*.whl")), \
+        sorted(p.name for p in (clone / "build_out").iterdir())
+    env, site = _environment(tmp_path / "install")
+    _torch_npu_package(installed["wheel"], site)
+    commands = documented_commands(DOCS, WHEEL_INSTALL)
+    assert commands, f"no `pip install build_out/flash_cann_npu-*.whl` in {[p.name for p in DOCS]}"
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, f"`{command}`:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    (extension,) = site.glob("flash_cann_npu/_launcher*.so")
+    missing, libraries = unresolved_symbols(extension, installed["wheel"] / "lib" / "libtorch_npu.so")
+    assert not missing, (sorted(missing)[:20], libraries)

@@ -59,3 +59,88 @@ def test_table_and_json_from_fake_timings(tmp_path):
     data = json.loads((tmp_path / "npu-t.json").read_text())
     assert data == {"environment": {"soc": "Ascend910B2"}, "rows": rows}
     assert written[0] == tmp_path / "npu-t.json"
+
+
+def _fake_rows(bench, seqlens=(4096, 1024)):
+    rows = []
+    for impl, speed in ((bench.OURS, 1.0), (bench.INCUMBENT, 2.0)):
+        for seqlen in seqlens:
+            for mode in bench.MODES:
+                rows.append(bench.row(impl, "Ascend910B2", "float16", 128, seqlen, False, mode,
+                                      speed * seqlen / 1024, None))
+    return rows
+
+
+def test_without_matplotlib_the_json_is_written_and_the_missing_png_explained(tmp_path,
+                                                                              monkeypatch, capsys):
+    bench = _module()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    rows = _fake_rows(bench)
+    written = bench.write(rows, tmp_path, "", {"soc": "Ascend910B2"})
+    assert written == [tmp_path / "npu.json"]
+    assert json.loads((tmp_path / "npu.json").read_text())["rows"] == rows
+    assert not (tmp_path / "npu.png").exists()
+    err = capsys.readouterr().err
+    assert "matplotlib is not installed, so no npu.png was drawn" in err
+    assert f"{tmp_path / 'npu.json'} has every result" in err and "pip install matplotlib" in err
+
+
+class _Axes:
+    def __init__(self):
+        self.lines, self.settings = [], {}
+
+    def plot(self, x, y, style, label):
+        self.lines.append((label, list(x), list(y)))
+
+    def set(self, **settings):
+        self.settings.update(settings)
+
+    def legend(self):
+        pass
+
+
+class _Figure:
+    def __init__(self, saved):
+        self.saved = saved
+
+    def tight_layout(self):
+        pass
+
+    def savefig(self, path):
+        Path(path).write_bytes(b"stub png")
+        self.saved.append(Path(path))
+
+
+def test_the_png_has_a_panel_per_case_and_a_line_per_implementation(tmp_path, monkeypatch):
+    """The plot, drawn by a recording stand-in of pyplot (matplotlib is not installed here):
+    one panel per (mode, causal, head_dim, dtype), one line per implementation, its points
+    the rows' TFLOP/s in increasing seqlen (the rows come in --seqlens' order)."""
+    import types
+
+    import numpy as np
+
+    bench = _module()
+    axes, saved = [], []
+
+    def subplots(rows, cols, squeeze, figsize):
+        grid = np.empty((rows, cols), dtype=object)
+        for i in range(rows):
+            grid[i, 0] = _Axes()
+            axes.append(grid[i, 0])
+        return _Figure(saved), grid
+
+    pyplot = types.SimpleNamespace(subplots=subplots)
+    matplotlib = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    rows = _fake_rows(bench)
+    written = bench.write(rows, tmp_path, "t", {})
+    assert written == [tmp_path / "npu-t.json", tmp_path / "npu-t.png"] and saved == written[1:]
+    assert [ax.settings["title"] for ax in axes] == ["bwd float16 d128 non-causal",
+                                                     "fwd float16 d128 non-causal"]
+    for ax, mode in zip(axes, ("bwd", "fwd")):
+        want = {impl: [r["tflops"] for r in sorted(rows, key=lambda r: r["seqlen"])
+                       if (r["impl"], r["mode"]) == (impl, mode)]
+                for impl in (bench.OURS, bench.INCUMBENT)}
+        assert {label: y for label, _, y in ax.lines} == want
+        assert all(x == [1024, 4096] for _, x, _ in ax.lines)

@@ -86,6 +86,26 @@ def test_forward_and_backward_match_the_cpu_backend(npu, feature, dtype):
            feature)
 
 
+def _dropout(device, dtype, causal):
+    """The op with one (seed, offset) on both devices: the kernel's Philox mask is
+    contract.variant.keep_mask's (bit for bit on the twin, tests/test_twin_philox.py), which
+    the cpu backend follows, so both keep the same probabilities. flash_attn_func would draw
+    the seed from each device's own generator."""
+    q, k, v = _inputs(device, dtype)
+    rng_state = torch.tensor([20240, 3], dtype=torch.int64, device=device)
+    out, lse = torch.ops.flash_cann.fwd(q, k, v, None, 128 ** -0.5, causal=causal,
+                                        layout="BSND", rng_state=rng_state, dropout_p=0.2)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out)
+    out.backward(grad)
+    return [out, lse, q.grad, k.grad, v.grad]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_forward_and_backward_match_the_cpu_backend(npu, causal, dtype):
+    _close(_dropout(npu, dtype, causal), _dropout("cpu", dtype, causal), dtype, "dropout")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_backward_repeats_bitwise(npu, causal):
     runs = [_fwd_bwd(npu, torch.float16, causal=causal, deterministic=True) for _ in range(3)]

@@ -36,8 +36,8 @@ def test_marker_selects_exactly_the_npu_tier():
                                     "tests/test_npu_tier.py"))
     assert deselected == []
     names = {re.sub(r"\[.*", "", line.split("::")[1]) for line in tier}
-    for covered in ("forward_and_backward", "deterministic", "tnd", "decode", "npu_graph",
-                    "compiled"):
+    for covered in ("forward_and_backward", "dropout", "deterministic", "tnd", "decode",
+                    "npu_graph", "compiled"):
         assert any(covered in name for name in names), f"no {covered} test in the NPU tier"
 
 

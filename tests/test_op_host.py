@@ -503,3 +503,37 @@ def test_shell_compiles_against_installed_cann_headers(shell):
              f"-I{include}", str(root / "op_host" / shell)],
             capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+
+
+DRIVER_CANN9 = "cann_host/op_host_stub_driver_cann9"
+
+
+def test_each_driver_presents_its_cann_release_and_the_shell_picks_its_api():
+    """op_host/flash_cann_cann_compat.h picks the block-count setter by CANN_VERSION_NUM:
+    SetBlockDim against CANN 8.x's host API (which has no other), SetSimdNumBlocks against
+    9.x's (where SetBlockDim is deprecated: the stand-in marks it so and the shells are built
+    with -Werror, so a build calling it fails)."""
+    for driver, version, api in ((DRIVER, 80300000, "SetBlockDim"),
+                                 (DRIVER_CANN9, 90000000, "SetSimdNumBlocks")):
+        result = run(driver, "cann-version")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == {"cann_version_num": version, "num_blocks_api": api}
+
+
+@pytest.mark.parametrize("command", [
+    ["tiling", "FlashCannAttention", "BNSD", "bf16", "1", "1", "0.125", "2", "8", "1000", "64",
+     "2", "2", "1200", "64", "7"],
+    ["grad-tiling", "BSND", "fp16", "1", "0", "1", "0", "0.125", "2", "1000", "8", "80",
+     "2", "1200", "2", "80", "5"],
+    ["kvcache-tiling", "BSND", "bf16", "0.125", "2", "1", "8", "64", "6", "128", "2", "64",
+     "cache_seqlens=2", "block_table=2x3"],
+], ids=["forward", "backward", "decode"])
+def test_the_tiling_is_the_same_against_cann_8_and_9(command):
+    """Each TilingFunc run against the stand-in presenting CANN 8.x and 9.x: the same plan,
+    block count included (recorded by whichever setter the release has)."""
+    results = [run(driver, *command) for driver in (DRIVER, DRIVER_CANN9)]
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    eight, nine = (json.loads(r.stdout) for r in results)
+    assert eight["status"] == "ok" and eight["block_dim"] > 0, results[0].stderr
+    assert nine == eight

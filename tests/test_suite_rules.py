@@ -71,6 +71,7 @@ def test_ci_runs_the_readme_test_command():
     section = readme[readme.index("**Set up and run the tests**"):]
     command = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     ci = (HERE.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()[-1]
+    assert ci == command.strip(), "CI's last line is not the README's command as printed"
     assert _pytest_options(ci) == _pytest_options(command)
     assert "-n" in _pytest_options(ci)  # two workers: CI's two cores
 

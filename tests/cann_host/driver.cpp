@@ -2,6 +2,7 @@
 // recording stand-in (include/cann_host_stub.h). Commands print JSON for
 // tests/test_op_host.py:
 //   opdefs
+//   cann-version   (the CANN release the stand-in presents, the op_host API chosen for it)
 //   tiling <OpType> <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic]
 //   grad-tiling <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <deterministic 0|1>
 //               <grad_lse 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic [input-to-misshape]]
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "decode_planner.h"
+#include "flash_cann_cann_compat.h"
 #include "flash_cann_grad_tiling.h"
 #include "flash_cann_tiling.h"
 #include "grad_planner.h"
@@ -479,6 +481,11 @@ int main(int rawArgc, char** rawArgv)
     const std::string command = argc > 1 ? argv[1] : "";
     if (command == "opdefs") {
         return OpDefs();
+    }
+    if (command == "cann-version") {  // the CANN release presented, and the API picked for it
+        std::printf("{\"cann_version_num\":%d,\"num_blocks_api\":\"%s\"}\n",
+                    static_cast<int>(FLASH_CANN_CANN_VERSION_NUM), flash_cann::cann::kNumBlocksApi);
+        return 0;
     }
     if (command == "tiling") {
         return Tiling(argc, argv);

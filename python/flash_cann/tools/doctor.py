@@ -134,13 +134,30 @@ def check_frameworks() -> tuple[list[Check], object | None]:
     try:
         torchair = importlib.import_module("torchair")
         getattr(torchair, "get_npu_backend")
-        checks.append(Check("torchair", OK, f"torchair {_version(torchair)} from "
-                            f"{getattr(torchair, '__file__', '?')}"))
+        checks.append(check_torchair_origin(torchair, torch_npu))
     except Exception as err:  # torchair raises more than ImportError without CANN
         checks.append(Check("torchair", FAIL, f"{type(err).__name__}: {err}",
                             "torchair ships with torch_npu (torch_npu/dynamo/torchair): "
                             "reinstall the matching torch_npu; graph mode needs it"))
     return checks, torch_npu
+
+
+def check_torchair_origin(torchair, torch_npu) -> Check:
+    """torchair matches torch_npu when it is the copy torch_npu ships: the module
+    torch_npu.dynamo.torchair, which torch_npu's lazy ``sys.modules["torchair"]`` loads;
+    a separate install must have been built for this torch_npu, which nothing here can
+    tell, so it fails with what to do."""
+    where = Path(getattr(torchair, "__file__", "") or "?").resolve()
+    bundled = Path(getattr(torch_npu, "__file__", "") or "?").resolve().parent / "dynamo" / "torchair"
+    name = str(getattr(torchair, "__name__", ""))
+    if name == "torch_npu.dynamo.torchair" or bundled in where.parents:
+        return Check("torchair", OK, f"torchair {_version(torchair)}, the copy torch_npu "
+                     f"{_version(torch_npu)} ships ({where})")
+    return Check("torchair", FAIL, f"torchair {_version(torchair)} from {where}, not the copy "
+                 f"torch_npu {_version(torch_npu)} ships ({bundled}): its match with this "
+                 "torch_npu cannot be checked",
+                 "uninstall the separate torchair (pip uninstall torchair) to use torch_npu's, "
+                 "or build torchair for exactly this torch_npu")
 
 
 def _vendor_dir(library: str) -> Path:
@@ -253,6 +270,7 @@ class SmokeCase:
     name: str
     run: Callable  # (device) -> list of tensors, compared position by position
     tolerance: float
+    features: tuple = ()  # the spec's feature names the case exercises
 
 
 def _smoke_cases() -> list[SmokeCase]:
@@ -266,16 +284,30 @@ def _smoke_cases() -> list[SmokeCase]:
         q, k, v = make(b, s, h, d), make(b, s, hk, d), make(b, s, hk, d)
         return [t.to(device=device, dtype=torch.float16).requires_grad_(grad) for t in (q, k, v)]
 
-    def fwd_bwd(hk=2, alibi=False, **kwargs):
+    def fwd_bwd(hk=2, alibi=False, sinks=False, **kwargs):
         def run(device):
             q, k, v = inputs(device, hk=hk)
             extra = dict(kwargs)
             if alibi:
                 extra["alibi_slopes"] = torch.tensor([0.5, 0.25], device=device)
+            if sinks:
+                extra["sinks"] = torch.tensor([0.5, -1.0], device=device).requires_grad_()
             out = flash_cann.flash_attn_func(q, k, v, **extra)
             out.float().pow(2).sum().backward()
-            return [out, q.grad, k.grad, v.grad]
+            return [out, q.grad, k.grad, v.grad] + ([extra["sinks"].grad] if sinks else [])
         return run
+
+    def dropout(device):
+        # The op itself, with the same (seed, offset) on both devices: the kernel draws
+        # contract.variant.keep_mask's Philox mask, which the cpu backend also follows, so
+        # the two keep the same probabilities. (flash_attn_func draws the seed from the
+        # device's own generator, which differs between devices.)
+        q, k, v = inputs(device)
+        rng_state = torch.tensor([1234, 0], dtype=torch.int64, device=device)
+        out, _ = torch.ops.flash_cann.fwd(q, k, v, None, 0.125, layout="BSND",
+                                          rng_state=rng_state, dropout_p=0.25)
+        out.float().pow(2).sum().backward()
+        return [out, q.grad, k.grad, v.grad]
 
     def decode(device):
         g = torch.Generator().manual_seed(1)
@@ -299,12 +331,14 @@ def _smoke_cases() -> list[SmokeCase]:
     tol = 2e-2  # fp16 inputs, fp32 accumulation on both sides; outputs and grads are O(1)
     return [SmokeCase("plain fwd+bwd", fwd_bwd(), tol),
             SmokeCase("causal fwd+bwd", fwd_bwd(causal=True), tol),
-            SmokeCase("window fwd+bwd", fwd_bwd(window_size=(32, 0)), tol),
-            SmokeCase("softcap fwd+bwd", fwd_bwd(softcap=30.0), tol),
-            SmokeCase("alibi fwd+bwd", fwd_bwd(causal=True, alibi=True), tol),
+            SmokeCase("window fwd+bwd", fwd_bwd(window_size=(32, 0)), tol, ("window",)),
+            SmokeCase("softcap fwd+bwd", fwd_bwd(softcap=30.0), tol, ("softcap",)),
+            SmokeCase("alibi fwd+bwd", fwd_bwd(causal=True, alibi=True), tol, ("alibi",)),
+            SmokeCase("dropout fwd+bwd", dropout, tol, ("dropout",)),
+            SmokeCase("sinks fwd+bwd", fwd_bwd(sinks=True), tol, ("sinks",)),
             SmokeCase("gqa fwd+bwd", fwd_bwd(hk=1), tol),
-            SmokeCase("decode paged", decode, tol),
-            SmokeCase("tnd fwd+bwd", tnd, tol)]
+            SmokeCase("decode paged", decode, tol, ("kvcache",)),
+            SmokeCase("tnd fwd+bwd", tnd, tol, ("varlen",))]
 
 
 def smoke(device: str = "npu") -> list[Check]:

@@ -3,6 +3,8 @@
 // RECORDS what the shell registers and lets tests drive its TilingFunc and InferShape
 // without CANN. Names and signatures follow the public headers (hicann/metadef,
 // mirror-cann/asc-devkit); the shell was also syntax-checked against those headers.
+// Where the API differs between CANN 8.x and 9.x, the stand-in presents the release
+// version/cann_version.h names (op_host/flash_cann_cann_compat.h lists the differences).
 // Behaviour that the shell could get wrong is mimicked, e.g. Shape::SetDim not growing
 // the rank, and GetInputShape counting only the inputs that are present.
 #ifndef FLASH_CANN_TEST_CANN_HOST_STUB_H
@@ -14,6 +16,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+// The CANN release this stand-in presents (CANN_VERSION_NUM; one driver build per release).
+#include "version/cann_version.h"
 
 namespace ge {
 enum DataType { DT_FLOAT = 0, DT_FLOAT16 = 1, DT_INT32 = 3, DT_INT64 = 9, DT_BOOL = 12, DT_BF16 = 27, DT_UNDEFINED = 28 };
@@ -140,11 +145,26 @@ public:
     const RuntimeAttrs* GetAttrs() const { return &node_.attrs; }
     fe::PlatFormInfos* GetPlatformInfo() const { return &platform_; }
     TilingData* GetRawTilingData() { return &tiling_; }
+#if CANN_VERSION_NUM >= 90000000
+    // CANN 9.x (hicann/metadef): SetSimdNumBlocks, and SetBlockDim kept as its alias, to be
+    // deleted; marked deprecated here so that a -Werror build of the shell fails on it.
+    ge::graphStatus SetSimdNumBlocks(uint32_t numBlocks)
+    {
+        blockDim_ = numBlocks;
+        return ge::GRAPH_SUCCESS;
+    }
+    [[deprecated("CANN 9.x: use SetSimdNumBlocks")]] ge::graphStatus SetBlockDim(uint32_t blockDim)
+    {
+        return SetSimdNumBlocks(blockDim);
+    }
+#else
+    // CANN 8.x (Ascend/metadef): SetBlockDim only.
     ge::graphStatus SetBlockDim(uint32_t blockDim)
     {
         blockDim_ = blockDim;
         return ge::GRAPH_SUCCESS;
     }
+#endif
     ge::graphStatus SetTilingKey(uint64_t key)
     {
         tilingKey_ = key;
