@@ -119,7 +119,9 @@ def pytest_configure(config):
 def pytest_sessionstart(session):
     """The xdist controller builds the native targets (planner, twin) while its workers
     start on the longest modules, which need none; the workers' tests then find the
-    build done (native.build's lock) instead of waiting on it in turn."""
+    build done (native.build's lock) instead of waiting on it in turn. In a fresh clone
+    (CI) that first build is the documented command itself, `./build.sh --host-only`
+    (docs/packaging.md), run as printed; tests/test_doc_commands.py checks its record."""
     config = session.config
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
             and not native_build.missing():
@@ -130,6 +132,8 @@ def _build_native():
     from flash_cann.ascend import native
 
     try:
+        if native_build.documented_build_applies():
+            native_build.run_documented_build()
         native.build()
     except native.NativeBuildError:
         pass  # the tests that need the build report its error

@@ -7,7 +7,10 @@ fails at once instead (conftest.py), so a broken CI image cannot pass as ~160 sk
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -45,3 +48,52 @@ def built(relative: str):
 def run(relative: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(built(relative)), *args], capture_output=True, text=True,
                           timeout=3600)
+
+
+# The suite's first native build in a fresh clone is the documented host-only build, run
+# as docs/packaging.md prints it: CI then runs that command for free, instead of a second
+# build of the same targets in a copy. Its record says what ran and how it ended.
+DOCUMENTED_BUILD = re.compile(r"^\./build\.sh --host-only$")
+RECORD_NAME = ".documented-build.json"
+
+
+def documented_build_command() -> str:
+    from doc_commands import ALL_DOCS, documented_commands
+
+    found = documented_commands(ALL_DOCS, DOCUMENTED_BUILD)
+    if len(found) != 1:
+        raise AssertionError(f"expected one `./build.sh --host-only` line in the docs, found "
+                             f"{sorted(found) or 'none'}")
+    return next(iter(found))
+
+
+def documented_build_applies() -> bool:
+    """The checkout's own build/host is used and nothing is built there yet."""
+    if "FLASH_CANN_BUILD_DIR" in os.environ or not native.FROM_CHECKOUT:
+        return False
+    return not (native.build_dir() / "CMakeCache.txt").is_file()
+
+
+def run_documented_build() -> None:
+    """Runs the documented command in the checkout under native.build's lock and records
+    the command, its exit status and the output's tail in build/host."""
+    out = native.build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "CMakeCache.txt").is_file():
+            return  # someone built meanwhile: no fresh build to record
+        command = documented_build_command()
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH",
+                            "FLASH_CANN_BUILD_TYPE")}
+        done = subprocess.run(["bash", "-c", command], cwd=native.CHECKOUT, env=env,
+                              capture_output=True, text=True)
+        (out / RECORD_NAME).write_text(json.dumps({
+            "command": command, "returncode": done.returncode,
+            "tail": (done.stdout + done.stderr)[-4000:]}))
+
+
+def documented_build_record() -> dict | None:
+    path = native.build_dir() / RECORD_NAME
+    return json.loads(path.read_text()) if path.is_file() else None
