@@ -153,6 +153,27 @@ def test_cli_plans_packed_sequences(capsys):
     assert "PREDICTION: none for packed sequences" in capsys.readouterr().out
     assert cli.main(["plan", "--shape", "1,8,128,64", "--tokens", "5"]) == 2
     assert "--tokens applies to --layout TND only" in capsys.readouterr().err
+    # --tokens Q K: the key tokens are the second value (the plan differs from Q Q's)
+    packed = ["plan", "--shape", "3,4,120,64", "--kv-heads", "2", "--seqlen-k", "260",
+              "--layout", "TND", "--backward", "--json", "--tokens", "300"]
+    assert cli.main([*packed, "500"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                             features=planner.variant(tokens=(300, 500)))
+    assert got == want
+    assert cli.main(packed) == 0
+    assert json.loads(capsys.readouterr().out) != want
+
+
+def test_gqa_plans_count_the_kv_heads():
+    """heads_kv reaches the planner: the backward's units are (kv head, key block) pairs
+    and its group the query heads per kv head; without heads_kv it is heads_q (MHA)."""
+    built("planner/libflash_cann_planner.so")
+    gqa = planner.grad_plan("Ascend910B2", 1, 8, 1024, 64, heads_kv=2)["tiling"]
+    mha = planner.grad_plan("Ascend910B2", 1, 8, 1024, 64)["tiling"]
+    assert (gqa["group"], gqa["units"]) == (4, 2 * gqa["key_blocks"])
+    assert (mha["group"], mha["units"]) == (1, 8 * mha["key_blocks"])
+    assert planner.plan("Ascend910B2", 1, 8, 1024, 64, heads_kv=2)["tiling"]["group"] == 4
 
 
 def test_dtypes_and_layouts_are_the_specs():
