@@ -183,6 +183,8 @@ FEATURE_CASES = [  # (id, check_variant's arguments): each feature, then all com
     ("window-left-causal", dict(seqlens=(37, 70), window=(20, -1), causal=True)),
     ("softcap", dict(seqlens=(37, 70), softcap=1.5)),
     ("alibi", dict(seqlens=(37, 70), alibi="batch", causal=True)),
+    # slopes whose head stride is not 1 (the kernels index them as b * stride_b + h)
+    ("alibi-transposed", dict(seqlens=(37, 70), alibi="transposed", causal=True)),
     ("dropout", dict(seqlens=(37, 70), dropout_p=0.3)),
     ("sinks", dict(seqlens=(37, 70), sinks=True, causal=True)),
     # Packed sequences: an empty one, rows above the diagonal, several blocks.
