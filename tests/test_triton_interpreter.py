@@ -398,11 +398,14 @@ def test_npu_host_vllm_paged_call_matches_oracle(triton_npu_on_cpu, gen):
 
 
 @in_interpreter
-@pytest.mark.parametrize("layout", ["BSND", "TND"])
-def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on_cpu, gen):
+@pytest.mark.parametrize("layout, host", [("BSND", "cuda"), ("TND", "cuda"), ("TND", "npu")])
+def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, host, request, gen):
     """The preprocess kernel's per-tile partial sums of the sinks' gradient, added in a
-    fixed order on the host: vs the float64 oracle, and bitwise the same on a rerun."""
+    fixed order on the host (the CUDA host's, and the NPU host's over its persistent
+    grid): vs the float64 oracle, and bitwise the same on a rerun."""
     from test_features import _sink_call, _sink_case
+
+    request.getfixturevalue("triton_on_cpu" if host == "cuda" else "triton_npu_on_cpu")
 
     from flash_cann.contract import reference
     from flash_cann.contract.variant import Variant
