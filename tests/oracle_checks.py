@@ -100,7 +100,8 @@ def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, lay
     ``layout`` "BSND" (flash_attn_func; ``seqlens`` = (seqlen_q, seqlen_k), ``batch``
     sequences, ``masked`` adds a key padding mask through flash_cann.attention) or "TND"
     (flash_attn_varlen_func; ``seqlens`` = one (seqlen_q, seqlen_k) per sequence).
-    ``alibi``: None, "heads" (slopes (heads_q,)) or "batch" ((batch, heads_q)).
+    ``alibi``: None, "heads" (slopes (heads_q,)), "batch" ((batch, heads_q)) or
+    "transposed" ((batch, heads_q) as a transposed view: a head stride of batch, not 1).
     ``sinks``: attention sinks, one float32 logit per query head (not differentiated
     here: test_features checks their gradient).
     With dropout the oracle is fed the mask the call returned in S_dmask (dropped =
@@ -120,8 +121,9 @@ def check_variant(device, dtype, *, gen, seqlens, heads=(2, 2), head_dim=32, lay
     mask = random_key_padding_mask(batch, seqlens[1], gen, device) if masked else None
     slopes = None
     if alibi is not None:
-        shape = (heads_q,) if alibi == "heads" else (batch, heads_q)
-        slopes = (torch.rand(shape, generator=gen) * 0.5).to(device)
+        shape = {"heads": (heads_q,), "batch": (batch, heads_q), "transposed": (heads_q, batch)}
+        slopes = (torch.rand(shape[alibi], generator=gen) * 0.5).to(device)
+        slopes = slopes.T if alibi == "transposed" else slopes
     # Around the rows' largest scores, so the sink takes a fair share of each row.
     sink_logits = (torch.randn(heads_q, generator=gen) + 1.0).to(device) if sinks else None
     seed = int(torch.randint(2**31, (1,), generator=gen))

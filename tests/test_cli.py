@@ -3,6 +3,7 @@ here is said in one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -106,11 +107,14 @@ def test_plan_takes_cores_within_the_socs():
 
 
 def test_output_cut_short_by_its_reader_ends_quietly():
-    """`flash-cann plan ... | head`: the reader is gone before the first write."""
+    """`flash-cann plan ... | head`: the reader is gone before the first write. stdout
+    block-buffered, as a shell's pipe gives it (PYTHONUNBUFFERED unset): the plan (~5 KB)
+    stays in the buffer until the command's own flush."""
     native_build.built("planner/libflash_cann_planner.so")  # a first build writes to stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     process = subprocess.Popen([sys.executable, "-m", "flash_cann", "plan", "--shape",
                                 "1,8,4096,64"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, env=env)
     process.stdout.close()
     stderr = process.stderr.read()
     assert process.wait(timeout=3600) == 141
@@ -149,22 +153,27 @@ def test_first_build_says_what_it_is_doing(capsys, monkeypatch, tmp_path):
 
 # `flash-cann plan` and the API take the same request the same way: accepted or refused
 # alike, and the same normalised window (the plan's variant, the op's checked Variant).
+# (causal, window, softcap, dropout, seqlen_k); the queries' seqlen is 128.
 CLI_API_REQUESTS = [
-    pytest.param(True, (4096, 0), 0.0, 0.0, id="mistral-causal-window"),
-    pytest.param(True, (16, 5), 0.0, 0.0, id="causal-ignores-right"),
-    pytest.param(True, (16, -1), 0.0, 0.0, id="causal-left"),
-    pytest.param(False, (16, 0), 0.0, 0.0, id="window-right-0"),
-    pytest.param(False, (300, 300), 0.0, 0.0, id="bounds-past-seqlen_k"),
-    pytest.param(False, (-5, 0), 0.0, 0.0, id="left-below-minus-1"),
-    pytest.param(True, (3, -2), 0.0, 0.0, id="right-below-minus-1"),
-    pytest.param(False, (-1, -1), -1.0, 0.0, id="negative-softcap"),
-    pytest.param(False, (-1, -1), 0.0, 1.0, id="dropout-1"),
-    pytest.param(False, (-1, -1), 0.0, -0.1, id="negative-dropout"),
+    pytest.param(True, (4096, 0), 0.0, 0.0, 128, id="mistral-causal-window"),
+    pytest.param(True, (16, 5), 0.0, 0.0, 128, id="causal-ignores-right"),
+    pytest.param(True, (16, -1), 0.0, 0.0, 128, id="causal-left"),
+    pytest.param(False, (16, 0), 0.0, 0.0, 128, id="window-right-0"),
+    pytest.param(False, (300, 300), 0.0, 0.0, 128, id="bounds-past-seqlen_k"),
+    pytest.param(False, (-5, 0), 0.0, 0.0, 128, id="left-below-minus-1"),
+    pytest.param(True, (3, -2), 0.0, 0.0, 128, id="right-below-minus-1"),
+    pytest.param(False, (-1, -1), -1.0, 0.0, 128, id="negative-softcap"),
+    pytest.param(False, (-1, -1), 0.0, 1.0, 128, id="dropout-1"),
+    pytest.param(False, (-1, -1), 0.0, -0.1, 128, id="negative-dropout"),
+    # bounds against the key length, not the queries': 100 >= 64 keys is none
+    pytest.param(False, (100, 100), 0.0, 0.0, 64, id="bounds-past-a-shorter-seqlen_k"),
+    pytest.param(True, (40, 0), 0.0, 0.0, 64, id="causal-window-shorter-seqlen_k"),
 ]
 
 
-@pytest.mark.parametrize("causal, window, softcap, dropout", CLI_API_REQUESTS)
-def test_plan_and_the_api_take_a_request_alike(capsys, causal, window, softcap, dropout):
+@pytest.mark.parametrize("causal, window, softcap, dropout, seqlen_k", CLI_API_REQUESTS)
+def test_plan_and_the_api_take_a_request_alike(capsys, causal, window, softcap, dropout,
+                                               seqlen_k):
     import json
 
     import torch
@@ -173,7 +182,8 @@ def test_plan_and_the_api_take_a_request_alike(capsys, causal, window, softcap, 
     from flash_cann.contract.spec import load
 
     batch, heads, seqlen, head_dim = 1, 2, 128, 64
-    argv = ["plan", "--shape", f"{batch},{heads},{seqlen},{head_dim}", "--window",
+    argv = ["plan", "--shape", f"{batch},{heads},{seqlen},{head_dim}", "--seqlen-k",
+            str(seqlen_k), "--window",
             *map(str, window), "--softcap", str(softcap), "--dropout", str(dropout), "--json"]
     rc = cli.main(argv + (["--causal"] if causal else []))
     captured = capsys.readouterr()
@@ -182,8 +192,9 @@ def test_plan_and_the_api_take_a_request_alike(capsys, causal, window, softcap, 
         variant = json.loads(captured.out)["tiling"]["variant"]
         cli_window = (variant["window_left"], variant["window_right"])
     q = torch.zeros(batch, heads, seqlen, head_dim, dtype=torch.float16)
+    k = torch.zeros(batch, heads, seqlen_k, head_dim, dtype=torch.float16)
     try:
-        problem = check_fwd(q, q, q, None, 0.125, causal=causal, layout="BNSD",
+        problem = check_fwd(q, k, k, None, 0.125, causal=causal, layout="BNSD",
                             window_left=window[0], window_right=window[1], softcap=softcap,
                             dropout_p=dropout,
                             rng_state=torch.zeros(2, dtype=torch.int64) if dropout else None,

@@ -76,6 +76,7 @@ def test_one_rank_is_one_call(one_rank):
 
 @pytest.mark.parametrize("method, local, kv, world, windowed, chosen", [
     ("auto", 300, 200, 2, False, "allgather"),   # 2 ranks: 400 <= 600
+    ("auto", 200, 200, 2, False, "allgather"),   # at the bound: 400 <= 400
     ("auto", 300, 200, 4, False, "p2p"),         # 800 > 600
     ("auto", 300, 50, 8, False, "allgather"),    # GQA's small K/V: 400 <= 600
     ("auto", 300, 200, 2, True, "p2p"),          # a window: the ring stops early

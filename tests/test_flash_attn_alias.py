@@ -75,6 +75,8 @@ def test_metadata_reports_a_flash_attn_distribution(alias):
     assert importlib.util.find_spec("flash_attn.layers.rotary") is not None
     assert importlib.metadata.version("flash_attn") == flash_attn_alias.FLASH_ATTN_VERSION
     assert importlib.metadata.version("flash-attn") == flash_attn_alias.FLASH_ATTN_VERSION
+    # any case and separator, as for an installed distribution (PEP 503 names)
+    assert importlib.metadata.version("Flash_Attn") == flash_attn_alias.FLASH_ATTN_VERSION
     assert "flash-attn" in importlib.metadata.packages_distributions()["flash_attn"]
 
 

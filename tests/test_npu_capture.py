@@ -231,3 +231,30 @@ def test_the_cann_shells_read_no_input_values_on_the_host():
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"\bValueDepend\s*\(|\bGet(Optional)?InputTensor\s*\(", line)]
     assert not found, "host reads of input values in the CANN shells:\n" + "\n".join(found)
+
+
+def test_capturing_reads_the_device_modules_probe(monkeypatch):
+    """contract.capture itself, with no device: a device type is captured exactly while
+    its torch module's is_current_stream_capturing() says so; the CPU never is, nor a
+    device type whose module has no such probe; refuse_host_read raises only then,
+    naming what would be read, the probe, and what to pass instead."""
+    import torch
+
+    from flash_cann.contract import capture
+
+    state = {"capturing": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    cuda = torch.device("cuda")
+    assert capture.capturing(cuda) is False
+    capture.refuse_host_read(cuda, "max_seqlen_q (a 0-d tensor)", "pass an int")
+    state["capturing"] = True
+    assert capture.capturing(cuda) is True
+    with pytest.raises(RuntimeError, match=re.escape(
+            "flash_cann: max_seqlen_q (a 0-d tensor) would be read on the host, which waits "
+            "for the device; a graph capture forbids that "
+            "(torch.cuda.is_current_stream_capturing() is True): pass an int")):
+        capture.refuse_host_read(cuda, "max_seqlen_q (a 0-d tensor)", "pass an int")
+    assert capture.capturing(torch.device("cpu")) is False
+    assert not hasattr(torch, "meta")  # a device type without a module, so without a probe
+    assert capture.capturing(torch.device("meta")) is False
+    capture.refuse_host_read(torch.device("meta"), "x", "y")

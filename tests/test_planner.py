@@ -153,6 +153,27 @@ def test_cli_plans_packed_sequences(capsys):
     assert "PREDICTION: none for packed sequences" in capsys.readouterr().out
     assert cli.main(["plan", "--shape", "1,8,128,64", "--tokens", "5"]) == 2
     assert "--tokens applies to --layout TND only" in capsys.readouterr().err
+    # --tokens Q K: the key tokens are the second value (the plan differs from Q Q's)
+    packed = ["plan", "--shape", "3,4,120,64", "--kv-heads", "2", "--seqlen-k", "260",
+              "--layout", "TND", "--backward", "--json", "--tokens", "300"]
+    assert cli.main([*packed, "500"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                             features=planner.variant(tokens=(300, 500)))
+    assert got == want
+    assert cli.main(packed) == 0
+    assert json.loads(capsys.readouterr().out) != want
+
+
+def test_gqa_plans_count_the_kv_heads():
+    """heads_kv reaches the planner: the backward's units are (kv head, key block) pairs
+    and its group the query heads per kv head; without heads_kv it is heads_q (MHA)."""
+    built("planner/libflash_cann_planner.so")
+    gqa = planner.grad_plan("Ascend910B2", 1, 8, 1024, 64, heads_kv=2)["tiling"]
+    mha = planner.grad_plan("Ascend910B2", 1, 8, 1024, 64)["tiling"]
+    assert (gqa["group"], gqa["units"]) == (4, 2 * gqa["key_blocks"])
+    assert (mha["group"], mha["units"]) == (1, 8 * mha["key_blocks"])
+    assert planner.plan("Ascend910B2", 1, 8, 1024, 64, heads_kv=2)["tiling"]["group"] == 4
 
 
 def test_dtypes_and_layouts_are_the_specs():
@@ -306,6 +327,38 @@ def test_cli_plans_the_features(capsys):
     # causal sets the right bound whatever --window says, as the API's causal=True does
     assert cli.main([*shape, "--causal", "--window", "10", "5"]) == 0
     capsys.readouterr()
+
+
+def test_cli_plans_the_decode_kernel(capsys):
+    """`flash-cann plan --decode`: the same plan as planner.decode_plan for the same request
+    (GQA, a paged cache, a window with --causal, sinks), printed with its tiles, split and
+    prediction; what the decode kernel does not take is refused by name."""
+    from flash_cann.tools import cli
+
+    built("planner/libflash_cann_planner.so")
+    shape = ["plan", "--shape", "2,8,1,64", "--kv-heads", "2", "--decode", "--seqlen-k", "1000",
+             "--page-size", "128"]
+    assert cli.main([*shape, "--causal", "--window", "100", "5", "--sinks", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = planner.decode_plan("ascend910b2", 2, 8, 1, 64, heads_kv=2, keys=1000, page_size=128,
+                               causal=True, features=planner.variant(window=(100, 0), sinks=True))
+    assert got == want
+    assert (got["tiling"]["group"], got["tiling"]["paged"], got["tiling"]["capacity"]) == (4, 1, 1024)
+    assert cli.main(shape) == 0
+    out = capsys.readouterr().out
+    t = planner.decode_plan("ascend910b2", 2, 8, 1, 64, heads_kv=2, keys=1000,
+                            page_size=128)["tiling"]
+    for needle in (f"tiling     key {got['tiling_key']}; tiles of {t['block_q']} rows",
+                   f"{t['splits']} split(s) of each tile's keys",
+                   "paged cache of 1024 keys per sequence", "PREDICTION (decode schedule model",
+                   "every sequence holding 1000 keys", "features   none"):
+        assert needle in out, needle
+    for refused in (["--mask"], ["--backward"], ["--dropout", "0.1"]):
+        assert cli.main([*shape, *refused]) == 2
+        assert ("flash-cann: error: --decode is a forward of its own: no --backward, --dropout "
+                "or --mask") in capsys.readouterr().err, refused
+    assert cli.main(["plan", "--shape", "2,8,1,64", "--decode"]) == 2
+    assert "--decode needs --seqlen-k, the keys per sequence" in capsys.readouterr().err
 
 
 def test_cli_reports_refusals():

@@ -183,6 +183,8 @@ FEATURE_CASES = [  # (id, check_variant's arguments): each feature, then all com
     ("window-left-causal", dict(seqlens=(37, 70), window=(20, -1), causal=True)),
     ("softcap", dict(seqlens=(37, 70), softcap=1.5)),
     ("alibi", dict(seqlens=(37, 70), alibi="batch", causal=True)),
+    # slopes whose head stride is not 1 (the kernels index them as b * stride_b + h)
+    ("alibi-transposed", dict(seqlens=(37, 70), alibi="transposed", causal=True)),
     ("dropout", dict(seqlens=(37, 70), dropout_p=0.3)),
     ("sinks", dict(seqlens=(37, 70), sinks=True, causal=True)),
     # Packed sequences: an empty one, rows above the diagonal, several blocks.
@@ -396,11 +398,14 @@ def test_npu_host_vllm_paged_call_matches_oracle(triton_npu_on_cpu, gen):
 
 
 @in_interpreter
-@pytest.mark.parametrize("layout", ["BSND", "TND"])
-def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, triton_on_cpu, gen):
+@pytest.mark.parametrize("layout, host", [("BSND", "cuda"), ("TND", "cuda"), ("TND", "npu")])
+def test_sinks_gradient_matches_the_oracle_and_repeats_bitwise(layout, host, request, gen):
     """The preprocess kernel's per-tile partial sums of the sinks' gradient, added in a
-    fixed order on the host: vs the float64 oracle, and bitwise the same on a rerun."""
+    fixed order on the host (the CUDA host's, and the NPU host's over its persistent
+    grid): vs the float64 oracle, and bitwise the same on a rerun."""
     from test_features import _sink_call, _sink_case
+
+    request.getfixturevalue("triton_on_cpu" if host == "cuda" else "triton_npu_on_cpu")
 
     from flash_cann.contract import reference
     from flash_cann.contract.variant import Variant

@@ -322,6 +322,80 @@ def test_the_adapter_is_retried_once_after_a_crash_by_a_signal(returncodes, lowe
     assert ascend.calls == len(returncodes)
 
 
+@pytest.mark.parametrize("exit_code, log, hivmc, outcome, ub_bits", [
+    # bishengir-compile planned the kernel and stopped where hivmc would take over
+    (1, "error: External hivmc run fails", False, "handoff", None),
+    # an overflow stops at the same hand-off: it is an error, with the UB need it reports
+    (1, "error: ub overflow, requires 1896448 bits\nerror: External hivmc run fails", False,
+     "error", 1896448),
+    # with a hivmc on PATH a lowering counts only if it made the binary
+    (1, "error: External hivmc run fails", True, "error", None),
+    (0, "", True, "binary", None),
+], ids=["handoff", "overflow", "hivmc-failed", "binary"])
+def test_plan_reads_the_outcome_of_a_compiler_run(tmp_path, monkeypatch, exit_code, log, hivmc,
+                                                   outcome, ub_bits):
+    """ascend_lowering.plan on a stand-in bishengir-compile that prints a log and exits as
+    the real one does (no triton-ascend needed): the outcome, the overflow and its UB
+    need, the launch's tiles."""
+    import shutil as shutil_module
+
+    from flash_cann.backends.triton import ascend_lowering
+    from flash_cann.backends.triton.npu import Launch
+
+    fake = tmp_path / "bishengir-compile"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import sys\n"
+                    f"sys.stderr.write({log!r})\n"
+                    f"if {exit_code} == 0:\n"
+                    "    open(sys.argv[sys.argv.index('-o') + 1] + '.o', 'w').close()\n"
+                    f"sys.exit({exit_code})\n")
+    fake.chmod(0o755)
+    which = shutil_module.which
+    monkeypatch.setattr(ascend_lowering, "bishengir_compile", lambda: str(fake))
+    monkeypatch.setattr(ascend_lowering.shutil, "which", lambda name: (
+        ("/usr/local/Ascend/bin/hivmc" if hivmc else None) if name == "hivmc" else which(name)))
+    step = Launch("fwd", None, (1,), (), {"BLOCK_M": 64, "BLOCK_N": 32})
+    r = ascend_lowering.plan(step, "module {}", "Ascend910B2", tmp_path / "work")
+    assert (r.outcome, r.overflow, r.ub_bits) == (outcome, ub_bits is not None, ub_bits), r.log
+    assert r.tiles == {"BLOCK_M": 64, "BLOCK_N": 32} and r.kernel == "fwd"
+    assert (tmp_path / "work" / "kernel.ttadapter.mlir").read_text() == "module {}"
+
+
+# The tile table (npu.TILES, or a table of npu.FEATURE_TILES) each feature set's launches
+# take, written out: a left window bound, softcap or ALiBi need "scores" ("cache" over a KV
+# cache), dropout needs "dropout" whatever else is on; a right bound alone (the causal
+# mask), packed sequences, sinks and a KV cache alone keep the plain tiles.
+TILE_TABLES = {"plain": "plain", "window": "scores", "softcap": "scores", "alibi": "scores",
+               "dropout": "dropout", "varlen": "plain", "sinks": "plain", "scores": "scores",
+               "all": "dropout", "cache": "plain", "paged": "plain", "cache-all": "cache",
+               "serving": "plain"}
+
+
+@pytest.mark.parametrize("features", list(TILE_TABLES))
+def test_each_launch_takes_its_tile_table(features):
+    """The NPU host's launches (recorded, not run: ascend_lowering.launches, no
+    triton-ascend needed) at every head_dim take the tiles of their feature set's table:
+    the tiles a launch gets are the ones the compile check proved to fit."""
+    import torch
+
+    from flash_cann.backends.triton.ascend_lowering import FEATURE_SETS, Variant, launches
+    from flash_cann.backends.triton.npu import FEATURE_TILES, PREPROCESS_ROWS, TILES
+
+    assert set(TILE_TABLES) == set(FEATURE_SETS)
+    name = TILE_TABLES[features]
+    table = TILES if name == "plain" else FEATURE_TILES[name]
+    for head_dim in (64, 128, 256):
+        steps = launches(Variant(torch.float16, head_dim, True, False, features))
+        assert steps
+        for step in steps:
+            if step.name == "preprocess":
+                assert step.constexprs["BLOCK_M"] == PREPROCESS_ROWS
+                continue
+            tiles = (step.constexprs["BLOCK_M"], step.constexprs["BLOCK_N"])
+            assert tiles == table[(step.name, head_dim, "float16")], (features, step.name,
+                                                                       head_dim)
+
+
 def test_units_reads_the_core_type_of_each_call():
     """units() and misplaced() on a HIVM module in the form bishengir-compile writes, and
     on mutations: the matmul in the vector half, a forward without its row max and sum."""

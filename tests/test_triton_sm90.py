@@ -51,7 +51,8 @@ def test_serves_plain_fp16_bf16_at_head_dims_64_and_128(on_sm90):
 
 @pytest.mark.parametrize("case", ["feature", "packed", "mask", "scale", "fp32", "head_dim",
                                   "unaligned_row", "strided_dim", "expanded_heads",
-                                  "expanded_batch", "unaligned_out", "setting"])
+                                  "expanded_batch", "unaligned_out", "unaligned_base",
+                                  "setting"])
 def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     q = bnsd()
     kwargs = {}
@@ -78,6 +79,9 @@ def test_refuses_what_it_does_not_serve(on_sm90, monkeypatch, case):
     elif case == "unaligned_out":  # q, k, v fine; the output written through TMA is not
         kwargs["out"] = torch.empty(2, 256, 4, 68, dtype=torch.bfloat16)[..., :64].transpose(1, 2)
         q = bnsd(head_dim=64)
+    elif case == "unaligned_base":  # strides fine, the data 2 bytes past a 16-byte boundary
+        flat = torch.randn(2 * 256 * 4 * 128 + 1, dtype=torch.bfloat16)[1:]
+        q = flat.view(2, 256, 4, 128).transpose(1, 2)
     elif case == "setting":
         monkeypatch.setenv("FLASH_CANN_SM90", "0")
     assert not serves(q, **kwargs)
