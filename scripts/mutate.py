@@ -13,7 +13,8 @@ the run stops before testing anything: a stale path or snippet after a move is a
 never a pass), its replacement, and the pytest arguments that must catch it.
 
 Each worker owns one scratch copy of the git-tracked files (symlinks kept: the packaged
-spec is a link) and one host build of it (FLASH_CANN_BUILD_DIR). For each mutant it takes:
+spec is a link) and one host build of it (FLASH_CANN_BUILD_DIR); when no native mutant is
+selected, the workers share one pristine build. For each mutant it takes:
 
 1. the mutant is written into the copy;
 2. a mutant of native code (C/C++, CMake) rebuilds the copy's host build incrementally
@@ -220,8 +221,9 @@ def imports_from(tree: Path, python: str) -> Path:
 class Worker:
     """One scratch copy and its host build; plants one mutant at a time."""
 
-    def __init__(self, root: Path, files: list[str], home: Path, jobs: int, python: str):
-        self.tree, self.build = home / "tree", home / "build"
+    def __init__(self, root: Path, files: list[str], home: Path, jobs: int, python: str,
+                 build: Path | None = None):
+        self.tree, self.build = home / "tree", build or home / "build"
         self.jobs, self.python = jobs, python
         copy_tree(root, files, self.tree)
         self.stale_build = True     # the build does not match the copy's sources
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer", action="append", choices=LAYERS, help="run this layer")
     parser.add_argument("--file", action="append", metavar="PATH",
                         help="run the mutants of this source file (repeatable)")
+    parser.add_argument("--kind", choices=("native", "python"),
+                        help="run only the mutants of native code, or only the others")
     parser.add_argument("--mutants", type=Path, action="append",
                         help="a mutant list (repeatable); default: scripts/mutants.yaml and "
                              "scripts/mutants/*.yaml")
@@ -315,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [m for m in mutants if m.layer in args.layer]
     if args.file:
         mutants = [m for m in mutants if m.file in args.file]
+    if args.kind:
+        mutants = [m for m in mutants if m.native == (args.kind == "native")]
     if problems:
         print("mutate: the mutant list is stale, nothing was run:", file=sys.stderr)
         for p in problems:
@@ -333,19 +339,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = tracked_files(ROOT)
         count = max(1, min(args.workers, len(mutants)))
-        workers = [Worker(ROOT, files, scratch / f"worker{i}", args.jobs, args.python)
+        # Without native mutants every worker tests against one pristine build.
+        shared = None if any(m.native for m in mutants) else scratch / "build"
+        workers = [Worker(ROOT, files, scratch / f"worker{i}", args.jobs, args.python, shared)
                    for i in range(count)]
         if imports_from(workers[0].tree, args.python) != \
                 (workers[0].tree / "python/flash_cann/__init__.py").resolve():
             print("mutate: PYTHONPATH does not select the scratch copy's flash_cann", file=sys.stderr)
             return 2
         t0 = time.monotonic()
-        for (ok, log) in run_all(workers, workers, lambda w, _: w.ensure_pristine_build()):
+        builders = workers[:1] if shared else workers
+        for (ok, log) in run_all(builders, builders, lambda w, _: w.ensure_pristine_build()):
             if not ok:
                 print(f"mutate: the pristine native build failed:\n{log}", file=sys.stderr)
                 return 2
-        print(f"{count} scratch copies and native builds: {time.monotonic() - t0:.0f} s",
-              flush=True)
+        for w in workers:
+            w.stale_build = False
+        print(f"{count} scratch copies, {len(builders)} native builds: "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
         broken: dict[tuple, str] = {}   # selections that fail unmutated: their mutants error
         if not args.no_baseline:
             selections = {}
