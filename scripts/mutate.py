@@ -152,9 +152,16 @@ def check(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
 
 
 def tracked_files(root: Path) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=root, check=True,
-                         capture_output=True).stdout
-    return [p for p in out.decode().split("\0") if p]
+    """The git-tracked files; in a copy without git metadata (a lent machine's copy of the
+    working tree), every file outside build outputs and caches."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if listed.returncode == 0:
+        return [p for p in listed.stdout.decode().split("\0") if p]
+    skip = {".git", ".venv", "build", "build_out", "__pycache__", ".pytest_cache",
+            ".hypothesis"}
+    return [str(path.relative_to(root)) for path in sorted(root.rglob("*"))
+            if (path.is_file() or path.is_symlink())
+            and not skip & set(path.relative_to(root).parts)]
 
 
 def copy_tree(root: Path, files: list[str], dest: Path) -> None:
@@ -357,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
             w.stale_build = False
         print(f"{count} scratch copies, {len(builders)} native builds: "
               f"{time.monotonic() - t0:.0f} s", flush=True)
-        broken: dict[tuple, str] = {}   # selections that fail unmutated: their mutants error
+        deadline = started + args.deadline if args.deadline else None
+        # selections that fail unmutated (their mutants error) or were not run in time
+        broken: dict[tuple, str] = {}
         if not args.no_baseline:
             selections = {}
             for m in mutants:
@@ -365,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
 
             def baseline(worker: Worker, m: Mutant) -> tuple[str, str]:
                 t1 = time.monotonic()
+                if deadline is not None and t1 > deadline:
+                    return "not run (deadline)", ""
                 state, log = worker.baseline(m)
                 with lock:
                     print(f"baseline {' '.join(m.tests)}: "
@@ -377,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
             results = run_all(workers, list(selections.values()), baseline)
             for key, (state, _) in zip(selections, results):
                 if state != "survived":
-                    broken[key] = state
-        deadline = started + args.deadline if args.deadline else None
+                    broken[key] = (state if state.startswith("not run")
+                                   else "error (selection fails unmutated)")
 
         def one(worker: Worker, m: Mutant) -> dict:
             t1 = time.monotonic()
             if m.selection() in broken:
-                state, log = "error (selection fails unmutated)", ""
+                state, log = broken[m.selection()], ""
             elif deadline is not None and t1 > deadline:
                 state, log = "not run (deadline)", ""
             else:
@@ -412,12 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['id']} | {row['layer']} | {row['result']} | {row['seconds']:.0f} |")
     caught = sum(r["result"] == "caught" for r in rows)
     survived = sum(r["result"] == "survived" for r in rows)
-    errors = len(rows) - caught - survived
-    print(f"\n{len(rows)} mutants: {caught} caught, {survived} survived, {errors} errors; "
+    not_run = sum(r["result"].startswith("not run") for r in rows)
+    errors = len(rows) - caught - survived - not_run
+    print(f"\n{len(rows)} mutants: {caught} caught, {survived} survived, {errors} errors, "
+          f"{not_run} not run; "
           f"{time.monotonic() - started:.0f} s in all")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "caught": caught, "survived": survived,
-                                         "errors": errors}, indent=1))
+                                         "errors": errors, "not_run": not_run}, indent=1))
     return 0 if caught == len(rows) else 1
 
 
