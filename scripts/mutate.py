@@ -152,9 +152,10 @@ def check(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
 
 
 def tracked_files(root: Path) -> list[str]:
-    """The git-tracked files; in a copy without git metadata (a lent machine's copy of the
-    working tree), every file outside build outputs and caches."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    """The files a fresh clone of the working tree has (tracked, or untracked and not
+    ignored); in a copy without git metadata, every file outside build outputs and caches."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=root, capture_output=True)
     if listed.returncode == 0:
         return [p for p in listed.stdout.decode().split("\0") if p]
     skip = {".git", ".venv", "build", "build_out", "__pycache__", ".pytest_cache",
