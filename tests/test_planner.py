@@ -128,6 +128,10 @@ def test_packed_plans_take_shapes_and_refuse_by_name():
     block_q, block_k = g["tiling"]["block_q"], g["tiling"]["block_k"]
     assert g["tiling"]["used_cores"] == min(24, max(2 * (-(-500 // block_k) + 3),
                                                     4 * (-(-300 // block_q) + 3)))
+    # the fast dQ has no query pass: the key pass alone, its partial blocks included
+    g = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                          features=tokens)
+    assert g["tiling"]["used_cores"] == min(24, 2 * (-(-500 // g["tiling"]["block_k"]) + 3))
     for call, features, message in [
             (planner.plan, None, "tokens_q must be in 1..2147483647 with layout TND (got 0)"),
             (planner.grad_plan, planner.variant(tokens=(300, 0)),
@@ -218,6 +222,31 @@ def test_decode_refusals_raise(kwargs, message):
     args.update(kwargs)
     with pytest.raises(planner.PlanRefused, match=message):
         planner.decode_plan("ascend910b2", 2, args.pop("heads_q"), 1, args.pop("head_dim"), **args)
+
+
+@pytest.mark.parametrize("seqlen, head_dim, causal, keys", [
+    (8192, 128, False, 1024),   # long non-causal keys at head_dim 128: 1024-key rounds
+    (8192, 128, True, 512),     # causal tiles compute a whole round on the diagonal: 512
+    (2048, 128, False, 512),    # shorter key sequences: 512
+    (8192, 64, False, 512),     # head_dim 64: 512
+])
+def test_round_keys_widen_only_for_long_non_causal_rows(seqlen, head_dim, causal, keys):
+    """The keys per round (block_k x key_stack): 1024 only where the schedule model
+    predicts it pays (non-causal, seqlen_k >= 4096, head_dim >= 128), 512 elsewhere."""
+    t = planner.plan("Ascend910B2", 1, 16, seqlen, head_dim, causal=causal, dtype="bfloat16")["tiling"]
+    assert t["block_k"] * t["key_stack"] == keys
+
+
+@pytest.mark.parametrize("layout, mask", [("BNSD", False), ("BSND", True)])
+def test_forward_hbm_floor_counts_each_tensor_once(layout, mask):
+    """The prediction's HBM floor: q, out and lse once per query head, k and v once per kv
+    head (GQA), the key mask once, at the platform's HBM bandwidth."""
+    b, hq, hk, sq, sk, d, e = 2, 16, 2, 512, 3000, 128, 2
+    p = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk, dtype="bfloat16",
+                     layout=layout, has_mask=mask)
+    hbm = {x["name"]: x for x in planner.platforms()}["Ascend910B2"]["hbm_gb_per_s"] * 1e9
+    moved = 2 * b * hq * sq * d * e + 2 * b * hk * sk * d * e + 4 * b * hq * sq + mask * b * sk
+    assert p["prediction"]["hbm_seconds"] == pytest.approx(moved / hbm, rel=1e-8)
 
 
 def test_imbalance_is_against_the_platforms_cores():
