@@ -249,6 +249,20 @@ def test_forward_hbm_floor_counts_each_tensor_once(layout, mask):
     assert p["prediction"]["hbm_seconds"] == pytest.approx(moved / hbm, rel=1e-8)
 
 
+def test_backward_pre_pass_runs_on_every_vector_core():
+    """The backward's pre-pass (read dO and O, write D and zero dQ) is spread over every
+    vector core (two per AI core); on a 2-core launch their bandwidth, not HBM, binds it."""
+    b, h, s, d, e, cores = 1, 16, 4096, 128, 2, 2
+    p = planner.grad_plan("Ascend910B2", b, h, s, d, dtype="bfloat16", aic_cores=cores)
+    rates = {x["name"]: x for x in planner.platforms()}["Ascend910B2"]["engine_rates"]
+    rows = b * h * s
+    read, write = 2 * rows * d * e, rows * 4 + rows * d * 4
+    vector = max(read / rates["l2_to_ub"], write / rates["ub_to_l2"]) / (2 * cores)
+    assert vector > (read + write) / rates["hbm"]
+    assert p["prediction"]["pre_seconds"] == pytest.approx(
+        vector + 2 * rates["cross_core_flag_seconds"], rel=1e-6)
+
+
 def test_imbalance_is_against_the_platforms_cores():
     """A plan's imbalance is its busiest core's work over the mean across the platform's
     AI cores, so a plan that leaves cores idle shows it."""
