@@ -120,9 +120,13 @@ def _forward_stage1(result) -> dict:
     return stage1
 
 
-@pytest.mark.parametrize("case", ["fwd_bnsd_gqa", "fwd_bsnd_strided_masked"])
+@pytest.mark.parametrize("case", ["fwd_bnsd_gqa", "fwd_bsnd_strided_masked", "fwd_kv_views"])
 def test_forward_reaches_aclnn_with_the_spec_arguments(results, case):
     result = results[case]
+    if case == "fwd_kv_views":  # dense views of a larger storage, described as such
+        value = result["tensors"]["value"]
+        assert value["contiguous"] and value["offset"] > 0
+        assert value["storage_elements"] == 2 * torch.Size(value["dims"]).numel()
     stage1 = _forward_stage1(result)
     assert {k: stage1[k] for k in ("scale", "causal", "layout")} == result["attrs"]
     out, lse, query = (result["tensors"][n] for n in ("out", "softmax_lse", "query"))
@@ -293,6 +297,13 @@ def test_each_stage_takes_the_streams_resources_when_torch_npu_asks(results):
                      ("aclnnFlashCannAttentionGetWorkspaceSize", None),
                      ("aclrtUseStreamResInCurrentThread", FAKE_STREAM),
                      ("aclnnFlashCannAttention", FAKE_STREAM)]
+    # Each check decides its own stage: the enqueue check stage 1's, the dequeue check stage 2's.
+    for stage, before in (("enqueue", "aclnnFlashCannAttentionGetWorkspaceSize"),
+                          ("dequeue", "aclnnFlashCannAttention")):
+        calls = [c["call"] for c in results[f"core_control_{stage}"]["log"]
+                 if c["call"] not in ("aclCreateTensor", "aclDestroyTensor")]
+        assert calls[calls.index(before) - 1] == "aclrtUseStreamResInCurrentThread", stage
+        assert calls.count("aclrtUseStreamResInCurrentThread") == 1, stage
     # ...and without core control (every other scenario), never.
     assert not _calls(results["fwd_bnsd_gqa"]["log"], "aclrtUseStreamResInCurrentThread")
     # A failure to take them stops the call before stage 1, and nothing leaks.

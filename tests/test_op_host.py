@@ -99,6 +99,21 @@ def test_tiling_func_reads_the_platform():
     assert got["block_dim"] == 7
 
 
+@pytest.mark.parametrize("cores", ["24:24", "24:72"])
+def test_tiling_funcs_refuse_a_platform_without_two_vector_cores_per_ai_core(cores):
+    """The kernels pair each AI core with two vector cores: a platform reporting another
+    ratio is refused, naming both counts."""
+    aic, aiv = cores.split(":")
+    message = (f"the kernel pairs each AI core with 2 vector cores (platform reports {aic} AIC, "
+               f"{aiv} AIV)")
+    got, stderr = _tiling("BNSD", "fp16", False, False, (1, 4, 512, 64), (1, 4, 512, 64),
+                          cores=cores)
+    assert got["status"] == "failed" and message in stderr
+    got, stderr = _grad_tiling("BNSD", "fp16", False, False, False, (1, 4, 512, 64),
+                               (1, 4, 512, 64), cores=cores)
+    assert got["status"] == "failed" and message in stderr
+
+
 def test_refusal_becomes_a_failed_status_with_the_reason():
     got, stderr = _tiling("BNSD", "fp16", False, False, (1, 8, 128, 300), (1, 8, 128, 300))
     assert got["status"] == "failed"
@@ -216,6 +231,7 @@ FEATURE_CASES = [
     ({"causal": True, "window_left": 300, "window_right": 5},
      dict(window_left=-1, window_right=-1, causal=True)),
     ({"window_left": 16, "window_right": 256}, dict(window_left=16, window_right=-1)),
+    ({"window_left": 256, "window_right": 8}, dict(window_left=-1, window_right=8)),
     ({"softcap": 30.0}, dict(softcap=30.0)),
     ({"dropout_p": 0.1, "rng_state": "2"},
      dict(dropout_p=pytest.approx(0.1), dropout_threshold=variant.dropout_threshold(0.1))),
@@ -418,6 +434,11 @@ def test_kvcache_tiling_func_plans_from_shapes(layout, q, named, expected):
                                 "required by the Ascend kernel"),
     ("BSND", (2, 1, 8, 64), {"cache_seqlens": "2", "num_splits": 200},
      "num_splits must be in [0, 128] (got 200)"),
+    ("BSND", (2, 1, 8, 64), {"cache_seqlens": "2", "block_table": "2x1", "cache_batch_idx": "2"},
+     "cache_batch_idx is not taken with a paged cache (block_table)"),
+    ("TND", (2, 8, 64, "_"), {"cache_seqlens": "2", "cu_seqlens_q": "3", "max_seqlen_q": 1,
+                              "block_table": "2x1", "cache_batch_idx": "2"},
+     "cache_batch_idx is not taken with a paged cache (block_table)"),
     ("TND", (2, 1, 8, 64), {"cache_seqlens": "2", "cu_seqlens_q": "3", "max_seqlen_q": 1},
      "query must be (tokens_q, heads_q, head_dim) for layout TND"),
 ], ids=str)

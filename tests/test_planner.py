@@ -89,6 +89,9 @@ def test_grad_plan_fits_balances_and_sizes_its_workspace(deterministic):
     ({"head_dim": 256, "features": planner.variant(cube_passes=1)},
      "cube_passes: the 256-row tile in two 128-row cube passes does not fit Ascend910B2's "
      "buffers for head_dim 256"),
+    # -1 is the only unbounded value, on either side
+    ({"features": planner.variant(window=(-2, -1))}, "window bounds must be >= -1 (-1: unbounded)"),
+    ({"features": planner.variant(window=(-1, -2))}, "window bounds must be >= -1 (-1: unbounded)"),
 ])
 def test_refusals_raise(kwargs, message):
     built("planner/libflash_cann_planner.so")
@@ -125,6 +128,10 @@ def test_packed_plans_take_shapes_and_refuse_by_name():
     block_q, block_k = g["tiling"]["block_q"], g["tiling"]["block_k"]
     assert g["tiling"]["used_cores"] == min(24, max(2 * (-(-500 // block_k) + 3),
                                                     4 * (-(-300 // block_q) + 3)))
+    # the fast dQ has no query pass: the key pass alone, its partial blocks included
+    g = planner.grad_plan("Ascend910B2", 3, 4, 120, 64, heads_kv=2, seqlen_k=260, layout="TND",
+                          features=tokens)
+    assert g["tiling"]["used_cores"] == min(24, 2 * (-(-500 // g["tiling"]["block_k"]) + 3))
     for call, features, message in [
             (planner.plan, None, "tokens_q must be in 1..2147483647 with layout TND (got 0)"),
             (planner.grad_plan, planner.variant(tokens=(300, 0)),
@@ -196,13 +203,22 @@ def test_grad_refusals_raise():
     (1, 8, 131072, 3),      # 8 tiles: 3 splits each
     (1, 1, 131072, 24),     # one tile: a split per core
     (1, 1, 1000, 2),        # no chunk shorter than a 512-key round of the capacity (1024)
+    (2, 1, 1024, 2),        # a sequence holds its block-table row (8 pages), not the pool's 16
 ])
 def test_decode_plan_splits_from_shapes(batch, heads_kv, keys, splits):
     p = planner.decode_plan("ascend910b2", batch, 4 * heads_kv, 1, 128, heads_kv=heads_kv, keys=keys,
                             page_size=128)
+    assert p["tiling"]["capacity"] == -(-keys // 128) * 128
     assert p["tiling"]["splits"] == splits
     assert p["tiling"]["used_cores"] == min(24, p["tiling"]["units"])
     assert all(level["used"] <= level["capacity"] for level in p["levels"])
+
+
+def test_decode_plan_of_a_contiguous_cache():
+    """No block table (max_blocks 0): a contiguous cache of `keys` keys per sequence."""
+    p = planner.decode_plan("ascend910b2", 2, 8, 1, 128, heads_kv=2, keys=3000)
+    assert (p["tiling"]["paged"], p["tiling"]["capacity"]) == (0, 3000)
+    assert p["tiling"]["splits"] == 5  # 4 tiles on 24 cores, chunks of at least 512 keys
 
 
 @pytest.mark.parametrize("keys", [8192, 16384, 32768])
@@ -220,12 +236,73 @@ def test_decode_prediction_meets_the_hbm_target_at_batch_64(keys):
     (dict(heads_q=6, heads_kv=4), "multiple of heads_kv"),
     (dict(head_dim=300), "head_dim 300 exceeds"),
     (dict(features=planner.variant(alibi="head"), keys=1 << 24), "ALiBi distances"),
+    (dict(features=planner.variant(dropout_p=0.1)), "dropout is not a feature of fwd_kvcache"),
 ])
 def test_decode_refusals_raise(kwargs, message):
     args = dict(heads_q=8, heads_kv=2, head_dim=64, keys=4096)
     args.update(kwargs)
     with pytest.raises(planner.PlanRefused, match=message):
         planner.decode_plan("ascend910b2", 2, args.pop("heads_q"), 1, args.pop("head_dim"), **args)
+
+
+@pytest.mark.parametrize("seqlen, head_dim, causal, keys", [
+    (8192, 128, False, 1024),   # long non-causal keys at head_dim 128: 1024-key rounds
+    (8192, 128, True, 512),     # causal tiles compute a whole round on the diagonal: 512
+    (2048, 128, False, 512),    # shorter key sequences: 512
+    (8192, 64, False, 512),     # head_dim 64: 512
+])
+def test_round_keys_widen_only_for_long_non_causal_rows(seqlen, head_dim, causal, keys):
+    """The keys per round (block_k x key_stack): 1024 only where the schedule model
+    predicts it pays (non-causal, seqlen_k >= 4096, head_dim >= 128), 512 elsewhere."""
+    t = planner.plan("Ascend910B2", 1, 16, seqlen, head_dim, causal=causal, dtype="bfloat16")["tiling"]
+    assert t["block_k"] * t["key_stack"] == keys
+
+
+@pytest.mark.parametrize("layout, mask", [("BNSD", False), ("BSND", True)])
+def test_forward_hbm_floor_counts_each_tensor_once(layout, mask):
+    """The prediction's HBM floor: q, out and lse once per query head, k and v once per kv
+    head (GQA), the key mask once, at the platform's HBM bandwidth."""
+    b, hq, hk, sq, sk, d, e = 2, 16, 2, 512, 3000, 128, 2
+    p = planner.plan("Ascend910B2", b, hq, sq, d, heads_kv=hk, seqlen_k=sk, dtype="bfloat16",
+                     layout=layout, has_mask=mask)
+    hbm = {x["name"]: x for x in planner.platforms()}["Ascend910B2"]["hbm_gb_per_s"] * 1e9
+    moved = 2 * b * hq * sq * d * e + 2 * b * hk * sk * d * e + 4 * b * hq * sq + mask * b * sk
+    assert p["prediction"]["hbm_seconds"] == pytest.approx(moved / hbm, rel=1e-8)
+
+
+def test_backward_pre_pass_runs_on_every_vector_core():
+    """The backward's pre-pass (read dO and O, write D and zero dQ) is spread over every
+    vector core (two per AI core); on a 2-core launch their bandwidth, not HBM, binds it."""
+    b, h, s, d, e, cores = 1, 16, 4096, 128, 2, 2
+    p = planner.grad_plan("Ascend910B2", b, h, s, d, dtype="bfloat16", aic_cores=cores)
+    rates = {x["name"]: x for x in planner.platforms()}["Ascend910B2"]["engine_rates"]
+    rows = b * h * s
+    read, write = 2 * rows * d * e, rows * 4 + rows * d * 4
+    vector = max(read / rates["l2_to_ub"], write / rates["ub_to_l2"]) / (2 * cores)
+    assert vector > (read + write) / rates["hbm"]
+    assert p["prediction"]["pre_seconds"] == pytest.approx(
+        vector + 2 * rates["cross_core_flag_seconds"], rel=1e-6)
+
+
+def test_imbalance_is_against_the_platforms_cores():
+    """A plan's imbalance is its busiest core's work over the mean across the platform's
+    AI cores, so a plan that leaves cores idle shows it."""
+    p = planner.plan("Ascend910B2", 1, 1, 256, 64)
+    macs = [c["macs"] for c in p["cores"]]
+    assert p["block_dim"] == len(macs) < 24
+    assert p["imbalance"] == pytest.approx(max(macs) / (sum(macs) / 24), rel=1e-9)
+
+
+def test_plan_json_escapes_quotes_and_backslashes():
+    """The planner's JSON carries any message text: an unknown SoC's name with a quote and a
+    backslash comes back as given (the C ABI, below the Python name check)."""
+    library = planner._library()
+    name = 'Ascend"910\\B2'
+    for call in (lambda buf, cap: library.flash_cann_plan_json(
+                     name.encode(), 1, 8, 8, 128, 128, 64, 0, 0, 0, 0, 0.125, None, 0, buf, cap),
+                 lambda buf, cap: library.flash_cann_grad_plan_json(
+                     name.encode(), 1, 8, 8, 128, 128, 64, 0, 0, 0, 0, 0, 0.125, None, 0, buf, cap)):
+        assert planner._json_call(call) == {"error": f"unknown SoC '{name}'"}
 
 
 def test_platform_table():

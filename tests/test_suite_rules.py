@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,54 @@ def test_the_ci_command_fails_on_a_failing_test_and_on_no_tests(tmp_path):
                               "--rootdir", str(tmp_path), str(target)], cwd=tmp_path,
                              capture_output=True, text=True, timeout=3600)
         assert run.returncode == status, run.stdout + run.stderr
+
+
+def _run_ci(tmp_path, tools=("cmake", "g++", "gcc"), pytest_status=5):
+    """.ci/run in a copy of the repository's .ci, with stand-ins on an otherwise empty PATH:
+    the native tools given, and a python3 whose venv's pip and python record what they
+    were asked (the working directory and CI) instead of installing and testing. The fake
+    pytest exits with ``pytest_status``. Returns (the run, the recorded lines)."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / ".ci" / "run").write_text((HERE.parent / ".ci" / "run").read_text(encoding="utf-8"))
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stub = {"dirname": f'#!/bin/sh\nexec {shutil.which("dirname")} "$@"\n',
+            "python3": ("#!/bin/sh\n"  # python3 -m venv .venv
+                        '[ "$1 $2" = "-m venv" ] || exit 99\n'
+                        f'{shutil.which("mkdir")} -p "$3/bin"\n'
+                        f"{shutil.which('cat')} > \"$3/bin/activate\" <<'ACTIVATE'\n"
+                        f'pip() {{ echo "pip cwd=$PWD $*" >> {log}; }}\n'
+                        f'python() {{ echo "python cwd=$PWD CI=${{CI:-unset}} $*" >> {log}; '
+                        f"return {pytest_status}; }}\n"
+                        "ACTIVATE\n")}
+    stub.update({tool: "#!/bin/sh\nexit 0\n" for tool in tools})
+    for name, text in stub.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    run = subprocess.run([shutil.which("bash"), str(repo / ".ci" / "run")], cwd=tmp_path,
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=3600)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return run, [c.replace(str(repo), "REPO") for c in calls]
+
+
+def test_ci_run_installs_and_runs_the_suite_from_the_root_with_ci_set(tmp_path):
+    """From any directory: the install and the README's pytest command run in the
+    repository root, pytest with CI=true (missing native tools fail, not skip), and
+    pytest's exit status is the script's (5, "no tests ran", must fail CI too)."""
+    run, calls = _run_ci(tmp_path)
+    assert run.returncode == 5, run.stderr
+    assert calls == ["pip cwd=REPO install torch==2.13.0 -e .[test]",
+                     "python cwd=REPO CI=true -m pytest -q -n 2"]
+
+
+@pytest.mark.parametrize("missing", ["cmake", "g++", "gcc"])
+def test_ci_run_stops_before_installing_without_a_native_tool(tmp_path, missing):
+    run, calls = _run_ci(tmp_path, tools=[t for t in ("cmake", "g++", "gcc") if t != missing],
+                         pytest_status=0)
+    assert run.returncode == 1 and calls == []
+    assert f".ci/run: {missing} not found: the native tests need cmake (>= 3.16)" in run.stderr
 
 
 def test_xdist_units_keep_a_module_on_one_worker_unless_spread():

@@ -4,6 +4,7 @@
 //   opdefs
 //   cann-version   (the CANN release the stand-in presents, the op_host API chosen for it)
 //   tiling <OpType> <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic]
+//               ([aic]: AI cores, or AIC:AIV to set the vector cores too)
 //   grad-tiling <layout> <fp16|bf16|fp32> <causal 0|1> <mask 0|1> <deterministic 0|1>
 //               <grad_lse 0|1> <scale> q0 q1 q2 q3 k0 k1 k2 k3 [aic [input-to-misshape]]
 //   infer  <OpType> <layout> <fp16|bf16|fp32> q0 q1 q2 q3 k0 k1 k2 k3
@@ -292,6 +293,15 @@ gert::StubNode GradNode(const char* layout, const char* dtype, bool causal, bool
     return node;
 }
 
+// The [aic] argument: AI cores, each with two vector cores, or "AIC:AIV" for a platform
+// that reports another count of vector cores.
+void SetCores(fe::PlatFormInfos& platform, const char* text)
+{
+    platform.aic = static_cast<uint32_t>(std::atoi(text));
+    const char* colon = std::strchr(text, ':');
+    platform.aiv = colon ? static_cast<uint32_t>(std::atoi(colon + 1)) : 2 * platform.aic;
+}
+
 int GradTiling(int argc, char** argv)
 {
     if (argc < 17) {
@@ -305,8 +315,7 @@ int GradTiling(int argc, char** argv)
                                    argv + 9, argv + 13, argc > 18 ? argv[18] : "");
     fe::PlatFormInfos platform;
     if (argc > 17 && std::atoi(argv[17]) > 0) {
-        platform.aic = static_cast<uint32_t>(std::atoi(argv[17]));
-        platform.aiv = 2 * platform.aic;
+        SetCores(platform, argv[17]);
     }
     const auto& op = ops::Registry().at(node.type);
     gert::TilingContext requestContext(node, platform, 2048);
@@ -346,8 +355,7 @@ int Tiling(int argc, char** argv)
                                argv + 12);
     fe::PlatFormInfos platform;
     if (argc > 16) {
-        platform.aic = static_cast<uint32_t>(std::atoi(argv[16]));
-        platform.aiv = 2 * platform.aic;
+        SetCores(platform, argv[16]);
     }
     const auto& op = ops::Registry().at(argv[2]);
     gert::TilingContext requestContext(node, platform, 2048);

@@ -681,6 +681,15 @@ void TestBackwardModel()
     }
     EXPECT(units == 2 * 64 && steps == 4 * 2 * (64 * 32 - 2 * (31 * 32 / 2)), "split covers %llu units, "
            "%llu steps", static_cast<unsigned long long>(units), static_cast<unsigned long long>(steps));
+    // Sequences that end in a partial block: non-causal, 1000 query rows are 8 blocks of 128
+    // (the last one partial) for each of the 10 key blocks of 600 keys, per query head.
+    const BackwardProblem ragged{1, 8, 2, 1000, 600, 128, false};
+    uint64_t raggedSteps = 0;
+    for (const BackwardCoreWork& w : EvenBackwardSplit(serial, ragged, 24)) {
+        raggedSteps += w.steps;
+    }
+    EXPECT(raggedSteps == 8 * 10 * 8, "a ragged split covers %llu steps, not 640",
+           static_cast<unsigned long long>(raggedSteps));
     BackwardDesign pipelined = serial;
     pipelined.stepsAhead = 2;
     pipelined.l0cScratchBuffers = 2;

@@ -5,7 +5,7 @@
 // their contract: "npu" (PrivateUse1) tensors live in host memory, every tensor is in the
 // plain ND format, OpCommand::RunOpApiV2 runs the handler at once (as torch_npu does with
 // ASCEND_LAUNCH_BLOCKING=1), and the stream-resource checks answer $FAKE_NPU_CORE_CONTROL
-// ("1": the thread must take the stream's resources). Other aten ops run on the CPU
+// ("1": the thread must take the stream's resources; "enqueue" / "dequeue": only that check says so). Other aten ops run on the CPU
 // (torch's cpu_fallback), so a loss can be computed. Graph capture (torch.npu.NPUGraph):
 // fake_npu_capture.h. Not torch_npu.
 #include <cstdlib>
@@ -161,9 +161,10 @@ void CpuFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   RunOnCpu(op, stack);
 }
 
-bool CoreControl() {
+// $FAKE_NPU_CORE_CONTROL: "1" both checks say yes; "enqueue" or "dequeue" only that one.
+bool CoreControl(const char *stage) {
   const char *value = std::getenv("FAKE_NPU_CORE_CONTROL");
-  return value != nullptr && std::strcmp(value, "1") == 0;
+  return value != nullptr && (std::strcmp(value, "1") == 0 || std::strcmp(value, stage) == 0);
 }
 
 }  // namespace
@@ -204,9 +205,9 @@ NPUStream getCurrentNPUStream(c10::DeviceIndex) {
   return NPUStream(NPUStream::UNCHECKED, c10::Stream(c10::Stream::DEFAULT, kDevice));
 }
 
-bool check_enqueue_need_use(aclrtStream) { return CoreControl(); }
+bool check_enqueue_need_use(aclrtStream) { return CoreControl("enqueue"); }
 
-bool check_dequeue_need_use(aclrtStream) { return CoreControl(); }
+bool check_dequeue_need_use(aclrtStream) { return CoreControl("dequeue"); }
 
 }  // namespace c10_npu
 

@@ -79,6 +79,13 @@ out, lse = flash_cann.attention(q, k, v, causal=True, scale=0.125, return_lse=Tr
 record("fwd_bnsd_gqa", {"attrs": {"scale": 0.125, "causal": True, "layout": "BNSD"}},
        query=q, key=k, value=v, key_padding_mask=None, out=out, softmax_lse=lse)
 
+# Forward: K and V contiguous views of one stacked buffer (V at an offset): each reaches
+# aclnn as a view of the whole storage, no copy.
+q, kv = on_npu(2, 4, 8, 16), on_npu(2, 2, 2, 12, 16)
+out, lse = flash_cann.attention(q, kv[0], kv[1], scale=0.125, return_lse=True)
+record("fwd_kv_views", {"attrs": {"scale": 0.125, "causal": False, "layout": "BNSD"}},
+       query=q, key=kv[0], value=kv[1], key_padding_mask=None, out=out, softmax_lse=lse)
+
 # Forward: BSND, a strided q (slice of packed qkv) and a mask, bfloat16.
 qkv = on_npu(2, 6, 3, 4, 8, dtype=torch.bfloat16)
 mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]).to("npu")
@@ -234,6 +241,10 @@ os.environ["FAKE_ACLNN_FAIL"] = "aclrtUseStreamResInCurrentThread=107002"
 results["core_control_failing"] = {
     "error": error_of(lambda: torch.ops.flash_cann.fwd(q, k, v, None, 0.25)), "log": log_lines()}
 os.environ.pop("FAKE_ACLNN_FAIL")
+for stage in ("enqueue", "dequeue"):  # only one of the two checks says yes
+    os.environ["FAKE_NPU_CORE_CONTROL"] = stage
+    torch.ops.flash_cann.fwd(q, k, v, None, 0.25)
+    results[f"core_control_{stage}"] = {"log": log_lines()}
 os.environ.pop("FAKE_NPU_CORE_CONTROL")
 
 # Every non-zero status is an exception that says what it means.
