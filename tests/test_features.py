@@ -97,6 +97,35 @@ def test_causal_with_a_right_bound_is_no_window(monkeypatch):
     assert variant.plain and variant.window_right == -1, served[0]
 
 
+@pytest.mark.parametrize("check", ["fwd", "kvcache"])
+def test_causal_with_a_right_bound_needs_no_window_feature(check):
+    """The same rule at the capability check: a backend without windows takes
+    causal=True with any window_size[1] (causal's bound is the right bound), and still
+    refuses a left bound."""
+    import dataclasses
+
+    from flash_cann.contract.spec import load
+
+    cpu = load().backends["cpu"]
+    no_window = dataclasses.replace(cpu, features=tuple(f for f in cpu.features if f != "window"),
+                                    also_on_features={})
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.float16) for _ in range(3))
+
+    def call(left, right):
+        if check == "fwd":
+            return checks.check_fwd(q, k, v, None, 0.25, True, "BNSD", no_window,
+                                    window_left=left, window_right=right)
+        cache = torch.randn(1, 8, 2, 16, dtype=torch.float16)
+        return checks.check_kvcache(q.transpose(1, 2), cache, cache, None, None,
+                                    torch.tensor([8], dtype=torch.int32), None, None, 0.25,
+                                    True, backend=no_window, window_left=left,
+                                    window_right=right)
+
+    call(-1, 5)
+    with pytest.raises(NotImplementedError, match="does not support window"):
+        call(3, 5)
+
+
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 def test_window_with_padding_and_rows_that_see_nothing(sinks, gen):
     """A window narrower than the padding holes leaves rows with no key: out 0, lse -inf
