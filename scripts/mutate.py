@@ -1,36 +1,46 @@
 #!/usr/bin/env python3
-"""Mutation runner: plants each mutant of scripts/mutants.yaml alone in a scratch copy of
-the repository and runs the tests that must catch it.
+"""Mutation runner: plants each mutant of scripts/mutants.yaml and scripts/mutants/*.yaml
+alone in a scratch copy of the repository and runs the tests that must catch it.
 
     python scripts/mutate.py                 # every mutant; exit 0 iff all are caught
     python scripts/mutate.py --list          # validate and list, run nothing
     python scripts/mutate.py --only ID ...   # some mutants
     python scripts/mutate.py --layer checks  # one layer (repeatable)
+    python scripts/mutate.py --workers 8     # eight scratch copies at once (a big machine)
 
 A mutant is a file path, an exact original snippet (found exactly once in that file, or
 the run stops before testing anything: a stale path or snippet after a move is an error,
-never a pass), its replacement, and the pytest arguments that must catch it. For each:
+never a pass), its replacement, and the pytest arguments that must catch it.
 
-1. a scratch copy of the git-tracked files (symlinks kept: the packaged spec is a link),
-   the mutant applied;
-2. a mutant of native code (C/C++, CMake) gets its own fresh host build in the copy
-   (configure + build, about 25 s on 2 cores); the others share one build of the
-   pristine copy (FLASH_CANN_BUILD_DIR), since their native sources are unchanged. A
-   native mutant that does not build is an error, not a catch;
+Each worker owns one scratch copy of the git-tracked files (symlinks kept: the packaged
+spec is a link) and one host build of it (FLASH_CANN_BUILD_DIR). For each mutant it takes:
+
+1. the mutant is written into the copy;
+2. a mutant of native code (C/C++, CMake) rebuilds the copy's host build incrementally
+   (only what includes the file recompiles). A native mutant that does not build is an
+   error, not a catch;
 3. pytest with PYTHONPATH=<copy>/python and CI=true (missing native tools fail instead of
    skipping), stopping at the first failure: exit status 1 = caught, 0 = survived,
-   anything else (collection error, no tests, timeout) = error.
+   anything else (collection error, no tests, timeout) = error;
+4. the file is restored; after a native mutant the build is brought back to the pristine
+   sources before the worker's next Python mutant runs (Python mutants go first, so this
+   happens rarely).
 
-Before the mutants, every distinct test selection runs once on the pristine copy and must
-pass (--no-baseline skips that): a selection that fails unmutated would "catch" anything.
-The run prints id, layer, result and seconds per mutant, then a summary; it exits non-zero
-if any mutant survived or errored, or any snippet is not found exactly once.
+Before the mutants, every distinct test selection runs once on a pristine copy and must
+pass (--no-baseline skips that): a selection that fails unmutated would "catch" anything,
+so its mutants are reported as errors.
+The run prints id, layer, result and seconds per mutant, then a summary (--json writes the
+rows); it exits non-zero if any mutant survived or errored, or any snippet is not found
+exactly once.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import queue
+import threading
 import shutil
 import subprocess
 import sys
@@ -43,6 +53,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = Path(__file__).with_name("mutants.yaml")
+# More lists, one per area, so that people adding mutants in parallel do not edit one file.
+MORE_MUTANTS = Path(__file__).with_name("mutants")
 # The layers the list must cover (issue 29), and those later issues added code to.
 LAYERS = ("kernel", "race-detector", "triton", "cpu", "checks", "kvcache", "host-path",
           "planner", "model", "packaging", "api", "integrations", "layout")
@@ -65,7 +77,7 @@ class Mutant:
     tests: list[str]
     why: str
     env: dict[str, str] = field(default_factory=dict)
-    timeout: int = 900
+    timeout: int = 1800
 
     @property
     def native(self) -> bool:
@@ -76,12 +88,27 @@ class Mutant:
         return tuple(self.tests), tuple(sorted(self.env.items()))
 
 
-def load(path: Path = MUTANTS) -> list[Mutant]:
-    """The mutant list, checked for shape (not yet against the sources: see check)."""
+def default_lists() -> list[Path]:
+    return [MUTANTS, *sorted(MORE_MUTANTS.glob("*.yaml"))]
+
+
+def load(paths: Path | list[Path] | None = None) -> list[Mutant]:
+    """The mutant lists, checked for shape (not yet against the sources: see check)."""
+    if paths is None:
+        paths = default_lists()
+    elif isinstance(paths, Path):
+        paths = [paths]
+    mutants, seen = [], set()
+    for path in paths:
+        mutants += _load_one(path, seen)
+    return mutants
+
+
+def _load_one(path: Path, seen: set[str]) -> list[Mutant]:
     entries = yaml.safe_load(path.read_text())
     if not isinstance(entries, list):
         raise ListError(f"{path}: expected a list of mutants")
-    mutants, seen = [], set()
+    mutants = []
     for i, entry in enumerate(entries):
         where = f"{path.name}[{i}] ({entry.get('id', '?') if isinstance(entry, dict) else '?'})"
         if not isinstance(entry, dict):
@@ -141,19 +168,24 @@ def copy_tree(root: Path, files: list[str], dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def apply(m: Mutant, tree: Path) -> None:
+def apply(m: Mutant, tree: Path) -> str:
+    """Writes the mutant into the copy; returns the file's pristine text."""
     path = tree / m.file
     text = path.read_text()
     if text.count(m.original) != 1:
         raise ListError(f"{m.id}: snippet not found exactly once in the scratch copy")
     path.write_text(text.replace(m.original, m.replacement))
+    return text
 
 
 def native_build(tree: Path, build: Path, jobs: int) -> tuple[bool, str]:
-    """Configure and build the host-only targets, as flash_cann.ascend.native does."""
-    for command in (["cmake", "-S", str(tree / "op_project"), "-B", str(build),
-                     "-DFLASH_CANN_HOST_ONLY=ON", "-DCMAKE_BUILD_TYPE=Release"],
-                    ["cmake", "--build", str(build), "--parallel", str(jobs)]):
+    """Configures (once) and builds the host-only targets, as flash_cann.ascend.native does;
+    later calls rebuild only what changed."""
+    commands = [["cmake", "--build", str(build), "--parallel", str(jobs)]]
+    if not (build / "CMakeCache.txt").is_file():
+        commands.insert(0, ["cmake", "-S", str(tree / "op_project"), "-B", str(build),
+                            "-DFLASH_CANN_HOST_ONLY=ON", "-DCMAKE_BUILD_TYPE=Release"])
+    for command in commands:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             return False, (result.stdout + result.stderr)[-3000:]
@@ -183,16 +215,85 @@ def imports_from(tree: Path, python: str) -> Path:
     return Path(out.strip()).resolve()
 
 
+class Worker:
+    """One scratch copy and its host build; plants one mutant at a time."""
+
+    def __init__(self, root: Path, files: list[str], home: Path, jobs: int, python: str):
+        self.tree, self.build = home / "tree", home / "build"
+        self.jobs, self.python = jobs, python
+        copy_tree(root, files, self.tree)
+        self.stale_build = True     # the build does not match the copy's sources
+
+    def ensure_pristine_build(self) -> tuple[bool, str]:
+        if not self.stale_build:
+            return True, ""
+        ok, log = native_build(self.tree, self.build, self.jobs)
+        self.stale_build = not ok
+        return ok, log
+
+    def baseline(self, m: Mutant) -> tuple[str, str]:
+        return pytest(self.tree, self.build, m.tests, m.env, self.python, m.timeout)
+
+    def run(self, m: Mutant) -> tuple[str, str]:
+        if not m.native:
+            ok, log = self.ensure_pristine_build()
+            if not ok:
+                return "error (pristine build)", log
+        pristine = apply(m, self.tree)
+        try:
+            if m.native:
+                self.stale_build = True
+                ok, log = native_build(self.tree, self.build, self.jobs)
+                if not ok:
+                    return "error (does not build)", log
+            return pytest(self.tree, self.build, m.tests, m.env, self.python, m.timeout)
+        finally:
+            (self.tree / m.file).write_text(pristine)
+
+
+def run_all(workers: list[Worker], jobs: list, task) -> list:
+    """task(worker, job) for every job, each worker taking the next job when free; results
+    in the order of jobs."""
+    todo: queue.Queue = queue.Queue()
+    for i, job in enumerate(jobs):
+        todo.put((i, job))
+    results: list = [None] * len(jobs)
+
+    def loop(worker: Worker) -> None:
+        while True:
+            try:
+                i, job = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[i] = task(worker, job)
+
+    threads = [threading.Thread(target=loop, args=(w,)) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="validate and list; run nothing")
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants")
     parser.add_argument("--layer", action="append", choices=LAYERS, help="run this layer")
-    parser.add_argument("--mutants", type=Path, default=MUTANTS)
+    parser.add_argument("--file", action="append", metavar="PATH",
+                        help="run the mutants of this source file (repeatable)")
+    parser.add_argument("--mutants", type=Path, action="append",
+                        help="a mutant list (repeatable); default: scripts/mutants.yaml and "
+                             "scripts/mutants/*.yaml")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the pristine run of each test selection")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel native build jobs")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="scratch copies run at once, each with its own build")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel build jobs per worker")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for pytest")
+    parser.add_argument("--json", type=Path, help="write the result rows here")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="start no mutant after this many seconds (the rest: not run)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the log of each run")
     args = parser.parse_args(argv)
@@ -210,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [m for m in mutants if m.id in args.only]
     if args.layer:
         mutants = [m for m in mutants if m.layer in args.layer]
+    if args.file:
+        mutants = [m for m in mutants if m.file in args.file]
     if problems:
         print("mutate: the mutant list is stale, nothing was run:", file=sys.stderr)
         for p in problems:
@@ -223,55 +326,67 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="flash-cann-mutate-"))
-    rows: list[tuple[str, str, str, float]] = []
+    lock = threading.Lock()
+    rows: list[dict] = []
     try:
         files = tracked_files(ROOT)
-        pristine = scratch / "pristine"
-        copy_tree(ROOT, files, pristine)
-        if imports_from(pristine, args.python) != (pristine / "python/flash_cann/__init__.py").resolve():
+        count = max(1, min(args.workers, len(mutants)))
+        workers = [Worker(ROOT, files, scratch / f"worker{i}", args.jobs, args.python)
+                   for i in range(count)]
+        if imports_from(workers[0].tree, args.python) != \
+                (workers[0].tree / "python/flash_cann/__init__.py").resolve():
             print("mutate: PYTHONPATH does not select the scratch copy's flash_cann", file=sys.stderr)
             return 2
-        shared_build = scratch / "build-pristine"
         t0 = time.monotonic()
-        ok, log = native_build(pristine, shared_build, args.jobs)
-        if not ok:
-            print(f"mutate: the pristine native build failed:\n{log}", file=sys.stderr)
-            return 2
-        print(f"pristine copy and native build: {time.monotonic() - t0:.0f} s", flush=True)
+        for (ok, log) in run_all(workers, workers, lambda w, _: w.ensure_pristine_build()):
+            if not ok:
+                print(f"mutate: the pristine native build failed:\n{log}", file=sys.stderr)
+                return 2
+        print(f"{count} scratch copies and native builds: {time.monotonic() - t0:.0f} s",
+              flush=True)
+        broken: dict[tuple, str] = {}   # selections that fail unmutated: their mutants error
         if not args.no_baseline:
             selections = {}
             for m in mutants:
                 selections.setdefault(m.selection(), m)
-            for (tests, env), m in selections.items():
-                t0 = time.monotonic()
-                state, log = pytest(pristine, shared_build, list(tests), dict(env), args.python,
-                                    m.timeout)
-                print(f"baseline {' '.join(tests)}: {'passes' if state == 'survived' else state} "
-                      f"({time.monotonic() - t0:.0f} s)", flush=True)
+
+            def baseline(worker: Worker, m: Mutant) -> tuple[str, str]:
+                t1 = time.monotonic()
+                state, log = worker.baseline(m)
+                with lock:
+                    print(f"baseline {' '.join(m.tests)}: "
+                          f"{'passes' if state == 'survived' else state} "
+                          f"({time.monotonic() - t1:.0f} s)", flush=True)
+                    if state != "survived":
+                        print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
+                return state, log
+
+            results = run_all(workers, list(selections.values()), baseline)
+            for key, (state, _) in zip(selections, results):
                 if state != "survived":
-                    print(f"mutate: the selection fails without a mutant:\n{log}", file=sys.stderr)
-                    return 2
-        for m in mutants:
-            t0 = time.monotonic()
-            tree = scratch / f"mutant-{m.id}"
-            shutil.copytree(pristine, tree, symlinks=True)
-            apply(m, tree)
-            build = shared_build
-            state, log = "", ""
-            if m.native:
-                build = tree / "build" / "host"
-                ok, log = native_build(tree, build, args.jobs)
-                if not ok:
-                    state = "error (does not build)"
-            if not state:
-                state, log = pytest(tree, build, m.tests, m.env, args.python, m.timeout)
-            seconds = time.monotonic() - t0
-            rows.append((m.id, m.layer, state, seconds))
-            print(f"{m.id:40} {m.layer:14} {state:10} {seconds:6.0f} s", flush=True)
-            if args.verbose or state != "caught":
-                print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
-            if not args.keep:
-                shutil.rmtree(tree, ignore_errors=True)
+                    broken[key] = state
+        deadline = started + args.deadline if args.deadline else None
+
+        def one(worker: Worker, m: Mutant) -> dict:
+            t1 = time.monotonic()
+            if m.selection() in broken:
+                state, log = "error (selection fails unmutated)", ""
+            elif deadline is not None and t1 > deadline:
+                state, log = "not run (deadline)", ""
+            else:
+                state, log = worker.run(m)
+            row = {"id": m.id, "layer": m.layer, "file": m.file, "result": state,
+                   "seconds": round(time.monotonic() - t1, 1)}
+            with lock:
+                rows.append(row)
+                print(f"{m.id:40} {m.layer:14} {state:10} {row['seconds']:6.0f} s", flush=True)
+                if args.verbose or state != "caught":
+                    print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
+            return row
+
+        # Python mutants first: they share the pristine build, which a native one disturbs.
+        ordered = sorted(mutants, key=lambda m: m.native)
+        rows = run_all(workers, ordered, one)
     finally:
         if args.keep:
             print(f"scratch kept: {scratch}")
@@ -279,14 +394,17 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
 
     print()
-    print(f"| id | layer | result | seconds |\n|---|---|---|---:|")
+    print("| id | layer | result | seconds |\n|---|---|---|---:|")
     for row in rows:
-        print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]:.0f} |")
-    caught = sum(r[2] == "caught" for r in rows)
-    survived = sum(r[2] == "survived" for r in rows)
+        print(f"| {row['id']} | {row['layer']} | {row['result']} | {row['seconds']:.0f} |")
+    caught = sum(r["result"] == "caught" for r in rows)
+    survived = sum(r["result"] == "survived" for r in rows)
     errors = len(rows) - caught - survived
     print(f"\n{len(rows)} mutants: {caught} caught, {survived} survived, {errors} errors; "
           f"{time.monotonic() - started:.0f} s in all")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "caught": caught, "survived": survived,
+                                         "errors": errors}, indent=1))
     return 0 if caught == len(rows) else 1
 
 

@@ -93,3 +93,59 @@ def test_native_mutants_are_rebuilt():
     assert by_id["kernel-fwd-lse-sign"].native
     assert not by_id["host-bwd-key-without-deterministic"].native
     assert all(m.native == (Path(m.file).suffix in {".cpp", ".h"}) for m in MUTANTS)
+
+
+def _fake_repo(tmp_path):
+    root = tmp_path / "repo"
+    (root / "python").mkdir(parents=True)
+    (root / "python" / "a.py").write_text("x = 1\n")
+    (root / "k.cpp").write_text("int x = 1;\n")
+    return root
+
+
+def test_a_worker_plants_one_mutant_and_restores_the_file(tmp_path, monkeypatch):
+    """Each mutant is tested alone: the copy holds it during pytest and the pristine text
+    after; a native mutant rebuilds, and the next Python mutant first rebuilds the pristine
+    sources (its tests must not run against the mutant's objects)."""
+    root = _fake_repo(tmp_path)
+    seen, builds = [], []
+    monkeypatch.setattr(mutate, "native_build", lambda tree, build, jobs: (
+        builds.append((tree / "k.cpp").read_text()) or (True, "")))
+    monkeypatch.setattr(mutate, "pytest", lambda tree, build, *a: (
+        seen.append(((tree / "python/a.py").read_text(), (tree / "k.cpp").read_text()))
+        or ("caught", "")))
+    worker = mutate.Worker(root, ["python/a.py", "k.cpp"], tmp_path / "w", 1, sys.executable)
+    py = mutate.Mutant(id="p", layer="checks", file="python/a.py", original="x = 1",
+                       replacement="x = 2", tests=["t"], why="w")
+    native = mutate.Mutant(id="n", layer="kernel", file="k.cpp", original="x = 1",
+                           replacement="x = 2", tests=["t"], why="w")
+    assert worker.run(py) == ("caught", "")
+    assert worker.run(native) == ("caught", "")
+    assert worker.run(py) == ("caught", "")
+    assert seen == [("x = 2\n", "int x = 1;\n"), ("x = 1\n", "int x = 2;\n"),
+                    ("x = 2\n", "int x = 1;\n")]
+    # pristine build, the native mutant's build, the pristine rebuild before the 2nd Python one
+    assert builds == ["int x = 1;\n", "int x = 2;\n", "int x = 1;\n"]
+    assert (worker.tree / "k.cpp").read_text() == "int x = 1;\n"
+    assert (worker.tree / "python/a.py").read_text() == "x = 1\n"
+
+
+def test_a_native_mutant_that_does_not_build_is_an_error_and_is_restored(tmp_path, monkeypatch):
+    root = _fake_repo(tmp_path)
+    monkeypatch.setattr(mutate, "native_build", lambda tree, build, jobs: (
+        ((tree / "k.cpp").read_text() == "int x = 1;\n"), "boom"))
+    monkeypatch.setattr(mutate, "pytest", lambda *a: pytest.fail("must not run the tests"))
+    worker = mutate.Worker(root, ["python/a.py", "k.cpp"], tmp_path / "w", 1, sys.executable)
+    native = mutate.Mutant(id="n", layer="kernel", file="k.cpp", original="x = 1",
+                           replacement="x = (", tests=["t"], why="w")
+    assert worker.run(native) == ("error (does not build)", "boom")
+    assert (worker.tree / "k.cpp").read_text() == "int x = 1;\n"
+
+
+def test_the_lists_of_each_area_are_loaded(tmp_path):
+    """scripts/mutants/*.yaml add to scripts/mutants.yaml; an id is unique across them."""
+    assert set(mutate.default_lists()[1:]) == set(mutate.MORE_MUTANTS.glob("*.yaml"))
+    first, second = _write(tmp_path, [_entry()]), tmp_path / "more.yaml"
+    second.write_text(yaml.safe_dump([_entry()]))
+    with pytest.raises(mutate.ListError, match="duplicate id"):
+        mutate.load([first, second])
