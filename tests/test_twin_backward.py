@@ -103,6 +103,17 @@ def test_sequence_tails(seqlens, gen):
     _check(q, k, v, random_key_padding_mask(1, seqlens[1], gen), True, "BNSD", gen)
 
 
+def test_partial_key_block_without_a_mask_when_every_score_is_very_negative(gen):
+    """Without a key mask the last key block's padded columns still need their -inf bias.
+    The padding of K and V is zero, so its scores are 0 and, with a bias left out, only
+    exp(0 - lse) is at stake: harmless while lse is small, inf once every real score of a
+    row is below -88 (here about -128), and inf x the zero K rows is NaN in dQ."""
+    q, k, v = make_qkv(1, 2, 1, 40, 100, 64, torch.float16, "BNSD", generator=gen)
+    q = (4 + 0.1 * q.float()).to(q.dtype)
+    k = (-4 - 0.1 * k.float()).to(k.dtype)
+    _check(q, k, v, None, False, "BNSD", gen)
+
+
 @pytest.mark.parametrize("cores", [1, 5])
 def test_core_counts(cores, gen):
     """The fast variant (atomic dQ adds from several cores) on splits that do not divide

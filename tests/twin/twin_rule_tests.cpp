@@ -1052,6 +1052,27 @@ const std::vector<RuleCase>& RuleCases()
              Fixpipe<half, float, CFG_ROW_MAJOR>(g, c.Get<float>(), FixpipeParamsV220(16, 16, 16, 16, false));
          }},
         {"R14", CoreType::AIV, [](float*) { LocalTensor<float> unbound; unbound.GetValue(0); }},
+        // The bounds at their edges: one element past a 64-element tensor, past the end of
+        // a view t[32] (32 elements left), and a TBuf view whose offset carries it past the
+        // buffer (OutOfBoundsLocal overshoots by 64; these by one).
+        {"R15", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.Get<float>().GetValue(64);
+         }},
+        {"R15", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.Get<float>()[32].GetValue(32);
+         }},
+        {"R18", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
+             b.GetWithOffset<float>(57, 32);  // bytes 32 .. 260 of 256
+         }},
+        // The 8 KB scratch at its edge: 186 KB of buffers leave 6 KB of UB free, less than it.
+        {"R43", CoreType::AIV, [](float*) {
+             TPipe pipe; TBuf<TPosition::VECCALC> big; pipe.InitBuffer(big, 186 * 1024);
+             Select(big.Get<float>(64), big.Get<uint8_t>(32), big.Get<float>(64), 0.0f,
+                    SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);
+         }},
         {"R16", CoreType::AIV, [](float*) { TBuf<TPosition::VECCALC> b; b.Get<float>(); }},
         {"R17", CoreType::AIV, [](float*) {
              TPipe pipe; TBuf<TPosition::VECCALC> b; pipe.InitBuffer(b, 256);
