@@ -7,7 +7,6 @@ fails at once instead (conftest.py), so a broken CI image cannot pass as ~160 sk
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -75,23 +74,22 @@ def documented_build_applies() -> bool:
 
 
 def run_documented_build() -> None:
-    """Runs the documented command in the checkout under native.build's lock and records
-    the command, its exit status and the output's tail in build/host."""
+    """Runs the documented command in the checkout and records the command, its exit
+    status, the output's tail and whether build/host was fresh when it started. build.sh
+    takes native.build's lock itself, so the workers' builds wait for it (holding the
+    lock here would deadlock it)."""
     out = native.build_dir()
+    fresh = not (out / "CMakeCache.txt").is_file()
+    command = documented_build_command()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH",
+                        "FLASH_CANN_BUILD_TYPE")}
+    done = subprocess.run(["bash", "-c", command], cwd=native.CHECKOUT, env=env,
+                          capture_output=True, text=True)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "CMakeCache.txt").is_file():
-            return  # someone built meanwhile: no fresh build to record
-        command = documented_build_command()
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH",
-                            "FLASH_CANN_BUILD_TYPE")}
-        done = subprocess.run(["bash", "-c", command], cwd=native.CHECKOUT, env=env,
-                              capture_output=True, text=True)
-        (out / RECORD_NAME).write_text(json.dumps({
-            "command": command, "returncode": done.returncode,
-            "tail": (done.stdout + done.stderr)[-4000:]}))
+    (out / RECORD_NAME).write_text(json.dumps({
+        "command": command, "returncode": done.returncode, "fresh": fresh,
+        "tail": (done.stdout + done.stderr)[-4000:]}))
 
 
 def documented_build_record() -> dict | None:
