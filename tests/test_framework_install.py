@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from doc_commands import SERVER_DOCS, documented_commands
+from doc_commands import SERVER_DOCS, clean_copy, documented_commands
 from torch_npu_wheel import torch_npu_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,18 +53,6 @@ def test_documented_commands_are_found_and_comments_dropped(tmp_path):
                    "pip install --no-build-isolation ./framework --user\n")
     assert framework_commands([doc]) == {
         "pip install --no-build-isolation ./framework": ["doc.md"]}
-
-
-def _clean_copy(dest: Path) -> Path:
-    """The repository's files as a clone has them (tracked and not ignored), nothing built."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
 
 
 def _torch_npu_package(wheel: Path, dest: Path) -> Path:
@@ -154,7 +141,7 @@ def unresolved_symbols(extension: Path, torch_npu_lib: Path) -> tuple[set[str], 
 def installed(tmp_path_factory):
     wheel = torch_npu_wheel()
     tmp = tmp_path_factory.mktemp("framework_install")
-    clone = _clean_copy(tmp / "clone")
+    clone = clean_copy(tmp / "clone")
     env, site = _environment(tmp)
     _torch_npu_package(wheel, site)
     results = {}
