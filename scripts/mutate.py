@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                    "seconds": round(time.monotonic() - t1, 1)}
             with lock:
                 rows.append(row)
+                if args.json:  # as it goes: a run stopped from outside keeps what it did
+                    write_json(args.json, rows)
                 print(f"{m.id:40} {m.layer:14} {state:10} {row['seconds']:6.0f} s", flush=True)
                 if args.verbose or state != "caught":
                     print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
@@ -430,9 +432,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{not_run} not run; "
           f"{time.monotonic() - started:.0f} s in all")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "caught": caught, "survived": survived,
-                                         "errors": errors, "not_run": not_run}, indent=1))
+        write_json(args.json, rows)
     return 0 if caught == len(rows) else 1
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    """The result rows and their counts by result (caught, survived, not run, errors)."""
+    counts = {"caught": 0, "survived": 0, "not_run": 0, "errors": 0}
+    for row in rows:
+        result = row["result"]
+        key = ("not_run" if result.startswith("not run")
+               else result if result in ("caught", "survived") else "errors")
+        counts[key] += 1
+    path.write_text(json.dumps({"rows": rows, **counts}, indent=1))
 
 
 if __name__ == "__main__":

@@ -150,3 +150,15 @@ def test_the_lists_of_each_area_are_loaded(tmp_path):
     second.write_text(yaml.safe_dump([_entry()]))
     with pytest.raises(mutate.ListError, match="duplicate id"):
         mutate.load([first, second])
+
+
+def test_the_json_counts_each_result_once(tmp_path):
+    """--json is rewritten after every mutant (a run stopped from outside keeps its rows);
+    its counts classify each row by its result."""
+    rows = [{"result": r} for r in ("caught", "caught", "survived", "not run (deadline)",
+                                    "error (does not build)", "error (selection fails unmutated)")]
+    path = tmp_path / "m.json"
+    mutate.write_json(path, rows)
+    written = yaml.safe_load(path.read_text())
+    assert (written["caught"], written["survived"], written["not_run"], written["errors"]) == (2, 1, 1, 2)
+    assert written["rows"] == rows

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from flash_cann.contract import layout as layouts
 from flash_cann.contract.variant import Variant
 
 from conftest import make_qkv, random_key_padding_mask
-from native_build import built, run
+from native_build import built, needs, run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,6 +38,19 @@ def test_rule_checks_fire():
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@needs("g++")
+def test_every_backward_member_compiles():
+    """tests/twin/instantiate_backward.cpp explicitly instantiates every backward cube and
+    vector class, which compiles each member -- also one no tiling key calls for that dtype
+    (the kernel's own build compiles only the members it calls). A compile of its own, not
+    part of the build, so that such a member failing is this test's failure."""
+    result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                             f"-I{ROOT / 'twin/include'}", f"-I{ROOT / 'op_kernel'}",
+                             str(ROOT / "tests/twin/instantiate_backward.cpp")],
+                            capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, result.stderr[-6000:]
 
 
 def _twin_rules() -> dict[str, str]:
