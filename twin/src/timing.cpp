@@ -88,6 +88,7 @@ std::mutex g_settingsMutex;
 std::unique_ptr<TimingCosts> g_costs;  // null: timing off
 int g_traceCore = -1;
 bool g_skipArithmetic = false;
+uint32_t g_shareCores = 0;
 std::string g_lastTrace, g_lastReport;
 thread_local UnitTiming* t_timing = nullptr;
 thread_local bool t_computing = true;
@@ -136,6 +137,7 @@ const char* Basename(const char* file)
 struct TimingLaunch {
     TimingCosts costs;
     uint32_t blockDim = 1;
+    uint32_t shareCores = 1;  // the L2 bandwidth's sharers
     int traceCore = -1;
     bool skipArithmetic = false;
     std::mutex mutex;
@@ -171,9 +173,10 @@ bool SetTimingCosts(TimingCosts& costs, const double* values, size_t count)
     return true;
 }
 
-void SetTiming(const TimingCosts* costs, int traceCore, bool skipArithmetic)
+void SetTiming(const TimingCosts* costs, int traceCore, bool skipArithmetic, uint32_t shareCores)
 {
     std::lock_guard<std::mutex> lock(g_settingsMutex);
+    g_shareCores = shareCores;
     g_costs = costs ? std::make_unique<TimingCosts>(*costs) : nullptr;
     g_traceCore = traceCore;
     g_skipArithmetic = costs != nullptr && skipArithmetic;
@@ -232,7 +235,7 @@ void Issue(int pipe, const Work& work, const Site& site)
         case Work::kTransfer: {
             double rate = c.bytesPerCycle[work.what];
             if (TouchesGm(static_cast<Route>(work.what))) {
-                rate = std::min(rate, c.l2BytesPerCycle / u->launch->blockDim);
+                rate = std::min(rate, c.l2BytesPerCycle / u->launch->shareCores);
             }
             occupancy += rate > 0 ? static_cast<double>(work.amount) / rate : 0;
             latency = c.latencyCycles[work.what];
@@ -302,6 +305,7 @@ TimingLaunch* BeginTimingLaunch(uint32_t blockDim)
     auto* launch = new TimingLaunch;
     launch->costs = *g_costs;
     launch->blockDim = std::max<uint32_t>(blockDim, 1);
+    launch->shareCores = g_shareCores > 0 ? g_shareCores : launch->blockDim;
     launch->traceCore = g_traceCore;
     launch->skipArithmetic = g_skipArithmetic;
     launch->units.resize(size_t{launch->blockDim} * kUnits);
@@ -364,6 +368,7 @@ std::string EndTimingLaunch(TimingLaunch* launch)
     }
     std::ostringstream out;
     out << "{\"clock_ghz\":" << Number(c.clockGhz) << ",\"cores\":" << launch->blockDim
+        << ",\"l2_share_cores\":" << launch->shareCores
         << ",\"launch_cycles\":" << Number(c.launchCycles)
         << ",\"makespan_cycles\":" << Number(launch->units[last].end.at)
         << ",\"timing_only\":" << (launch->skipArithmetic ? "true" : "false")

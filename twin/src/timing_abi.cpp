@@ -31,10 +31,11 @@ extern "C" int64_t flash_cann_twin_timing_figures(char* buffer, uint64_t capacit
 }
 
 // Timing on for the following launches with `values` (the figures' values; null: off);
-// `traceCore`: the AI core to trace (-1: none); `skipArithmetic`: a timing-only launch.
-// Returns 1 if `count` is not the number of figures.
+// `traceCore`: the AI core to trace (-1: none); `skipArithmetic`: a timing-only launch;
+// `shareCores`: the cores sharing the L2 bandwidth (0: the launch's). Returns 1 if `count`
+// is not the number of figures.
 extern "C" int flash_cann_twin_timing(const double* values, uint64_t count, int32_t traceCore,
-                                      int32_t skipArithmetic)
+                                      int32_t skipArithmetic, int32_t shareCores)
 {
     if (values == nullptr) {
         twin::SetTiming(nullptr, -1, false);
@@ -44,7 +45,8 @@ extern "C" int flash_cann_twin_timing(const double* values, uint64_t count, int3
     if (!twin::SetTimingCosts(costs, values, count)) {
         return 1;
     }
-    twin::SetTiming(&costs, traceCore, skipArithmetic != 0);
+    twin::SetTiming(&costs, traceCore, skipArithmetic != 0,
+                    shareCores > 0 ? static_cast<uint32_t>(shareCores) : 0);
     return 0;
 }
 

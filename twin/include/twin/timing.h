@@ -90,8 +90,10 @@ bool SetTimingCosts(TimingCosts& costs, const double* values, size_t count);
 // Switches timing on for the following launches (nullptr: off). `traceCore`: the AI core
 // whose every instruction the trace records (-1: none). `skipArithmetic`: the API calls
 // skip their arithmetic (the instruction stream does not depend on values; the race
-// detector is off for such launches), for long shapes.
-void SetTiming(const TimingCosts* costs, int traceCore, bool skipArithmetic);
+// detector is off for such launches), for long shapes. `shareCores`: the cores the L2
+// bandwidth is shared by (0: the launch's), so that a launch on fewer cores can stand in
+// for one core's share of a launch on all of them.
+void SetTiming(const TimingCosts* costs, int traceCore, bool skipArithmetic, uint32_t shareCores = 0);
 bool TimingOn();
 // The API calls compute their results (false only in a timing-only launch).
 bool Computing();

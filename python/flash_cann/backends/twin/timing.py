@@ -32,11 +32,14 @@ class Timing:
     ``soc``: the cost table's entry; ``trace_core``: the AI core whose instructions the
     trace records (-1: none); ``timing_only``: skip the arithmetic (results stay NaN;
     the race detector is off; the instruction stream is the same, since the kernels'
-    control flow depends on shapes, not values)."""
+    control flow depends on shapes, not values); ``share_cores``: the cores the L2
+    bandwidth is shared by (0: the launch's; more lets a launch on fewer cores stand in
+    for one core's share of a full one)."""
 
     soc: str = "Ascend910B2"
     trace_core: int = 0
     timing_only: bool = False
+    share_cores: int = 0
     report: dict | None = None
     trace: dict | None = None
 
@@ -78,7 +81,7 @@ def declare(lib) -> None:
         getattr(lib, name).argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     lib.flash_cann_twin_timing.restype = ctypes.c_int
     lib.flash_cann_twin_timing.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_uint64,
-                                           ctypes.c_int32, ctypes.c_int32]
+                                           ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
 
 
 @contextlib.contextmanager
@@ -94,12 +97,13 @@ def timed(lib, timing: Timing | None):
         raise TimingError(f"the cost table of {timing.soc} names {sorted(set(table) ^ set(names))} "
                           f"that the twin does not take or lacks")
     values = (ctypes.c_double * len(names))(*(table[n] for n in names))
-    if lib.flash_cann_twin_timing(values, len(names), timing.trace_core, int(timing.timing_only)):
+    if lib.flash_cann_twin_timing(values, len(names), timing.trace_core, int(timing.timing_only),
+                                  timing.share_cores):
         raise TimingError("the twin refused the cost table")
     try:
         yield
     finally:
-        lib.flash_cann_twin_timing(None, 0, -1, 0)
+        lib.flash_cann_twin_timing(None, 0, -1, 0, 0)
     timing.report = summarise(json.loads(_read(lib.flash_cann_twin_timing_report)))
     timing.trace = json.loads(_read(lib.flash_cann_twin_timing_trace))
 
