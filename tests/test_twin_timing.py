@@ -5,13 +5,17 @@ figure names its source."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from flash_cann.backends.twin import launcher as twin
-from flash_cann.backends.twin import timing
+from flash_cann.backends.twin import timing, traced
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -130,3 +134,45 @@ def test_cost_table_names_every_figure_and_its_source():
 def test_unknown_soc_is_named():
     with pytest.raises(timing.TimingError, match="soc: no cost table for 'Ascend999'"):
         timing.cost_table("Ascend999")
+
+
+def test_stand_in_times_one_cores_share_of_the_full_launch():
+    """A blockDim-scaled stand-in (batch x heads and the cores divided by their common
+    factor, the L2 still shared by all) gives the full launch's traced time."""
+    problem = traced.Problem("forward", 1, 8, 1024, 1024, 64)
+    assert traced.stand_in(problem, 24) == (dataclasses.replace(problem, heads=1, heads_kv=1), 3)
+    scaled, full = traced.trace(problem), traced.trace(problem, scaled=False)
+    assert scaled["traced_as"]["cores"] == 3 and full["traced_as"]["cores"] == 24
+    assert scaled["traced_ms"] == pytest.approx(full["traced_ms"], rel=1e-12)
+
+
+def test_benchmark_rows_carry_the_documented_keys():
+    """benchmarks/npu_model.py --traced rows: kernel, shape, dtype, causal, features,
+    model_ms, traced_ms, binding_pipe, for every kernel."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "npu_model.py"
+    spec = importlib.util.spec_from_file_location("npu_model", path)
+    npu_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(npu_model)
+    Problem = traced.Problem
+    problems = [Problem("forward", 1, 2, 256, 256, 64, causal=True).with_feature("window"),
+                Problem("backward", 1, 2, 256, 256, 64), Problem("backward-deterministic", 1, 2, 256, 256, 64),
+                Problem("decode", 2, 2, 1, 512, 64)]
+    rows = npu_model.traced_rows(problems)
+    assert [r["kernel"] for r in rows] == list(traced.KERNELS)
+    for row in rows:
+        assert {"kernel", "shape", "dtype", "causal", "features", "model_ms", "traced_ms",
+                "binding_pipe"} <= set(row)
+        assert len(row["shape"]) == 5 and row["traced_ms"] > 0 and row["model_ms"] > 0
+    assert rows[0]["features"] == ["window"]
+
+
+def test_plan_traced_prints_the_traced_time_beside_the_models(tmp_path, capsys):
+    from flash_cann.tools import cli
+    out = tmp_path / "trace.json"
+    assert cli.main(["plan", "--shape", "1,3,256,64", "--causal", "--traced", "--trace-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "TRACED" in printed and "unfitted (sourced rates)" in printed
+    assert re.search(r"time +[\d.]+ ms traced vs [\d.]+ ms modelled \(model [+-][\d.]+ %\)", printed)
+    assert json.loads(out.read_text())["traceEvents"]
+    assert cli.main(["plan", "--shape", "1,3,256,64", "--traced", "--json"]) == 2
+    assert "--traced prints beside the report: not with --json" in capsys.readouterr().err

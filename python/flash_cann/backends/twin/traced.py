@@ -23,13 +23,18 @@ from . import launcher
 from .timing import LABEL, Timing
 
 KERNELS = ("forward", "backward", "backward-deterministic", "decode")
-# The features a traced problem may carry, with the values it takes them at.
+# The features by name, and the values ``Problem.with_feature`` takes them at.
 FEATURES = ("mask", "window", "softcap", "alibi", "dropout", "sinks", "tnd", "gqa")
 WINDOW, SOFTCAP, DROPOUT, GQA_GROUP = 1024, 30.0, 0.1, 4
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
+    """A kernel call's shapes and features. ``window``: as contract.variant normalises
+    window_size (-1: unbounded; with ``causal`` the right bound is -1); ``alibi``: slopes
+    per head; ``heads_kv`` 0: as many as ``heads``; ``tnd``: packed sequences of equal
+    length."""
+
     kernel: str
     batch: int
     heads: int
@@ -38,39 +43,48 @@ class Problem:
     head_dim: int
     dtype: str = "float16"
     causal: bool = False
-    features: tuple[str, ...] = ()
+    heads_kv: int = 0
+    mask: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: bool = False
+    dropout_p: float = 0.0
+    sinks: bool = False
+    tnd: bool = False
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"flash_cann: kernel must be one of {KERNELS} (got {self.kernel!r})")
-        unknown = set(self.features) - set(FEATURES)
-        if unknown:
-            raise ValueError(f"flash_cann: features must be among {FEATURES} (got {sorted(unknown)})")
-        if "gqa" in self.features and self.heads % GQA_GROUP:
-            raise ValueError(f"flash_cann: feature gqa needs heads divisible by {GQA_GROUP}")
+        if self.heads_kv == 0:
+            object.__setattr__(self, "heads_kv", self.heads)
+
+    def with_feature(self, name: str) -> "Problem":
+        """This problem with feature ``name`` at the module's values."""
+        values = {"mask": {"mask": True},
+                  "window": {"window": (WINDOW, -1 if self.causal else WINDOW)},
+                  "softcap": {"softcap": SOFTCAP}, "alibi": {"alibi": True},
+                  "dropout": {"dropout_p": DROPOUT}, "sinks": {"sinks": True}, "tnd": {"tnd": True},
+                  "gqa": {"heads_kv": self.heads // GQA_GROUP}}
+        if name not in values:
+            raise ValueError(f"flash_cann: a feature is one of {FEATURES} (got {name!r})")
+        return dataclasses.replace(self, **values[name])
 
     @property
-    def heads_kv(self) -> int:
-        return self.heads // GQA_GROUP if "gqa" in self.features else self.heads
-
-    @property
-    def window(self) -> tuple[int, int]:
-        """As contract.variant normalises window_size: causal makes the right bound -1."""
-        if "window" not in self.features:
-            return (-1, -1)
-        return (WINDOW, -1 if self.causal else WINDOW)
+    def features(self) -> list[str]:
+        on = {"mask": self.mask, "window": self.window != (-1, -1), "softcap": self.softcap > 0,
+              "alibi": self.alibi, "dropout": self.dropout_p > 0, "sinks": self.sinks,
+              "tnd": self.tnd, "gqa": self.heads_kv != self.heads}
+        return [name for name in FEATURES if on[name]]
 
 
 def _plan_features(p: Problem, tokens=(0, 0)):
-    return planner.variant(window=p.window, softcap=SOFTCAP if "softcap" in p.features else 0.0,
-                           dropout_p=DROPOUT if "dropout" in p.features else 0.0,
-                           alibi="head" if "alibi" in p.features else None,
-                           sinks="sinks" in p.features, tokens=tokens)
+    return planner.variant(window=p.window, softcap=p.softcap, dropout_p=p.dropout_p,
+                           alibi="head" if p.alibi else None, sinks=p.sinks, tokens=tokens)
 
 
 def modelled_seconds(p: Problem, soc: str = "Ascend910B2", cores: int = 0) -> float | None:
     """The schedule model's prediction for ``p``'s plan (None where it makes none)."""
-    layout = "TND" if "tnd" in p.features else "BNSD"
+    layout = "TND" if p.tnd else "BNSD"
     tokens = (p.batch * p.seqlen_q, p.batch * p.seqlen_k) if layout == "TND" else (0, 0)
     if p.kernel == "decode":
         plan = planner.decode_plan(soc, p.batch, p.heads, p.seqlen_q, p.head_dim, heads_kv=p.heads_kv,
@@ -78,7 +92,7 @@ def modelled_seconds(p: Problem, soc: str = "Ascend910B2", cores: int = 0) -> fl
                                    features=_plan_features(p))
     else:
         options = dict(heads_kv=p.heads_kv, seqlen_k=p.seqlen_k, dtype=p.dtype, layout=layout,
-                       causal=p.causal, has_mask="mask" in p.features, aic_cores=cores,
+                       causal=p.causal, has_mask=p.mask, aic_cores=cores,
                        features=_plan_features(p, tokens))
         plan = (planner.plan(soc, p.batch, p.heads, p.seqlen_q, p.head_dim, **options)
                 if p.kernel == "forward" else
@@ -97,32 +111,29 @@ def stand_in(p: Problem, cores: int) -> tuple[Problem, int]:
     if p.batch % g == 0:
         return dataclasses.replace(p, batch=p.batch // g), cores // g
     if p.heads % g == 0 and p.heads_kv % g == 0:
-        return dataclasses.replace(p, heads=p.heads // g), cores // g
+        return dataclasses.replace(p, heads=p.heads // g, heads_kv=p.heads_kv // g), cores // g
     return p, cores
 
 
 def _inputs(p: Problem):
     """Zero inputs of ``p``'s shapes (a timing-only launch reads no value that steers it)."""
     dtype = getattr(torch, p.dtype)
-    tnd = "tnd" in p.features
+    tnd = p.tnd
     if tnd:
         q = torch.zeros(p.batch * p.seqlen_q, p.heads, p.head_dim, dtype=dtype)
         k = torch.zeros(p.batch * p.seqlen_k, p.heads_kv, p.head_dim, dtype=dtype)
     else:
         q = torch.zeros(p.batch, p.heads, p.seqlen_q, p.head_dim, dtype=dtype)
         k = torch.zeros(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, dtype=dtype)
-    f = p.features
     variant = Variant(
-        window_left=p.window[0], window_right=p.window[1],
-        softcap=SOFTCAP if "softcap" in f else 0.0,
-        alibi_slopes=torch.ones(p.batch, p.heads) if "alibi" in f else None,
-        dropout_p=DROPOUT if "dropout" in f else 0.0,
-        rng_state=torch.tensor([1, 0], dtype=torch.int64) if "dropout" in f else None,
+        window_left=p.window[0], window_right=p.window[1], softcap=p.softcap,
+        alibi_slopes=torch.ones(p.batch, p.heads) if p.alibi else None, dropout_p=p.dropout_p,
+        rng_state=torch.tensor([1, 0], dtype=torch.int64) if p.dropout_p > 0 else None,
         cu_seqlens_q=torch.arange(p.batch + 1, dtype=torch.int32) * p.seqlen_q if tnd else None,
         cu_seqlens_k=torch.arange(p.batch + 1, dtype=torch.int32) * p.seqlen_k if tnd else None,
         max_seqlen_q=p.seqlen_q if tnd else 0, max_seqlen_k=p.seqlen_k if tnd else 0,
-        sinks=torch.zeros(p.heads) if "sinks" in f else None)
-    mask = torch.ones(p.batch, p.seqlen_k, dtype=torch.bool) if "mask" in f else None
+        sinks=torch.zeros(p.heads) if p.sinks else None)
+    mask = torch.ones(p.batch, p.seqlen_k, dtype=torch.bool) if p.mask else None
     return q, k, k.clone(), mask, variant, "TND" if tnd else "BNSD"
 
 
@@ -160,7 +171,7 @@ def trace(p: Problem, soc: str = "Ascend910B2", cores: int = 0, *, scaled: bool 
     model = modelled_seconds(p, soc, cores)
     return {
         "kernel": p.kernel, "shape": [p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.head_dim],
-        "dtype": p.dtype, "causal": p.causal, "features": list(p.features),
+        "dtype": p.dtype, "causal": p.causal, "features": p.features,
         "model_ms": None if model is None else model * 1e3,
         "traced_ms": timing.report["time_ms"], "binding_pipe": timing.report["binding_pipe"],
         "traced_as": {"shape": [run.batch, run.heads, run.seqlen_q, run.seqlen_k, run.head_dim],
