@@ -176,3 +176,16 @@ def test_plan_traced_prints_the_traced_time_beside_the_models(tmp_path, capsys):
     assert json.loads(out.read_text())["traceEvents"]
     assert cli.main(["plan", "--shape", "1,3,256,64", "--traced", "--json"]) == 2
     assert "--traced prints beside the report: not with --json" in capsys.readouterr().err
+
+
+def test_cost_table_holds_the_models_sourced_figures():
+    """Where the schedule model uses a sourced figure unfitted (the clock, L1 -> L0A/L0B,
+    UB -> GM, the cross-core flag), the twin's table says the same."""
+    from flash_cann.ascend import planner
+    soc = next(p for p in planner.platforms() if p["name"] == "Ascend910B2")
+    rates, table = soc["engine_rates"], timing.cost_table("Ascend910B2")
+    clock = table["clock_ghz"] * 1e9
+    assert clock == rates["clock_hz"]
+    for figure, rate in (("l1_to_l0a", "l1_to_l0a"), ("l1_to_l0b", "l1_to_l0b"), ("ub_to_gm", "ub_to_l2")):
+        assert table[f"bytes_per_cycle.{figure}"] * clock == pytest.approx(rates[rate], rel=1e-4)
+    assert table["cross_core_flag_cycles"] / clock == pytest.approx(rates["cross_core_flag_seconds"])
