@@ -205,7 +205,8 @@ def traced_rows(problems) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "npu_model.json"))
+    parser.add_argument("--out", help="the JSON written (default: results/npu_model.json, with "
+                                      "--traced results/npu-traced.json)")
     parser.add_argument("--calibration", action="store_true",
                         help="print only the calibration table (markdown, as in docs/schedule-model.md)")
     parser.add_argument("--fit", action="store_true",
@@ -215,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                              "benchmarks/results/npu-traced.json (or --out)")
     args = parser.parse_args(argv)
     if args.traced:
-        out = (Path(args.out) if "--out" in (argv or sys.argv)
-               else Path(__file__).parent / "results" / "npu-traced.json")
+        out = Path(args.out or Path(__file__).parent / "results" / "npu-traced.json")
         print(f"{'kernel':<23} {'shape (B, N, Sq, Sk, D)':<28} {'':<6} {'feature':<8} "
               f"{'model ms':>9} {'traced ms':>9} {'model':>7}  binding (traced)")
         rows = traced_rows(traced_grid())
@@ -234,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = grid()
     _print_table(rows)
-    Path(args.out).write_text(json.dumps({
+    out = Path(args.out or Path(__file__).parent / "results" / "npu_model.json")
+    out.write_text(json.dumps({
         "label": "PREDICTIONS of the schedule model (docs/schedule-model.md), not measurements",
         "fit": planner.model_fit(),
         "calibration": [dict(zip(("seqlen", "measured", "modelled", "error"), r))
                         for r in calibration_rows()],
         "rows": rows}, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {out}")
     return 0
 
 

@@ -39,6 +39,11 @@ def print_traced(args) -> None:
     print(f"  time       {row['traced_ms']:.3f} ms traced{versus}")
     print(f"  binding    {row['binding_pipe']}: busy {100 * report['binding_busy']:.0f}% of the "
           f"slowest core's {report['makespan_cycles'] / (report['clock_ghz'] * 1e6):.3f} ms")
+    per_ms = report["clock_ghz"] * 1e6
+    for unit in (u for u in report["units"] if u["core"] == report["slowest_core"]):
+        busy = ", ".join(f"{pipe} {cycles / per_ms:.3f} ms" for pipe, cycles in unit["busy_cycles"].items()
+                         if cycles > 0)
+        print(f"    core {unit['core']} {unit['unit']:<4} busy {busy}")
     shares = sorted(report["critical_path_shares"].items(), key=lambda kv: -kv[1])
     print("  critical   " + ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares))
     print(f"  ran as     shape {ran['shape']} on {ran['cores']} AI cores, the L2 shared as by "
