@@ -4,6 +4,7 @@ docs/schedule-model.md; nothing here ran on an NPU).
     python benchmarks/npu_model.py [--out benchmarks/results/npu_model.json]
     python benchmarks/npu_model.py --calibration    # the calibration table (markdown)
     python benchmarks/npu_model.py --fit            # rerun the model's fit, print it
+    python benchmarks/npu_model.py --traced         # the model beside the twin's trace
 
 For 910B2 and 910B4, fp16/bf16, head_dim 64/128, seqlen 1k-32k, causal or not, batch 1
 with 1 head (the shape of the published figures) and 16 heads (the issue-10 target
@@ -158,14 +159,73 @@ def print_fit(fit: dict) -> None:
               f"{p['modelled_us']:>9.2f} {100 * p['error']:>+6.1f}%  {p['role']}")
 
 
+def traced_grid() -> list:
+    """The problems the model is held to the twin's trace on (910B2, fp16, batch 1, 16
+    heads): each kernel at head_dim 64/128/256, causal and not, 4k-32k; each feature;
+    decode at batch 1 and 64."""
+    from flash_cann.backends.twin.traced import Problem
+    problems = []
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            problems += [Problem("forward", 1, 16, s, s, d, causal=causal) for s in (4096, 16384)]
+            problems.append(Problem("backward", 1, 16, 4096, 4096, d, causal=causal))
+    problems += [Problem("forward", 1, 16, 32768, 32768, 128, causal=c) for c in (False, True)]
+    problems.append(Problem("backward", 1, 16, 16384, 16384, 128))
+    problems += [Problem("backward-deterministic", 1, 16, 4096, 4096, 128, causal=c)
+                 for c in (False, True)]
+    # batch 64 at 32k keys would need 17 GB of zero caches here: 2k and 4k keys instead
+    problems += [Problem("decode", 1, 16, 1, keys, 128) for keys in (4096, 32768)]
+    problems += [Problem("decode", 64, 16, 1, keys, 128) for keys in (2048, 4096)]
+    problems += [Problem("forward", 1, 16, 4096, 4096, 128, causal=True).with_feature(f)
+                 for f in ("mask", "window", "softcap", "alibi", "dropout", "sinks", "tnd", "gqa")]
+    problems += [Problem("backward", 1, 16, 4096, 4096, 128, causal=True).with_feature(f)
+                 for f in ("window", "dropout", "gqa")]
+    return problems
+
+
+def traced_rows(problems) -> list[dict]:
+    """Each problem's model time beside its traced time (the twin's report summarised)."""
+    from flash_cann.backends.twin.traced import trace
+    rows = []
+    for problem in problems:
+        row = trace(problem)
+        report = row.pop("report")
+        row.pop("trace")
+        row["model_vs_traced"] = (None if row["model_ms"] is None else
+                                  row["model_ms"] / row["traced_ms"] - 1)
+        row["critical_path_shares"] = report["critical_path_shares"]
+        rows.append(row)
+        model = "n/a" if row["model_ms"] is None else f"{row['model_ms']:9.3f}"
+        diff = "" if row["model_vs_traced"] is None else f"{100 * row['model_vs_traced']:+6.1f}%"
+        print(f"{row['kernel']:<23} {str(row['shape']):<28} {'causal' if row['causal'] else '':<6} "
+              f"{','.join(row['features']):<8} {model:>9} {row['traced_ms']:9.3f} {diff:>7}  "
+              f"{row['binding_pipe']}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "npu_model.json"))
+    parser.add_argument("--out", help="the JSON written (default: results/npu_model.json, with "
+                                      "--traced results/npu-traced.json)")
     parser.add_argument("--calibration", action="store_true",
                         help="print only the calibration table (markdown, as in docs/schedule-model.md)")
     parser.add_argument("--fit", action="store_true",
                         help="rerun the model's fit to PTO's published tables and print it")
+    parser.add_argument("--traced", action="store_true",
+                        help="hold the model to the twin's timing mode: write "
+                             "benchmarks/results/npu-traced.json (or --out)")
     args = parser.parse_args(argv)
+    if args.traced:
+        out = Path(args.out or Path(__file__).parent / "results" / "npu-traced.json")
+        print(f"{'kernel':<23} {'shape (B, N, Sq, Sk, D)':<28} {'':<6} {'feature':<8} "
+              f"{'model ms':>9} {'traced ms':>9} {'model':>7}  binding (traced)")
+        rows = traced_rows(traced_grid())
+        out.write_text(json.dumps({
+            "label": "model: PREDICTIONS of the schedule model (fitted rates); traced: the twin's "
+                     "timing mode, unfitted (sourced rates); nothing ran on an NPU",
+            "soc": "Ascend910B2", "rows": rows}, indent=1) + "\n")
+        print(f"\nwrote {out}")
+        return 0
     if args.calibration:
         print(calibration_markdown())
         return 0
@@ -174,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = grid()
     _print_table(rows)
-    Path(args.out).write_text(json.dumps({
+    out = Path(args.out or Path(__file__).parent / "results" / "npu_model.json")
+    out.write_text(json.dumps({
         "label": "PREDICTIONS of the schedule model (docs/schedule-model.md), not measurements",
         "fit": planner.model_fit(),
         "calibration": [dict(zip(("seqlen", "measured", "modelled", "error"), r))
                         for r in calibration_rows()],
         "rows": rows}, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {out}")
     return 0
 
 

@@ -20,6 +20,7 @@
 #include "kernel_operator.h"
 #include "twin/launch.h"
 #include "twin/race.h"
+#include "twin/timing.h"
 
 namespace twin {
 namespace {
@@ -71,6 +72,7 @@ struct Run {
     std::condition_variable barrierChanged;
     uint64_t peakBytes[2][6] = {};  // [AIC, AIV][Memory]
     RaceLaunch* race = nullptr;
+    TimingLaunch* timing = nullptr;
 };
 
 Run* g_run = nullptr;
@@ -211,6 +213,7 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
         memories.ub.assign(MemoryBytes(Memory::UB), 0xFF);
     }
     BeginRaceThread(run.race, core, role);
+    BeginTimingThread(run.timing, core, role);
     std::string error;
     try {
         kernel();
@@ -231,6 +234,7 @@ void RunThread(Run& run, const std::function<void()>& kernel, uint32_t core, int
         std::lock_guard<std::mutex> lock(run.mutex);
         RecordLocked(run, error);
     }
+    EndTimingThread(run.timing);
     EndRaceThread(run.race);
     ThreadFinished(run);
 }
@@ -276,7 +280,8 @@ void CrossCoreSet(uint16_t flag, int pipe, const Site& site)
     RequireMix(site, "CrossCoreSetFlag");
     Require(flag <= kMaxUserFlag, site, "[R34] ", "CrossCoreSetFlag: flag id ", flag,
             " outside [0, 10] (11-14 belong to SyncAll)");
-    const Clock work = SyncEdge("CrossCoreSetFlag", site) ? Completed(pipe) : Clock{};
+    Clock work = SyncEdge("CrossCoreSetFlag", site) ? Completed(pipe) : Clock{};
+    work.stamp = AfterFlag(work.stamp);
     Run& run = *g_run;
     std::lock_guard<std::mutex> lock(run.mutex);
     FlagGroup& group = Group();
@@ -359,7 +364,8 @@ void SyncAllCores(bool aivOnly, const Site& site)
     if (++barrier.arrived == barrier.participants) {
         barrier.arrived = 0;
         barrier.released[generation % 2] = std::move(barrier.arrivedWork);
-        barrier.arrivedWork.clear();
+        barrier.released[generation % 2].stamp = AfterSyncAll(barrier.released[generation % 2].stamp);
+        barrier.arrivedWork = Clock{};
         ++barrier.generation;
         run.barrierChanged.notify_all();
     } else {
@@ -408,7 +414,8 @@ std::string Launch(const LaunchConfig& config, const std::function<void()>& kern
     run.live = 3 * static_cast<int>(config.blockDim);
     run.all.participants = run.live;
     run.aivs.participants = 2 * static_cast<int>(config.blockDim);
-    run.race = BeginRaceLaunch(config);
+    run.timing = BeginTimingLaunch(config.blockDim);
+    run.race = SkipsArithmetic(run.timing) ? nullptr : BeginRaceLaunch(config);
     g_run = &run;
     std::vector<std::thread> threads;
     for (uint32_t core = 0; core < config.blockDim; ++core) {
@@ -421,9 +428,11 @@ std::string Launch(const LaunchConfig& config, const std::function<void()>& kern
     }
     g_run = nullptr;
     std::vector<std::string> unorderedAtomicAdds = EndRaceLaunch(run.race);
+    std::string timing = EndTimingLaunch(run.timing);
     if (report != nullptr) {
         std::memcpy(report->peakBytes, run.peakBytes, sizeof(run.peakBytes));
         report->unorderedAtomicAdds = std::move(unorderedAtomicAdds);
+        report->timing = std::move(timing);
     }
     return run.firstError;
 }

@@ -168,6 +168,7 @@ bool RaceDetectorOn()
 
 void Join(Clock& into, const Clock& from)
 {
+    into.stamp = Later(into.stamp, from.stamp);
     if (into.size() < from.size()) {
         into.resize(from.size(), 0);
     }
@@ -176,8 +177,10 @@ void Join(Clock& into, const Clock& from)
     }
 }
 
-Instruction::Instruction(int pipe, const Site& site) : pipe_(pipe), clock_(0), siteId_(0), site_(site)
+Instruction::Instruction(int pipe, const Site& site, const Work& work)
+    : pipe_(pipe), clock_(0), siteId_(0), site_(site)
 {
+    Issue(pipe, work, site);
     Unit* unit = t_unit;
     if (unit == nullptr) {
         return;
@@ -320,19 +323,19 @@ void Instruction::Touch(Memory memory, const void* begin, uint64_t bytes, bool w
 
 Clock Completed(int pipe)
 {
-    Unit* unit = t_unit;
-    if (unit == nullptr) {
-        return {};
+    Clock clock;
+    if (Unit* unit = t_unit) {
+        clock.assign(unit->vc[pipe].begin(), unit->vc[pipe].end());
+        clock[unit->base + pipe] = unit->issued[pipe];
     }
-    Clock clock = unit->vc[pipe];
-    clock[unit->base + pipe] = unit->issued[pipe];
+    clock.stamp = CompletedAt(pipe);
     return clock;
 }
 
 Clock CompletedAll()
 {
     Clock all;
-    for (int p = 0; p < kPipes && t_unit != nullptr; ++p) {
+    for (int p = 0; p < kPipes; ++p) {
         Join(all, Completed(p));
     }
     return all;
@@ -343,6 +346,7 @@ void Acquire(int pipe, const Clock& clock)
     if (t_unit != nullptr) {
         Join(t_unit->vc[pipe], clock);
     }
+    WaitPipe(pipe, clock.stamp);
 }
 
 void AcquireAll(const Clock& clock)
@@ -350,19 +354,19 @@ void AcquireAll(const Clock& clock)
     for (int p = 0; p < kPipes && t_unit != nullptr; ++p) {
         Join(t_unit->vc[p], clock);
     }
+    WaitUnit(clock.stamp);
 }
 
 void Barrier(int pipe)
 {
-    Unit* unit = t_unit;
-    if (unit == nullptr) {
-        return;
-    }
     if (pipe == kPipeAll) {
         AcquireAll(CompletedAll());
-    } else {
+        return;
+    }
+    if (Unit* unit = t_unit) {
         unit->vc[pipe][unit->base + pipe] = unit->issued[pipe];
     }
+    WaitPipe(pipe, CompletedAt(pipe));
 }
 
 void InterlockM()

@@ -95,6 +95,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--page-size", type=int, default=0,
                         help="with --decode: a paged cache of this page size (0: contiguous)")
     parser.add_argument("--json", action="store_true", help="print the raw plan as JSON")
+    parser.add_argument("--traced", action="store_true",
+                        help="also time the plan on the CPU twin's timing mode (the kernel's own "
+                             "instruction stream, unfitted sourced rates) and print the traced "
+                             "time beside the model's")
+    parser.add_argument("--trace-out", metavar="PATH",
+                        help="with --traced: write AI core 0's timeline there as Chrome-trace JSON "
+                             "(chrome://tracing, Perfetto)")
 
 
 def _pct(used: int, capacity: int) -> str:
@@ -299,10 +306,23 @@ def _run_decode(args, batch, heads, seqlen, head_dim, dtype) -> int:
     return 0
 
 
+def problem(args) -> dict:
+    """The call the arguments describe, as the kernels take it: shape, dtype, causal, the
+    normalised window (--traced times this call)."""
+    batch, heads, seqlen, head_dim = _parse_shape(args.shape)
+    return {"batch": batch, "heads": heads, "seqlen_q": seqlen, "seqlen_k": args.seqlen_k or seqlen,
+            "head_dim": head_dim, "dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype),
+            "window": _window(args, args.seqlen_k or seqlen)}
+
+
 def run(args) -> int:
     """Print the plan; raises Refused if it cannot be made as asked."""
     batch, heads, seqlen, head_dim = _parse_shape(args.shape)
     dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+    if args.traced and args.json:
+        raise Refused("--traced prints beside the report: not with --json")
+    if args.trace_out and not args.traced:
+        raise Refused("--trace-out applies to --traced only")
     if args.deterministic and not args.backward:
         raise Refused("--deterministic applies to --backward only")
     if args.fp16_scores and not args.backward:

@@ -83,7 +83,11 @@ def _run(args) -> int:
         if args.command == "doctor":
             from . import doctor
             return doctor.main(as_json=args.json)
-        return plan_report.run(args)
+        status = plan_report.run(args)
+        if status == 0 and args.traced:
+            from . import plan_traced
+            plan_traced.print_traced(args)
+        return status
     except (demo.CannotRun, plan_report.Refused) as refusal:
         print(error_line(str(refusal)), file=sys.stderr)
         return USAGE_ERROR

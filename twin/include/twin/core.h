@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "stamp.h"
+
 namespace twin {
 
 // Where a kernel called the API from.
@@ -91,7 +93,7 @@ struct CoreState {
     // Intra-core events: outstanding SetFlag count per (HardEvent, event id), and the
     // work each outstanding SetFlag releases (race detector).
     int events[64][8] = {};
-    std::vector<uint32_t> eventWork[64][8];
+    Clock eventWork[64][8];
     // Who set each outstanding flag (for the collision messages).
     EventOwner eventSetter[64][8];
     // TPipe's event-id pool (asc-devkit kernel_tpipe_impl.h, AllocEventID: per HardEvent,

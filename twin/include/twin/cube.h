@@ -199,7 +199,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopy destination");
     dst.CheckElements(0, count, TWIN_HERE, "DataCopy destination");
     twin::CheckGm(src.Data(), bytes, TWIN_HERE, "DataCopy source");
-    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
+    const twin::Route route = dst.Memory() == twin::Memory::L1 ? twin::Route::kGmToL1 : twin::Route::kGmToUb;
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE, twin::Work::Transfer(route, bytes));
     op.Read(twin::Memory::GM, src.Data(), bytes);
     op.Write(dst.Memory(), dst.Bytes(), bytes);
     std::memcpy(dst.Data(), src.Data(), bytes);
@@ -217,7 +218,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
     twin_detail::RequireAligned(src.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "DataCopy source");
     src.CheckElements(0, count, TWIN_HERE, "DataCopy source");
     twin::CheckGm(dst.Data(), bytes, TWIN_HERE, "DataCopy destination");
-    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE, twin::Work::Transfer(twin::Route::kUbToGm, bytes));
     op.Read(twin::Memory::UB, src.Bytes(), bytes);
     op.Write(twin::Memory::GM, dst.Data(), bytes);
     twin_detail::StoreGm(dst.Data(), src.Data(), count, TWIN_HERE, "DataCopy UB->GM");
@@ -239,7 +240,10 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
                   p.dValue, " exceeds the source row pitch srcDValue ", p.srcDValue);
     constexpr uint32_t c0 = twin::kBlockBytes / sizeof(T);
     const uint32_t blocks = (p.dValue + c0 - 1) / c0;
-    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
+    // The hardware moves whole 32-byte C0 blocks of every row.
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE,
+                               twin::Work::Transfer(twin::Route::kGmToL1, uint64_t{p.ndNum} * p.nValue *
+                                                                              blocks * twin::kBlockBytes));
     for (uint32_t m = 0; m < p.ndNum; ++m) {
         const T* matrix = src.Data() + uint64_t{m} * p.srcNdMatrixStride;
         if (p.nValue > 0) {
@@ -255,7 +259,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
                         uint64_t{p.dstNzNStride} * twin::kBlockBytes, true);
             }
         }
-        for (uint32_t r = 0; r < p.nValue; ++r) {
+        for (uint32_t r = 0; r < p.nValue && twin::Computing(); ++r) {
             for (uint32_t b = 0; b < blocks; ++b) {
                 const uint64_t at = uint64_t{m} * p.dstNzMatrixStride +
                                     uint64_t{b} * p.dstNzC0Stride * c0 +
@@ -281,7 +285,8 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
                   "DataCopyPad: blockLen ", p.blockLen, " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     const uint8_t* from = reinterpret_cast<const uint8_t*>(src.Data());
-    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE,
+                               twin::Work::Transfer(twin::Route::kGmToUb, uint64_t{p.blockCount} * p.blockLen));
     for (uint32_t b = 0; b < p.blockCount; ++b) {
         const uint8_t* s = from + uint64_t{b} * (p.blockLen + p.srcStride);
         const uint64_t d = uint64_t{b} * (ubBlock + uint64_t{p.dstStride} * twin::kBlockBytes);
@@ -310,7 +315,8 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
                   " bytes is not a whole number of elements");
     const uint32_t ubBlock = (p.blockLen + twin::kBlockBytes - 1) / twin::kBlockBytes * twin::kBlockBytes;
     uint8_t* to = reinterpret_cast<uint8_t*>(dst.Data());
-    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeMte3, TWIN_HERE,
+                               twin::Work::Transfer(twin::Route::kUbToGm, uint64_t{p.blockCount} * p.blockLen));
     for (uint32_t b = 0; b < p.blockCount; ++b) {
         const uint64_t s = uint64_t{b} * (ubBlock + uint64_t{p.srcStride} * twin::kBlockBytes);
         uint8_t* d = to + uint64_t{b} * (p.blockLen + p.dstStride);
@@ -332,7 +338,9 @@ void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p,
     twin_detail::RequireMemory(dst.Memory(), {twin::Memory::L1}, TWIN_HERE, "InitConstValue destination");
     twin_detail::RequireAligned(dst.ByteOffset(), twin::kBlockBytes, TWIN_HERE, "InitConstValue destination");
     constexpr uint32_t perBlock = twin::kBlockBytes / sizeof(T);
-    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE);  // an L1 fill runs on MTE2
+    const twin::Instruction op(twin::kPipeMte2, TWIN_HERE,  // an L1 fill runs on MTE2
+                               twin::Work::Transfer(twin::Route::kL1Fill, uint64_t{p.repeatTimes} *
+                                                                              p.blockNum * twin::kBlockBytes));
     for (uint32_t r = 0; r < p.repeatTimes; ++r) {
         const uint64_t first = uint64_t{r} * (p.blockNum + p.dstGap) * perBlock;
         dst.CheckElements(first, uint64_t{p.blockNum} * perBlock, TWIN_HERE, "InitConstValue");
@@ -356,7 +364,9 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
     twin::Require(!p.ifTranspose || sizeof(T) == 2, TWIN_HERE, "[R08] ",
                   "LoadData ifTranspose is only for 16-bit types");
     constexpr uint32_t perFractal = twin::kFractalBytes / sizeof(T);
-    const twin::Instruction op(twin::kPipeMte1, TWIN_HERE);
+    const twin::Route route = dst.Memory() == twin::Memory::L0A ? twin::Route::kL1ToL0a : twin::Route::kL1ToL0b;
+    const twin::Instruction op(twin::kPipeMte1, TWIN_HERE,
+                               twin::Work::Transfer(route, uint64_t{p.repeatTimes} * twin::kFractalBytes));
     for (uint32_t i = 0; i < p.repeatTimes; ++i) {
         const uint64_t from = (uint64_t{p.startIndex} + uint64_t{i} * p.srcStride) * perFractal;
         const uint64_t to = uint64_t{i} * (p.dstGap + 1) * perFractal;
@@ -364,7 +374,7 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
         dst.CheckElements(to, perFractal, TWIN_HERE, "LoadData destination");
         op.Read(src.Memory(), src.Data() + from, twin::kFractalBytes);
         op.Write(dst.Memory(), dst.Data() + to, twin::kFractalBytes);
-        for (uint32_t r = 0; r < 16; ++r) {
+        for (uint32_t r = 0; r < 16 && twin::Computing(); ++r) {
             for (uint32_t c = 0; c < perFractal / 16; ++c) {
                 const uint32_t d = p.ifTranspose ? c * 16 + r : r * (perFractal / 16) + c;
                 dst.Data()[to + d] = src.Data()[from + r * (perFractal / 16) + c];
@@ -397,13 +407,16 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& a, const LocalTensor<
     if (!init && m1 * n1 >= 10) {
         twin::InterlockM();  // Mmad docs: the hardware orders such accumulations itself
     }
-    const twin::Instruction op(twin::kPipeM, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeM, TWIN_HERE, twin::Work::Cube(uint64_t{m1} * n1 * k1));
     op.Read(twin::Memory::L0A, a.Bytes(), uint64_t{m1} * k1 * twin::kFractalBytes);
     op.Read(twin::Memory::L0B, b.Bytes(), uint64_t{k1} * n1 * twin::kFractalBytes);
     if (!init) {
         op.Read(twin::Memory::L0C, dst.Bytes(), uint64_t{n1} * m1 * 256 * sizeof(float));
     }
     op.Write(twin::Memory::L0C, dst.Bytes(), uint64_t{n1} * m1 * 256 * sizeof(float));
+    if (!twin::Computing()) {
+        return;
+    }
     const uint32_t rows = m1 * 16, cols = n1 * 16, depth = k1 * 16;
     // Unpack Zz (A) and Zn (B) into dense row-major matrices, multiply, pack into Nz.
     std::vector<float> left(size_t{rows} * depth), right(size_t{depth} * cols), product(size_t{rows} * cols, 0.0f);
@@ -470,13 +483,15 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
         twin::CheckGm(dst.Data(), ((uint64_t{p.mSize} - 1) * p.dstStride + p.nSize) * sizeof(T),
                       TWIN_HERE, "Fixpipe destination");
     }
-    const twin::Instruction op(twin::kPipeFix, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeFix, TWIN_HERE,
+                               twin::Work::Transfer(twin::Route::kL0cToGm,
+                                                    uint64_t{p.mSize} * p.nSize * sizeof(T)));
     op.Rows(twin::Memory::L0C, src.Bytes(), n1, uint64_t{p.mSize} * 16 * sizeof(float),
             uint64_t{p.srcStride} * 16 * sizeof(float), false);
     op.Rows(twin::Memory::GM, dst.Data(), p.mSize, uint64_t{p.nSize} * sizeof(T),
             uint64_t{p.dstStride} * sizeof(T), true);
     std::vector<T> row(p.nSize);
-    for (uint32_t m = 0; m < p.mSize; ++m) {
+    for (uint32_t m = 0; m < p.mSize && twin::Computing(); ++m) {
         for (uint32_t n = 0; n < p.nSize; ++n) {
             const float v = src.Data()[(uint64_t{n / 16} * p.srcStride + m) * 16 + n % 16];
             row[n] = static_cast<T>(p.reluEn && v < 0 ? 0.0f : v);

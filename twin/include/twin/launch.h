@@ -46,6 +46,8 @@ struct LaunchReport {
     // with the race detector off (FLASH_CANN_TWIN_RACE_CHECK=0): it is the detector's
     // bookkeeping.
     std::vector<std::string> unorderedAtomicAdds;
+    // The timing mode's report (JSON, twin/timing.h), "" with timing off.
+    std::string timing;
 };
 
 // Runs `kernel` on every core of the launch, all AI cores at once; returns "" or the

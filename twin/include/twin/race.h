@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core.h"
+#include "timing.h"
 
 namespace twin {
 
@@ -44,14 +45,13 @@ enum PipeId : int { kPipeS = 0, kPipeV, kPipeM, kPipeMte1, kPipeMte2, kPipeMte3,
 constexpr int kPipes = 8;
 const char* PipeName(int pipe);
 
-// A vector clock over every agent of the launch.
-using Clock = std::vector<uint32_t>;
 
 // One instruction on `pipe`, issued now: check and record what it touches. Reads first,
-// then writes (an instruction never conflicts with itself).
+// then writes (an instruction never conflicts with itself). `work`: what the timing mode
+// charges for it (twin/timing.h).
 class Instruction {
 public:
-    Instruction(int pipe, const Site& site);
+    Instruction(int pipe, const Site& site, const Work& work);
     void Read(Memory memory, const void* begin, uint64_t bytes) const { Touch(memory, begin, bytes, false); }
     void Write(Memory memory, const void* begin, uint64_t bytes) const { Touch(memory, begin, bytes, true); }
     // `rows` ranges of `rowBytes`, `pitch` bytes apart.

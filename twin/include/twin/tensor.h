@@ -32,7 +32,7 @@ public:
     T GetValue(uint32_t index, TWIN_SITE) const
     {
         CheckElements(index, 1, TWIN_HERE, "GetValue");
-        twin::Instruction(twin::kPipeS, TWIN_HERE).Read(Memory(), Data() + index, sizeof(T));
+        twin::Instruction(twin::kPipeS, TWIN_HERE, twin::Work::Scalar(false)).Read(Memory(), Data() + index, sizeof(T));
         T value;
         std::memcpy(&value, Bytes() + uint64_t{index} * sizeof(T), sizeof(T));
         return value;
@@ -41,7 +41,7 @@ public:
     void SetValue(uint32_t index, const S value, TWIN_SITE) const
     {
         CheckElements(index, 1, TWIN_HERE, "SetValue");
-        twin::Instruction(twin::kPipeS, TWIN_HERE).Write(Memory(), Data() + index, sizeof(T));
+        twin::Instruction(twin::kPipeS, TWIN_HERE, twin::Work::Scalar(false)).Write(Memory(), Data() + index, sizeof(T));
         const T converted = static_cast<T>(value);
         std::memcpy(Bytes() + uint64_t{index} * sizeof(T), &converted, sizeof(T));
     }
@@ -105,13 +105,13 @@ public:
     T GetValue(uint64_t offset, TWIN_SITE) const
     {
         twin::CheckGm(data_ + offset, sizeof(T), TWIN_HERE, "GlobalTensor::GetValue");
-        twin::Instruction(twin::kPipeS, TWIN_HERE).Read(twin::Memory::GM, data_ + offset, sizeof(T));
+        twin::Instruction(twin::kPipeS, TWIN_HERE, twin::Work::Scalar(true)).Read(twin::Memory::GM, data_ + offset, sizeof(T));
         return data_[offset];
     }
     void SetValue(uint64_t offset, T value, TWIN_SITE)
     {
         twin::CheckGm(data_ + offset, sizeof(T), TWIN_HERE, "GlobalTensor::SetValue");
-        twin::Instruction(twin::kPipeS, TWIN_HERE).Write(twin::Memory::GM, data_ + offset, sizeof(T));
+        twin::Instruction(twin::kPipeS, TWIN_HERE, twin::Work::Scalar(true)).Write(twin::Memory::GM, data_ + offset, sizeof(T));
         data_[offset] = value;
     }
     GlobalTensor operator[](uint64_t offset) const

@@ -77,7 +77,7 @@ constexpr uint32_t PerBlock()
 template <typename T, typename F>
 void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTensor<T>* src1,
             uint64_t mask, uint8_t repeatTime, const BinaryRepeatParams& p, const twin::Site& site,
-            const char* what, F op)
+            const char* what, twin::VecClass cost, F op)
 {
     RequireCore(twin::CoreType::AIV, site, what);
     twin::Require(mask >= 1 && mask <= PerRepeat<T>(), site, "[R19] ", what, ": mask ", mask,
@@ -94,7 +94,8 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
         RequireAligned(operands[o]->ByteOffset(), twin::kBlockBytes, site, what);
     }
     const uint32_t lastBlock = (static_cast<uint32_t>(mask) - 1) / PerBlock<T>();
-    const twin::Instruction instruction(twin::kPipeV, site);
+    // A repeat costs a whole repeat whatever its mask.
+    const twin::Instruction instruction(twin::kPipeV, site, twin::Work::Vector(cost, repeatTime));
     for (int write = 0; write < 2; ++write) {  // what each repeat's blocks read, then write
         for (uint32_t r = 0; r < repeatTime; ++r) {
             for (int o = write ? 0 : 1; o < (write ? 1 : 3); ++o) {
@@ -119,7 +120,7 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
             }
         }
     }
-    for (uint32_t r = 0; r < repeatTime; ++r) {
+    for (uint32_t r = 0; r < repeatTime && twin::Computing(); ++r) {
         uint64_t base[3];
         for (int o = 0; o < 3; ++o) {
             base[o] = uint64_t{r} * rep[o] * PerBlock<T>();
@@ -135,20 +136,21 @@ void Repeat(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTe
 
 template <typename T, typename F>
 void Elementwise(const LocalTensor<T>& dst, const LocalTensor<T>* src0, const LocalTensor<T>* src1,
-                 int32_t count, const twin::Site& site, const char* what, F op)
+                 int32_t count, const twin::Site& site, const char* what, twin::VecClass cost, F op)
 {
     twin::Require(count >= 0, site, "[R21] ", what, ": negative count ", count);
     RequireVector(dst, count, site, what);
     if (src0) RequireVector(*src0, count, site, what);
     if (src1) RequireVector(*src1, count, site, what);
-    const twin::Instruction instruction(twin::kPipeV, site);
+    const twin::Instruction instruction(twin::kPipeV, site,
+                                        twin::Work::Vector(cost, twin::RepeatsOf(uint64_t(count) * sizeof(T))));
     for (const LocalTensor<T>* src : {src0, src1}) {
         if (src != nullptr) {
             instruction.Read(twin::Memory::UB, src->Bytes(), uint64_t(count) * sizeof(T));
         }
     }
     instruction.Write(twin::Memory::UB, dst.Bytes(), uint64_t(count) * sizeof(T));
-    for (int32_t i = 0; i < count; ++i) {
+    for (int32_t i = 0; i < count && twin::Computing(); ++i) {
         dst.Data()[i] = op(src0 ? src0->Data()[i] : T(), src1 ? src1->Data()[i] : T());
     }
 }
@@ -221,7 +223,8 @@ T Arith(T a, T b, const twin::Site& site, const char* what, FloatOp floatOp, Int
               const int32_t& count, TWIN_SITE)                                                 \
     {                                                                                          \
         twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
-        twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name, [&](T a, T b) {   \
+        twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name, twin::VecClass::kBinary, \
+                                 [&](T a, T b) {                                               \
             return twin_detail::Arith(a, b, TWIN_HERE, #Name, [](float x, float y) { return floatExpr; }, \
                                       [](int64_t x, int64_t y) { return intExpr; });           \
         });                                                                                    \
@@ -231,7 +234,8 @@ T Arith(T a, T b, const twin::Site& site, const char* what, FloatOp floatOp, Int
               uint64_t mask, const uint8_t repeatTime, const BinaryRepeatParams& params, TWIN_SITE) \
     {                                                                                          \
         twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
-        twin_detail::Repeat(dst, &src0, &src1, mask, repeatTime, params, TWIN_HERE, #Name, [&](T a, T b) { \
+        twin_detail::Repeat(dst, &src0, &src1, mask, repeatTime, params, TWIN_HERE, #Name,     \
+                            twin::VecClass::kBinary, [&](T a, T b) {                           \
             return twin_detail::Arith(a, b, TWIN_HERE, #Name, [](float x, float y) { return floatExpr; }, \
                                       [](int64_t x, int64_t y) { return intExpr; });           \
         });                                                                                    \
@@ -248,7 +252,7 @@ void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
          const int32_t& count, TWIN_SITE)
 {
     static_assert(!std::is_integral<T>::value, "Div takes half or float");
-    twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, "Div", [](T a, T b) {
+    twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, "Div", twin::VecClass::kDiv, [](T a, T b) {
         return static_cast<T>(twin_detail::F(a) / twin_detail::F(b));
     });
 }
@@ -263,7 +267,7 @@ void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
         static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value,      \
                       #Name " takes 16-bit integers");                                          \
         twin_detail::RequireUbScratchFree(TWIN_HERE, #Name);                                   \
-        twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name,                   \
+        twin_detail::Elementwise(dst, &src0, &src1, count, TWIN_HERE, #Name, twin::VecClass::kBinary, \
                                  [](T a, T b) { return static_cast<T>(expr); });               \
     }                                                                                          \
     template <typename T, bool isSetMask = true>                                               \
@@ -273,7 +277,7 @@ void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
         static_assert(std::is_same<T, uint16_t>::value || std::is_same<T, int16_t>::value,      \
                       #Name " takes 16-bit integers");                                          \
         twin_detail::Repeat(dst, &src0, &src1, mask, repeatTime, params, TWIN_HERE, #Name,     \
-                            [](T a, T b) { return static_cast<T>(expr); });                    \
+                            twin::VecClass::kBinary, [](T a, T b) { return static_cast<T>(expr); }); \
     }
 
 TWIN_BITWISE(And, a & b)
@@ -305,7 +309,7 @@ void ShiftLeft(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& sc
         using U = typename std::make_unsigned<T>::type;
         const uint32_t shift = static_cast<uint32_t>(scalarValue);
         twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, TWIN_HERE,
-                                 "ShiftLeft", [shift](T a, T) {
+                                 "ShiftLeft", twin::VecClass::kScalarArith, [shift](T a, T) {
             return static_cast<T>(shift >= sizeof(T) * 8 ? U{0} : static_cast<U>(static_cast<U>(a) << shift));
         });
     }
@@ -319,7 +323,7 @@ void ShiftRight(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s
     if constexpr (std::is_integral<T>::value) {
         const uint32_t shift = static_cast<uint32_t>(scalarValue);
         twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, TWIN_HERE,
-                                 "ShiftRight", [shift](T a, T) {
+                                 "ShiftRight", twin::VecClass::kScalarArith, [shift](T a, T) {
             if (shift >= sizeof(T) * 8) {
                 return static_cast<T>(std::is_signed<T>::value && a < 0 ? -1 : 0);
             }
@@ -361,7 +365,7 @@ bool GetSaturationFlag()
         twin_detail::RequireArithmeticType<T>(TWIN_HERE, #Name);                               \
         const T scalar = scalarValue;                                                          \
         twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, \
-                                 TWIN_HERE, #Name, [&](T a, T) {                               \
+                                 TWIN_HERE, #Name, twin::VecClass::kScalarArith, [&](T a, T) { \
             return twin_detail::Arith(a, scalar, TWIN_HERE, #Name,                             \
                                       [](float x, float y) { return floatExpr; },              \
                                       [](int64_t x, int64_t y) { return intExpr; });           \
@@ -374,19 +378,20 @@ TWIN_SCALAR(Maxs, std::max(x, y), std::max(x, y))
 TWIN_SCALAR(Mins, std::min(x, y), std::min(x, y))
 #undef TWIN_SCALAR
 
-#define TWIN_UNARY(Name, expr)                                                                 \
+#define TWIN_UNARY(Name, cost, expr)                                                           \
     template <typename T>                                                                      \
     void Name(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count, TWIN_SITE) \
     {                                                                                          \
         static_assert(std::is_floating_point<T>::value || sizeof(T) == 2, #Name " takes floats"); \
         twin_detail::Elementwise(dst, &src, static_cast<const LocalTensor<T>*>(nullptr), count, \
-                                 TWIN_HERE, #Name, [](T a, T) { return static_cast<T>(expr); }); \
+                                 TWIN_HERE, #Name, twin::VecClass::cost,                       \
+                                 [](T a, T) { return static_cast<T>(expr); });                 \
     }
 
-TWIN_UNARY(Exp, std::exp(twin_detail::F(a)))
-TWIN_UNARY(Ln, std::log(twin_detail::F(a)))
-TWIN_UNARY(Abs, std::fabs(twin_detail::F(a)))
-TWIN_UNARY(Reciprocal, 1.0f / twin_detail::F(a))
+TWIN_UNARY(Exp, kExp, std::exp(twin_detail::F(a)))
+TWIN_UNARY(Ln, kLn, std::log(twin_detail::F(a)))
+TWIN_UNARY(Abs, kScalarArith, std::fabs(twin_detail::F(a)))
+TWIN_UNARY(Reciprocal, kDiv, 1.0f / twin_detail::F(a))
 #undef TWIN_UNARY
 
 // dst = src * scalar + dst (level 2). The twin implements the same-type form (float or
@@ -397,7 +402,7 @@ void Axpy(const LocalTensor<T>& dst, const LocalTensor<U>& src, const U& scalarV
 {
     static_assert(std::is_same<T, U>::value, "twin Axpy: the same-type form only");
     const float s = static_cast<float>(scalarValue);
-    twin_detail::Elementwise(dst, &src, &dst, count, TWIN_HERE, "Axpy",
+    twin_detail::Elementwise(dst, &src, &dst, count, TWIN_HERE, "Axpy", twin::VecClass::kBinary,
                              [s](T a, T d) { return static_cast<T>(twin_detail::F(a) * s + twin_detail::F(d)); });
 }
 
@@ -406,15 +411,17 @@ void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& c
 {
     twin_detail::Elementwise(dst, static_cast<const LocalTensor<T>*>(nullptr),
                              static_cast<const LocalTensor<T>*>(nullptr), count, TWIN_HERE,
-                             "Duplicate", [&](T, T) { return scalarValue; });
+                             "Duplicate", twin::VecClass::kDuplicate, [&](T, T) { return scalarValue; });
 }
 
 template <typename T>
 void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, uint32_t count, TWIN_SITE)
 {
     twin_detail::RequireVector(dst, count, TWIN_HERE, "CreateVecIndex");
-    twin::Instruction(twin::kPipeV, TWIN_HERE).Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
-    for (uint32_t i = 0; i < count; ++i) {
+    twin::Instruction(twin::kPipeV, TWIN_HERE,
+                      twin::Work::Vector(twin::VecClass::kDuplicate, twin::RepeatsOf(uint64_t{count} * sizeof(T))))
+        .Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
+    for (uint32_t i = 0; i < count && twin::Computing(); ++i) {
         if constexpr (std::is_integral<T>::value) {  // integer ramps are exact
             dst.Data()[i] = static_cast<T>(static_cast<int64_t>(firstValue) + i);
         } else {
@@ -451,10 +458,12 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     twin::Require(sizeof(T) == sizeof(U) || dst.Bytes() + uint64_t{count} * sizeof(T) <= src.Bytes() ||
                       src.Bytes() + uint64_t{count} * sizeof(U) <= dst.Bytes(),
                   TWIN_HERE, "[R24] ", "Cast between different widths must not overlap");
-    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    // A conversion repeat takes 64 elements (the cost table's CONV_* rows).
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE,
+                               twin::Work::Vector(twin::VecClass::kCast, (uint64_t{count} + 63) / 64));
     op.Read(twin::Memory::UB, src.Bytes(), uint64_t{count} * sizeof(U));
     op.Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
-    for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t i = 0; i < count && twin::Computing(); ++i) {
         dst.Data()[i] = static_cast<T>(static_cast<float>(src.Data()[i]));
     }
 }
@@ -475,11 +484,12 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
     twin_detail::RequireUbScratchFree(TWIN_HERE, "Compares");
     twin_detail::RequireVector(src0, count, TWIN_HERE, "Compares source");
     twin_detail::RequireVector(dst, (count + 7) / 8, TWIN_HERE, "Compares destination");
-    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE,
+                               twin::Work::Vector(twin::VecClass::kCompare, twin::RepeatsOf(uint64_t{count} * sizeof(T))));
     op.Read(twin::Memory::UB, src0.Bytes(), uint64_t{count} * sizeof(T));
     op.Write(twin::Memory::UB, dst.Bytes(), (count + 7) / 8);
     const double s = twin_detail::ToDouble(src1Scalar);
-    for (uint32_t i = 0; i < count; i += 8) {
+    for (uint32_t i = 0; i < count && twin::Computing(); i += 8) {
         uint8_t bits = 0;
         for (uint32_t j = 0; j < 8 && i + j < count; ++j) {
             const double v = twin_detail::ToDouble(src0.Data()[i + j]);
@@ -510,12 +520,13 @@ void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const Loca
     twin_detail::RequireVector(src0, count, TWIN_HERE, "Select source");
     twin_detail::RequireVector(selMask, (count + 8 * sizeof(U) - 1) / (8 * sizeof(U)), TWIN_HERE,
                                "Select mask");
-    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE,
+                               twin::Work::Vector(twin::VecClass::kSelect, twin::RepeatsOf(uint64_t{count} * sizeof(T))));
     op.Read(twin::Memory::UB, selMask.Bytes(), (count + 7) / 8);
     op.Read(twin::Memory::UB, src0.Bytes(), uint64_t{count} * sizeof(T));
     op.Write(twin::Memory::UB, dst.Bytes(), uint64_t{count} * sizeof(T));
     const uint8_t* bits = reinterpret_cast<const uint8_t*>(selMask.Data());
-    for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t i = 0; i < count && twin::Computing(); ++i) {
         dst.Data()[i] = (bits[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1;
     }
 }
@@ -538,7 +549,9 @@ void ReduceRepeats(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t
     RequireMemory(dst.Memory(), {twin::Memory::UB}, site, what);
     RequireAligned(src.ByteOffset(), twin::kBlockBytes, site, what);
     RequireAligned(dst.ByteOffset(), perBlock ? twin::kBlockBytes : sizeof(T), site, what);
-    const twin::Instruction op(twin::kPipeV, site);
+    const twin::Instruction op(twin::kPipeV, site,
+                               twin::Work::Vector(perBlock ? twin::VecClass::kBlockReduce : twin::VecClass::kWholeReduce,
+                                                  static_cast<uint64_t>(repeatTime)));
     const uint32_t lastBlock = (static_cast<uint32_t>(mask) - 1) / PerBlock<T>();
     for (int32_t r = 0; r < repeatTime; ++r) {
         for (uint32_t b = 0; b <= lastBlock; ++b) {
@@ -552,7 +565,7 @@ void ReduceRepeats(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t
         dst.CheckElements(uint64_t(r) * dstStrideElements, perBlock ? lastBlock + 1 : 1, site, what);
         op.Write(twin::Memory::UB, dst.Data() + uint64_t(r) * dstStrideElements,
                  (perBlock ? lastBlock + 1 : 1) * sizeof(T));
-        for (uint32_t o = 0; o < outputs; ++o) {
+        for (uint32_t o = 0; o < outputs && twin::Computing(); ++o) {
             float acc = 0;
             bool first = true;
             for (uint32_t e = 0; e < static_cast<uint32_t>(mask); ++e) {
@@ -639,14 +652,16 @@ void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t re
                       dst.Bytes() + uint64_t{repeatTime} * 8 * twin::kBlockBytes <= src.Bytes(),
                   TWIN_HERE, "[R30] ", "Brcb must not work in place");
     constexpr uint32_t perBlock = twin::kBlockBytes / sizeof(T);
-    const twin::Instruction op(twin::kPipeV, TWIN_HERE);
+    const twin::Instruction op(twin::kPipeV, TWIN_HERE, twin::Work::Vector(twin::VecClass::kBroadcast, repeatTime));
     op.Read(twin::Memory::UB, src.Bytes(), uint64_t{repeatTime} * 8 * sizeof(T));
     for (uint32_t i = 0; i < repeatTime; ++i) {
         for (uint32_t j = 0; j < 8; ++j) {
             const uint64_t at = (uint64_t{i} * p.dstRepStride + uint64_t{j} * p.dstBlkStride) * perBlock;
             dst.CheckElements(at, perBlock, TWIN_HERE, "Brcb destination");
             op.Write(twin::Memory::UB, dst.Data() + at, twin::kBlockBytes);
-            std::fill_n(dst.Data() + at, perBlock, src.Data()[i * 8 + j]);
+            if (twin::Computing()) {
+                std::fill_n(dst.Data() + at, perBlock, src.Data()[i * 8 + j]);
+            }
         }
     }
 }

@@ -19,6 +19,8 @@ from ...contract import layout as layouts
 from ...contract.variant import PLAIN, Variant, shared_alibi_slopes
 from ...ascend import native
 from ...ascend.planner import DTYPES, LAYOUTS, DecodeProblem, Variant as PlanVariant
+from . import timing as timing_mode
+from .timing import Timing
 
 AI_CORES = 0  # 0: the SoC's AI cores (Ascend910B2: 24); tests set other counts
 
@@ -64,6 +66,7 @@ def _library() -> ctypes.CDLL:
     lib.flash_cann_twin_drop_sync.argtypes = [ctypes.c_char_p]
     lib.flash_cann_twin_sync_sites.restype = ctypes.c_int64
     lib.flash_cann_twin_sync_sites.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    timing_mode.declare(lib)
     return lib
 
 
@@ -75,13 +78,16 @@ def _pointer(t):
     return None if t is None else t.data_ptr()
 
 
-def _launch(function, *args, allocated: dict | None, reports: tuple = ()):
-    """Call a kernel's C ABI; raise TwinViolation on a broken rule; fill ``allocated``.
-    ``reports``: the ABI's further report buffers, between the allocated bytes and the
-    error message."""
+def _launch(function, *args, allocated: dict | None, reports: tuple = (),
+            timing: Timing | None = None):
+    """Call a kernel's C ABI; raise TwinViolation on a broken rule; fill ``allocated``,
+    and with ``timing`` time the launch (timing.py). ``reports``: the ABI's further report
+    buffers, between the allocated bytes and the error message."""
     error = ctypes.create_string_buffer(4096)
     measured = (ctypes.c_uint64 * len(MEMORY_LEVELS))()
-    if function(*args, measured, *reports, error, len(error)) != 0:
+    with timing_mode.timed(_library(), timing):
+        failed = function(*args, measured, *reports, error, len(error)) != 0
+    if failed:
         raise TwinViolation(f"flash_cann twin: {error.value.decode()}")
     if allocated is not None:
         allocated.update(zip(MEMORY_LEVELS, measured))
@@ -136,7 +142,8 @@ class _Problem:
 
 
 def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, layout: str,
-            variant: Variant = PLAIN, ai_cores: int | None = None, allocated: dict | None = None):
+            variant: Variant = PLAIN, ai_cores: int | None = None, allocated: dict | None = None,
+            timing: Timing | None = None):
     """Run the forward kernel on the twin; returns (out, softmax_lse).
 
     ``variant``: the features (packed sequences, window, softcap, ALiBi slopes, dropout_p
@@ -145,6 +152,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
     keeps fp32 S. ``allocated``, if given,
     receives the bytes the kernel allocated per memory level (every ``InitBuffer``; AIC
     levels per cube core, UB per vector core), keyed as the planner's ``plan["levels"]``.
+    ``timing``, if given, times the launch and receives its report (timing.py).
     """
     p = _Problem(query, key, layout, variant)
     q, k, v = (t.contiguous() for t in (query, key, value))  # the kernel reads dense layouts
@@ -166,7 +174,7 @@ def forward(query, key, value, key_padding_mask, *, scale: float, causal: bool, 
             LAYOUTS[layout], int(causal), float(scale), variant.window_left,
             variant.window_right, float(variant.softcap), float(variant.dropout_p), alibi,
             int(variant.fp16_scores), AI_CORES if ai_cores is None else ai_cores,
-            allocated=allocated)
+            allocated=allocated, timing=timing)
     return out, lse
 
 
@@ -203,7 +211,7 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
                     scale: float, causal: bool, layout: str = "BSND", cache_leftpad=None,
                     variant: Variant = PLAIN, num_splits: int = 0,
                     ai_cores: int | None = None, allocated: dict | None = None,
-                    splits_used: list | None = None):
+                    splits_used: list | None = None, timing: Timing | None = None):
     """Run the decode kernel on the twin; returns (out, softmax_lse), as the cpu backend's
     kvcache_forward.
 
@@ -216,7 +224,7 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
     appended by contract.kvcache.append); ``cache_leftpad``: the first visible key.
     ``num_splits`` > 0 forces the split of each tile's keys over cores (flash-attn's hint;
     0: the planner chooses); ``splits_used``, if given, receives the plan's split count;
-    ``allocated`` as for ``forward``.
+    ``allocated`` and ``timing`` as for ``forward``.
     """
     cu_seqlens_q = variant.cu_seqlens_q if layout == "TND" else None
     problem, features = decode_problem(
@@ -237,7 +245,7 @@ def kvcache_forward(query, k_cache, v_cache, seqlens_k, cache_batch_idx, block_t
             q.data_ptr(), kc.data_ptr(), vc.data_ptr(), lengths.data_ptr(), _pointer(batch_idx),
             _pointer(table), _pointer(leftpad), _pointer(cu), _pointer(slopes), _pointer(sinks),
             out.data_ptr(), lse.data_ptr(), AI_CORES if ai_cores is None else ai_cores,
-            ctypes.byref(used), allocated=allocated)
+            ctypes.byref(used), allocated=allocated, timing=timing)
     if splits_used is not None:
         splits_used.append(used.value)
     return out, lse
@@ -292,7 +300,8 @@ def dropped_sync(site: str):
 def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, grad_softmax_lse,
              *, scale: float, causal: bool, layout: str, deterministic: bool = False,
              variant: Variant = PLAIN, ai_cores: int | None = None,
-             allocated: dict | None = None, unordered_atomic_adds: list | None = None):
+             allocated: dict | None = None, unordered_atomic_adds: list | None = None,
+             timing: Timing | None = None):
     """Run the backward kernel on the twin; returns (grad_query, grad_key, grad_value,
     grad_sinks), grad_sinks None when ``variant`` has no sinks (the backend protocol);
     the kernel's output is then checked to be zeros, as the op promises.
@@ -301,7 +310,8 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
     as the cpu backend's backward takes it; with ``fp16_scores`` the fast path's kernel
     (S in fp16).
     ``deterministic`` selects the dQ variant whose result is bitwise the same for every
-    run and every split of the work over cores; ``allocated`` as for ``forward``.
+    run and every split of the work over cores; ``allocated`` and ``timing`` as for
+    ``forward``.
     ``unordered_atomic_adds``, if given, receives the names of the tensors the kernel
     writes ("grad_query", ..., "workspace") where some element got atomic adds from
     two cores with no happens-before order between them, an order the hardware does not
@@ -328,12 +338,15 @@ def backward(grad_out, query, key, value, out, softmax_lse, key_padding_mask, gr
             int(causal), float(scale), int(deterministic), AI_CORES if ai_cores is None else ai_cores,
             variant.window_left, variant.window_right, float(variant.softcap),
             float(variant.dropout_p), alibi, int(variant.fp16_scores),
-            allocated=allocated, reports=(names, 0 if names is None else len(names)))
+            allocated=allocated, reports=(names, 0 if names is None else len(names)),
+            timing=timing)
     if unordered_atomic_adds is not None:
         unordered_atomic_adds.extend(filter(None, names.value.decode().split(",")))
     if sinks is None:
-        # The CANN op always has grad_sinks: the kernel writes zeros without sinks.
-        if not torch.all(grad_sinks == 0):
+        # The CANN op always has grad_sinks: the kernel writes zeros without sinks (a
+        # timing-only launch computes no values).
+        computed = timing is None or not timing.timing_only
+        if computed and not torch.all(grad_sinks == 0):
             raise TwinViolation("flash_cann twin: grad_sinks without sinks is not all zero: "
                                 f"{grad_sinks.tolist()}")
         return dq, dk, dv, None
