@@ -1,5 +1,5 @@
 // Generated from op_project/flash_cann_ops.yaml by `python -m flash_cann.ascend.contract_header`;
-// do not edit (tests/test_contract.py fails while this file is out of date).
+// do not edit (tests/test_spec.py fails while this file is out of date).
 #ifndef FLASH_CANN_CONTRACT_H
 #define FLASH_CANN_CONTRACT_H
 

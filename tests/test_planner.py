@@ -428,8 +428,15 @@ def test_cli_plans_the_decode_kernel(capsys):
     for needle in (f"tiling     key {got['tiling_key']}; tiles of {t['block_q']} rows",
                    f"{t['splits']} split(s) of each tile's keys",
                    "paged cache of 1024 keys per sequence", "PREDICTION (decode schedule model",
-                   "every sequence holding 1000 keys", "features   none"):
+                   "every sequence holding 1000 keys", "features   none",
+                   "seqlen_k 1000, head_dim 64, float16, BSND\n"):
         assert needle in out, needle
+    for other in ("BNSD", "TND"):  # flash_attn_with_kvcache's query is (batch, seqlen, heads, d)
+        assert cli.main([*shape, "--layout", other]) == 2
+        assert (f"--decode plans flash_attn_with_kvcache's query, (batch, seqlen_q, heads, "
+                f"head_dim) = BSND: not --layout {other}") in capsys.readouterr().err
+    assert cli.main([*shape, "--layout", "BSND"]) == 0
+    assert capsys.readouterr().out == out
     for refused in (["--mask"], ["--backward"], ["--dropout", "0.1"]):
         assert cli.main([*shape, *refused]) == 2
         assert ("flash-cann: error: --decode is a forward of its own: no --backward, --dropout "

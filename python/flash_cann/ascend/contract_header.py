@@ -10,7 +10,7 @@ does not list); for the whole spec the
 head_dim limits and the layouts (``kLayout<NAME>``, in spec order: the value of
 ``flash_cann::Layout``) and the NPU backend's dtypes (``kDType<Name>``: the value of
 ``flash_cann::DType``). Any op, input, attribute or output added to the spec appears
-here on the next ``python -m flash_cann.ascend.contract_header``; tests/test_contract.py fails
+here on the next ``python -m flash_cann.ascend.contract_header``; tests/test_spec.py fails
 while the committed header is out of date.
 """
 
@@ -42,7 +42,7 @@ def render(spec: Spec) -> str:
     lines = [
         "// Generated from op_project/flash_cann_ops.yaml by `python -m "
         "flash_cann.ascend.contract_header`;",
-        "// do not edit (tests/test_contract.py fails while this file is out of date).",
+        "// do not edit (tests/test_spec.py fails while this file is out of date).",
         "#ifndef FLASH_CANN_CONTRACT_H",
         "#define FLASH_CANN_CONTRACT_H",
         "",

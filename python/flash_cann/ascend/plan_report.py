@@ -58,11 +58,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seqlen-k", type=int, help="key/value sequence length (default: seqlen)")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "float16", "bfloat16"],
                         help="input dtype (default: %(default)s)")
-    parser.add_argument("--layout", default="BNSD", choices=["BNSD", "BSND", "TND"],
+    parser.add_argument("--layout", choices=["BNSD", "BSND", "TND"],
                         help="BNSD = (batch, heads, seqlen, head_dim), BSND = (batch, seqlen, "
                              "heads, head_dim), TND = packed sequences (tokens, heads, head_dim): "
                              "--shape then gives the number of sequences and max_seqlen, "
-                             "--tokens the packed tokens (default: %(default)s)")
+                             "--tokens the packed tokens (default: BNSD; with --decode BSND, "
+                             "flash_attn_with_kvcache's query, the only one it plans)")
     parser.add_argument("--tokens", type=int, nargs="+", metavar="N",
                         help="layout TND: the packed query tokens (and key tokens; default "
                              "batch x seqlen); the prediction takes sequences of equal length")
@@ -130,7 +131,7 @@ def _problem_lines(p: dict, args, batch, heads, seqlen, head_dim, dtype) -> None
           f"cube peak {plat['cube_peak_tflops']:.1f} TFLOP/s fp16/bf16")
     print(f"problem    batch {batch}, heads {heads} (kv {args.kv_heads or heads}), seqlen_q "
           f"{seqlen}, seqlen_k {args.seqlen_k or seqlen}, head_dim {head_dim}, {dtype}, "
-          f"{args.layout}{', causal' if args.causal else ''}{', key mask' if args.mask else ''}")
+          f"{layout(args)}{', causal' if args.causal else ''}{', key mask' if args.mask else ''}")
     features = _feature_names(args)
     print(f"features   {', '.join(features) if features else 'none'}")
 
@@ -283,9 +284,18 @@ def _decode_report(p: dict) -> None:
     print(f"  bound      {pred['bound']}")
 
 
+def layout(args) -> str:
+    """The query's layout: --layout, else the kernel's default (the decode kernel plans
+    flash_attn_with_kvcache's (batch, seqlen_q, heads, head_dim) query only)."""
+    return args.layout or ("BSND" if getattr(args, "decode", False) else "BNSD")
+
+
 def _run_decode(args, batch, heads, seqlen, head_dim, dtype) -> int:
     if args.backward or args.dropout or args.mask:
         raise Refused("--decode is a forward of its own: no --backward, --dropout or --mask")
+    if layout(args) != "BSND":
+        raise Refused(f"--decode plans flash_attn_with_kvcache's query, (batch, seqlen_q, heads, "
+                      f"head_dim) = BSND: not --layout {args.layout}")
     if not args.seqlen_k:
         raise Refused("--decode needs --seqlen-k, the keys per sequence")
     try:
@@ -333,7 +343,7 @@ def run(args) -> int:
     try:
         window = _window(args, args.seqlen_k or seqlen)
         tokens = (0, 0)
-        if args.layout == "TND":
+        if layout(args) == "TND":
             given = args.tokens or [batch * seqlen]
             tokens = (given[0], given[1] if len(given) > 1 else given[0])
         elif args.tokens:
@@ -342,7 +352,7 @@ def run(args) -> int:
                                    alibi=args.alibi, sinks=args.sinks, tokens=tokens,
                                    fp16_scores=args.fp16_scores)
         options = dict(heads_kv=args.kv_heads, seqlen_k=args.seqlen_k, dtype=dtype,
-                       layout=args.layout, causal=args.causal, has_mask=args.mask,
+                       layout=layout(args), causal=args.causal, has_mask=args.mask,
                        aic_cores=_cores(args.soc, args.cores), features=features)
         if args.backward:
             p = planner.grad_plan(args.soc, batch, heads, seqlen, head_dim,

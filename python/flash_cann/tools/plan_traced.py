@@ -15,14 +15,15 @@ def _problem(args) -> traced.Problem:
     kernel = ("decode" if args.decode else
               "backward-deterministic" if args.backward and args.deterministic else
               "backward" if args.backward else "forward")
-    if args.layout == "BSND" or args.page_size or (args.layout == "TND" and args.tokens):
+    given = plan_report.layout(args)
+    if (given == "BSND" and not args.decode) or args.page_size or (given == "TND" and args.tokens):
         raise plan_report.Refused("--traced times BNSD, or TND of equal-length sequences "
                                   "(no --tokens), and a contiguous decode cache")
     return traced.Problem(kernel, call["batch"], call["heads"], call["seqlen_q"], call["seqlen_k"],
                           call["head_dim"], dtype=call["dtype"], causal=args.causal,
                           heads_kv=args.kv_heads or 0, mask=args.mask, window=call["window"],
                           softcap=args.softcap, alibi=args.alibi is not None, dropout_p=args.dropout,
-                          sinks=args.sinks, tnd=args.layout == "TND")
+                          sinks=args.sinks, tnd=given == "TND")
 
 
 def print_traced(args) -> None:
