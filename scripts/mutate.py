@@ -166,16 +166,20 @@ def tracked_files(root: Path) -> list[str]:
 
 
 def copy_tree(root: Path, files: list[str], dest: Path) -> None:
-    """The working-tree content of the tracked files, symlinks kept as links."""
-    for rel in files:
+    """The working-tree content of the tracked files, symlinks kept as links, in a git
+    repository of its own whose index holds exactly those files: tests that list the
+    repository's files (`git ls-files`: the docs' clean copies, the citation rules) see
+    in the copy what they see in a checkout."""
+    copied = [rel for rel in files if os.path.lexists(root / rel)]  # not deleted in the tree
+    for rel in copied:
         src, dst = root / rel, dest / rel
-        if not os.path.lexists(src):
-            continue  # deleted in the working tree
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_symlink():
             os.symlink(os.readlink(src), dst)
         else:
             shutil.copy2(src, dst)
+    for command in (["git", "init", "-q"], ["git", "add", "-f", "--", *copied]):
+        subprocess.run(command, cwd=dest, check=True, capture_output=True)
 
 
 def apply(m: Mutant, tree: Path) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -116,6 +117,8 @@ def test_a_worker_plants_one_mutant_and_restores_the_file(tmp_path, monkeypatch)
         seen.append(((tree / "python/a.py").read_text(), (tree / "k.cpp").read_text()))
         or ("caught", "")))
     worker = mutate.Worker(root, ["python/a.py", "k.cpp"], tmp_path / "w", 1, sys.executable)
+    listed = subprocess.run(["git", "ls-files"], cwd=worker.tree, capture_output=True, text=True)
+    assert listed.stdout.split() == ["k.cpp", "python/a.py"]  # the copy lists its files as a clone
     py = mutate.Mutant(id="p", layer="checks", file="python/a.py", original="x = 1",
                        replacement="x = 2", tests=["t"], why="w")
     native = mutate.Mutant(id="n", layer="kernel", file="k.cpp", original="x = 1",
