@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _forget_alias():
     sys.meta_path[:] = [f for f in sys.meta_path
                         if not isinstance(f, flash_attn_alias.FlashAttnAlias)]
-    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+    for name in [n for n in sys.modules if n in flash_attn_alias.MODULES]:
         del sys.modules[name]
 
 
