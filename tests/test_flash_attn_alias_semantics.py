@@ -219,13 +219,20 @@ def test_device_capacity_check_is_eager_only(monkeypatch, capturing):
         flash_cann.check_kvcache_capacity("cpu")
 
 
-def test_contiguous_device_cache_keeps_the_flag(monkeypatch):
-    """flash-attn checks paged caches only; a contiguous device cache stays read-free."""
+@pytest.mark.parametrize("call", ["contiguous", "varlen"])
+def test_other_device_calls_keep_the_flag(monkeypatch, call):
+    """flash-attn checks flash_attn_with_kvcache's paged caches only: a contiguous device
+    cache, and the varlen call over a paged cache (vLLM's), stay read-free."""
     monkeypatch.setattr(checks, "reads_values", lambda t: False)
     flash_cann.check_kvcache_capacity("cpu")
-    q, cache = torch.randn(1, 1, 1, 8), torch.randn(1, 4, 1, 8)
-    flash_cann.flash_attn_with_kvcache(q, cache, cache.clone(),
-                                       cache_seqlens=torch.tensor([5], dtype=torch.int32))
+    q, cache = torch.randn(1, 1, 1, 8), torch.randn(2, 4, 1, 8)
+    if call == "contiguous":
+        flash_cann.flash_attn_with_kvcache(q, cache, cache.clone(),
+                                           cache_seqlens=torch.tensor([5], dtype=torch.int32))
+    else:
+        one, nine = (torch.tensor(n, dtype=torch.int32) for n in ([0, 1], [9]))
+        flash_cann.flash_attn_varlen_func(q[0], cache, cache, one, None, 1, 8, seqused_k=nine,
+                                          block_table=torch.tensor([[0, 1]], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="1 flash_attn_with_kvcache call"):
         flash_cann.check_kvcache_capacity("cpu")
 

@@ -151,17 +151,19 @@ def reads_values(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not is_fake(t)
 
 
-def reads_capacity(cache_seqlens: torch.Tensor, paged: bool) -> bool:
+def reads_capacity(cache_seqlens: torch.Tensor, paged_batched: bool) -> bool:
     """Whether check_kvcache reads cache_seqlens on the host to check the capacity at the
-    call: on CPU always (free); on a device for a paged cache in eager mode, as
-    flash-attn 2.8.4 does (its issue 2709: one device-to-host read per call) -- not under
-    a graph capture, where a host read is not allowed, nor on fake tensors (tracing).
-    There, and for contiguous caches on a device, kvcache.append's flag guards instead."""
+    call: on CPU always (free); on a device for flash_attn_with_kvcache's paged call
+    (a block table, batched queries) in eager mode, as flash-attn 2.8.4's does (its issue
+    2709: one device-to-host read per call) -- not under a graph capture, where a host
+    read is not allowed, nor on fake tensors (tracing). There, for contiguous caches and
+    for packed (TND) queries on a device (vLLM's varlen call, which flash-attn's varlen
+    path does not check either), kvcache.append's flag guards instead."""
     from torch._subclasses.fake_tensor import is_fake
 
     if reads_values(cache_seqlens):
         return True
-    return (paged and not is_fake(cache_seqlens) and cache_seqlens.device.type != "meta"
+    return (paged_batched and not is_fake(cache_seqlens) and cache_seqlens.device.type != "meta"
             and not capture.capturing(cache_seqlens.device))
 
 
@@ -589,7 +591,7 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                                      f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
     if (cache_seqlens is not None and cache_seqlens.numel()
-            and reads_capacity(cache_seqlens, block_table is not None)):
+            and reads_capacity(cache_seqlens, block_table is not None and not packed)):
         # Otherwise kvcache.append guards this (no host read); see kvcache.py.
         shortest, longest = torch.stack((cache_seqlens.min(), cache_seqlens.max())).tolist()
         if shortest < 0:

@@ -62,49 +62,58 @@ _VLLM = ("flash_attn_varlen_func", "get_scheduler_metadata", "is_fa_version_supp
 
 
 def _with_flash_attn_s_dmask(function):
-    """``function`` returning S_dmask in flash-attn's layout by default: its keyword
-    ``s_dmask`` defaults to "flash_attn" (and says so in its signature)."""
+    """``function``, returning S_dmask in flash-attn's layout by default where it returns
+    one: its keyword ``s_dmask`` defaults to "flash_attn" (and its signature says so)."""
+    signature = inspect.signature(function)
+    if "s_dmask" not in signature.parameters:
+        return function
+
     @functools.wraps(function)
     def aliased(*args, **kwargs):
         kwargs.setdefault("s_dmask", "flash_attn")
         return function(*args, **kwargs)
 
-    signature = inspect.signature(function)
     aliased.__signature__ = signature.replace(parameters=[
         p.replace(default="flash_attn") if p.name == "s_dmask" else p
         for p in signature.parameters.values()])
     return aliased
 
 
-FLASH_ATTN_FUNCTIONS = {name: (_with_flash_attn_s_dmask(getattr(interface, name))
-                               if "s_dmask" in inspect.signature(getattr(interface, name)).parameters
-                               else getattr(interface, name)) for name in _FUNCTIONS}
-_FA3_MODULE = {name: getattr(flash_attn_3, name) for name in _FA3}
-_NPU_V3_MODULE = {**{name: getattr(flash_attn_npu, name) for name in _NPU_V3},
+def _named(module, names) -> dict:
+    return {name: getattr(module, name) for name in names}
+
+
+FLASH_ATTN_FUNCTIONS = {name: _with_flash_attn_s_dmask(getattr(interface, name))
+                        for name in _FUNCTIONS}
+_FA3_MODULE = _named(flash_attn_3, _FA3)
+_NPU_V3_MODULE = {**_named(flash_attn_npu, _NPU_V3),
                   "get_scheduler_metadata": flash_attn_3.get_scheduler_metadata}
+_VLLM_MODULE = _named(vllm_flash_attn, _VLLM)
 # module name -> (is a package, {attribute: object}); submodules are attached on import.
 MODULES = {
-    "flash_attn": (True, dict(FLASH_ATTN_FUNCTIONS)),
+    "flash_attn": (True, FLASH_ATTN_FUNCTIONS),
     "flash_attn.flash_attn_interface": (False, {
-        **FLASH_ATTN_FUNCTIONS,
-        **{name: getattr(flash_attn_private, name) for name in _PRIVATE},
+        **FLASH_ATTN_FUNCTIONS, **_named(flash_attn_private, _PRIVATE),
         # what flash-attn's tests/test_flash_attn.py imports from here besides the functions
         "_get_block_size_n": flash_attn_s_dmask._get_block_size_n,
         "USE_TRITON_ROCM": flash_attn_private.USE_TRITON_ROCM}),
-    "flash_attn.bert_padding": (False, {name: getattr(bert_padding, name) for name in (
-        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")}),
+    "flash_attn.bert_padding": (False, _named(bert_padding, (
+        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input"))),
     "flash_attn.layers": (True, {}),
     "flash_attn.layers.rotary": (False, {"apply_rotary_emb": rotary.apply_rotary_emb}),
+    # FA3's interface, as its build installs it and as its repository's hopper/ holds it
     "flash_attn_interface": (False, _FA3_MODULE),
     "hopper": (True, {}),
     "hopper.flash_attn_interface": (False, _FA3_MODULE),
-    "flash_attn_npu": (True, dict(FLASH_ATTN_FUNCTIONS)),
+    # flash-attention-npu: v2, v3 (and its earlier name, vllm-ascend's import), v4
+    "flash_attn_npu": (True, FLASH_ATTN_FUNCTIONS),
     "flash_attn_npu_3": (True, _NPU_V3_MODULE),
     "flash_attn_npu_v3": (True, _NPU_V3_MODULE),
-    "flash_attn_npu_4": (True, {"flash_attn_varlen_func": flash_attn_npu.flash_attn_varlen_func_v4}),
-    "vllm_flash_attn": (True, {name: getattr(vllm_flash_attn, name) for name in _VLLM}),
-    "vllm_flash_attn.flash_attn_interface": (False, {name: getattr(vllm_flash_attn, name)
-                                                     for name in _VLLM}),
+    "flash_attn_npu_4": (True, {"flash_attn_varlen_func":
+                                flash_attn_npu.flash_attn_varlen_func_v4}),
+    # vLLM's adapter, under the standalone package's name
+    "vllm_flash_attn": (True, _VLLM_MODULE),
+    "vllm_flash_attn.flash_attn_interface": (False, _VLLM_MODULE),
 }
 _ORIGIN = "flash_cann alias"
 
