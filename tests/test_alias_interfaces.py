@@ -58,6 +58,8 @@ FA3 = {
         ("window_size", (-1, -1)), ("attention_chunk", 0), ("softcap", 0.0),
         ("rotary_interleaved", True), ("scheduler_metadata", None), ("num_splits", 0),
         ("pack_gqa", None), ("sm_margin", 0), ("return_softmax_lse", False)],
+    "flash_attn_combine": [("out_partial", E), ("lse_partial", E), ("out", None),
+                           ("out_dtype", None)],
     "get_scheduler_metadata": [
         ("batch_size", E), ("max_seqlen_q", E), ("max_seqlen_k", E), ("num_heads_q", E),
         ("num_heads_kv", E), ("headdim", E), ("cache_seqlens", E),
@@ -248,6 +250,28 @@ def test_fa3_kvcache_batched_append_is_flash_attn_2s(alias):
     expected = flash_cann.flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=seqlens,
                                                   causal=True)
     assert torch.equal(out, expected) and all(map(torch.equal, ours, caches))
+
+
+def test_fa3_combine_merges_split_partials(alias):
+    """Each split weighted by exp(lse_split - lse); rows whose splits are all -inf get
+    out 0 and lse -inf (FA3's test_flash_attn_combine makes such rows)."""
+    from flash_attn_interface import flash_attn_combine
+
+    gen = torch.Generator().manual_seed(9)
+    out_partial = torch.randn(3, 2, 4, 5, 8, generator=gen)
+    lse_partial = torch.randn(3, 2, 5, 4, generator=gen).transpose(-1, -2)  # strided
+    lse_partial[1:, 0] = -float("inf")
+    lse_partial[:, 1, 2] = -float("inf")
+    out, lse = flash_attn_combine(out_partial, lse_partial, out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and out.shape == (2, 4, 5, 8) and lse.shape == (2, 4, 5)
+    expected_lse = torch.log(torch.exp(lse_partial.double()).sum(0))
+    torch.testing.assert_close(lse.double(), expected_lse)
+    weights = torch.exp(lse_partial.double() - expected_lse).nan_to_num(0.0)
+    expected = (weights.unsqueeze(-1) * out_partial.double()).sum(0)
+    torch.testing.assert_close(out.double(), expected, atol=2e-3, rtol=2e-3)
+    assert (out[1, 2] == 0).all() and torch.isinf(lse[1, 2]).all()
+    into = torch.empty(2, 4, 5, 8)
+    assert flash_attn_combine(out_partial, lse_partial, out=into)[0] is into
 
 
 @pytest.mark.parametrize("argument, value, message", [
@@ -495,6 +519,7 @@ def test_the_modules_are_thin_maps_onto_the_api(alias):
     import vllm_flash_attn as served_vllm
 
     assert flash_attn_interface.flash_attn_with_kvcache is flash_attn_3.flash_attn_with_kvcache
+    assert flash_attn_interface.flash_attn_combine is flash_attn_3.flash_attn_combine
     assert flash_attn_npu_v3.flash_attn_with_kvcache is flash_attn_npu.flash_attn_with_kvcache
     assert flash_attn_npu_v3.get_scheduler_metadata is flash_attn_3.get_scheduler_metadata
     assert flash_attn_npu_4.flash_attn_varlen_func is flash_attn_npu.flash_attn_varlen_func_v4

@@ -15,6 +15,9 @@ flash-attn's main branch:
   returns as empty tensors when it does not split, and which are always empty here
   (flash_cann combines its splits inside the call). ``page_table`` is flash-attn 2's
   ``block_table``; ``cu_seqlens_q`` / ``max_seqlen_q`` take ragged queries.
+- ``flash_attn_combine`` merges split-KV partials as FA3's ``fwd_combine``: out (batch,
+  seqlen, nheads, headdim) in ``out_dtype`` (or into ``out``) and softmax_lse (batch,
+  seqlen, nheads), each split weighted by exp(lse_split - lse).
 - ``get_scheduler_metadata`` returns an empty int32 tensor: flash_cann's kernels plan each
   call from its shapes, so there is nothing to precompute; ``flash_attn_with_kvcache``
   takes it back (or None) and ignores it.
@@ -179,6 +182,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         return out
     no_partials = torch.empty(0, dtype=torch.float32, device=out.device)
     return out, lse, no_partials, no_partials
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """FA3's combine of split-KV partials: out_partial (num_splits, batch, seqlen, nheads,
+    headdim) and lse_partial (num_splits, batch, seqlen, nheads), float32. Returns (out,
+    softmax_lse): out = sum over splits of exp(lse_split - lse) * out_split in out_dtype
+    (default float32; written into ``out`` when given), lse = logsumexp over the splits
+    (-inf, with out 0, where every split is -inf)."""
+    out_partial = require_tensor(out_partial, "out_partial")
+    lse_partial = require_tensor(lse_partial, "lse_partial")
+    if (out_partial.dim() != 5 or out_partial.dtype != torch.float32
+            or lse_partial.dtype != torch.float32 or lse_partial.shape != out_partial.shape[:4]):
+        raise ValueError(f"flash_cann: out_partial must be float32 (num_splits, batch, seqlen, "
+                         f"nheads, headdim) and lse_partial float32 (num_splits, batch, "
+                         f"seqlen, nheads) (got {out_partial.dtype} "
+                         f"{tuple(out_partial.shape)} and {lse_partial.dtype} "
+                         f"{tuple(lse_partial.shape)})")
+    lse = lse_partial.logsumexp(0)
+    weights = torch.exp(lse_partial - lse)
+    weights = torch.where(torch.isnan(weights), 0.0, weights)  # every split -inf
+    combined = (weights.unsqueeze(-1) * out_partial).sum(0)
+    if out is None:
+        return combined.to(out_dtype or torch.float32), lse
+    out = require_tensor(out, "out")
+    if out.shape != combined.shape or (out_dtype is not None and out.dtype != out_dtype):
+        raise ValueError(f"flash_cann: out must be {tuple(combined.shape)}"
+                         f"{'' if out_dtype is None else f' {out_dtype}'} (got "
+                         f"{out.dtype} {tuple(out.shape)})")
+    return out.copy_(combined), lse
 
 
 def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,

@@ -55,7 +55,7 @@ _PRIVATE = ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_f
             "_flash_attn_varlen_backward")
 # FA3's interface (hopper/flash_attn_interface.py) and flash_attn_npu_3's
 _FA3 = ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-        "flash_attn_with_kvcache", "get_scheduler_metadata")
+        "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata")
 _NPU_V3 = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")
 _VLLM = ("flash_attn_varlen_func", "get_scheduler_metadata", "is_fa_version_supported",
          "fa_version_unsupported_reason")
