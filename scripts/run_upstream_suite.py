@@ -41,7 +41,7 @@ def reason(report) -> str:
         crash = getattr(longrepr, "reprcrash", None)
         text = crash.message if crash is not None else str(longrepr)
     first = text.strip().splitlines()[0] if text.strip() else "(no message)"
-    return re.sub(r"\d+(\.\d+)?", "N", first)[:200]
+    return re.sub(r"\b\d+(\.\d+)?\b", "N", first)[:200]
 
 
 class Summary:

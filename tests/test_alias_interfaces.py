@@ -192,21 +192,34 @@ def test_fa3_dense_returns_out_or_out_and_lse(alias):
     assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
 
 
-def test_fa3_varlen_with_seqused_k(alias):
+def test_fa3_varlen_with_seqused_q_and_k_is_differentiable(alias):
+    """FA3's seqused_q / seqused_k: sequence b uses the first seqused_q[b] rows of its
+    segment and its first seqused_k[b] keys; the other rows get out 0 and no gradient,
+    the other keys are seen by none (hopper/test_flash_attn.py's add_unused_qkv)."""
     from flash_attn_interface import flash_attn_varlen_func
 
     gen = torch.Generator().manual_seed(1)
-    q = torch.randn(7, 2, 16, generator=gen)
-    k, v = (torch.randn(20, 2, 16, generator=gen) for _ in range(2))
-    cu_q = torch.tensor([0, 3, 7], dtype=torch.int32)
+    q = torch.randn(9, 2, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(20, 2, 16, generator=gen, requires_grad=True) for _ in range(2))
+    cu_q = torch.tensor([0, 3, 9], dtype=torch.int32)
     cu_k = torch.tensor([0, 10, 20], dtype=torch.int32)
-    used = torch.tensor([6, 10], dtype=torch.int32)
-    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 10, seqused_k=used,
-                                      causal=True, return_attn_probs=True)
-    ref_out, ref_lse = oracle(q, [k[:6], k[10:20]], [v[:6], v[10:20]], [3, 4], causal=True,
+    used_q, used_k = (torch.tensor(n, dtype=torch.int32) for n in ([2, 4], [6, 10]))
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 10, seqused_q=used_q,
+                                      seqused_k=used_k, causal=True, return_attn_probs=True)
+    rows = torch.tensor([0, 1, 3, 4, 5, 6])  # the used rows
+    ref_out, ref_lse = oracle(q.detach()[rows], [k.detach()[:6], k.detach()[10:20]],
+                              [v.detach()[:6], v.detach()[10:20]], [2, 4], causal=True,
                               scale=16 ** -0.5)
-    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.detach()[rows].double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.detach()[:, rows].double(), ref_lse, atol=1e-5, rtol=1e-5)
+    unused = torch.tensor([2, 7, 8])
+    assert not out.detach()[unused].any() and torch.isinf(lse.detach()[:, unused]).all()
+    out.sum().backward()
+    assert not q.grad[unused].any() and q.grad[rows].abs().sum() > 0
+    assert not k.grad[6:10].any() and k.grad[:6].abs().sum() > 0  # unused keys: no gradient
+    with pytest.raises(ValueError, match="seqused_q / seqused_k must be in"):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 10,
+                               seqused_q=torch.tensor([4, 4], dtype=torch.int32))
 
 
 def test_fa3_kvcache_paged_ragged_queries_and_return_convention(alias):
@@ -302,9 +315,10 @@ def test_fa3_descale_is_ignored_off_fp8_and_fp8_is_refused(alias):
     with pytest.raises(NotImplementedError, match="with q_descale / k_descale / v_descale: "
                                                   "FP8 inputs are not supported"):
         flash_attn_func(q.to(torch.float8_e4m3fn), k, v, **scales)
-    with pytest.raises(NotImplementedError, match="seqused_q is not supported"):
-        flash_attn_varlen_func(q[0], k[0], v[0], *([torch.tensor([0, 9], dtype=torch.int32)] * 2),
-                               9, 13, seqused_q=torch.tensor([9], dtype=torch.int32))
+    cu = torch.tensor([0, 9], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="q is torch.float8_e4m3fn"):
+        flash_attn_varlen_func(q[0].to(torch.float8_e4m3fn), k[0], v[0], cu, cu, 9, 13,
+                               **{name: t[:1] for name, t in scales.items()})
 
 
 # --- flash-attention-npu and vllm-ascend's FA3 backend ---------------------------------

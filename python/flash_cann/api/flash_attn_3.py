@@ -8,8 +8,11 @@ flash-attn's main branch:
 
 - ``flash_attn_func``, ``flash_attn_qkvpacked_func``, ``flash_attn_varlen_func`` return
   out, or (out, softmax_lse) with ``return_attn_probs`` (FA3 has no dropout and returns no
-  S_dmask). They are differentiable, except ``flash_attn_varlen_func`` with
-  ``seqused_k``: a KV cache read whose backward raises (interface.flash_attn_varlen_func).
+  S_dmask). They are differentiable. ``flash_attn_varlen_func``'s ``seqused_q`` /
+  ``seqused_k`` (sequence b uses the first seqused_q[b] rows of its cu_seqlens_q segment
+  and the first seqused_k[b] of its keys) become three packed sequences per sequence
+  (:func:`used_segments`): the used rows with the used keys, the other rows with no key
+  (output 0, lse -inf, zero gradients), and no row with the other keys.
 - ``flash_attn_with_kvcache`` returns out, or (out, softmax_lse, out_accum,
   softmax_lse_accum) with ``return_softmax_lse``: FA3's split-KV partials, which it
   returns as empty tensors when it does not split, and which are always empty here
@@ -31,8 +34,7 @@ with float16 / bfloat16 inputs they are taken and ignored, as there (vLLM passes
 every call); FP8 inputs are refused until flash_cann takes quantised inputs.
 
 Refused with an error naming the argument (FA3 features flash_cann does not compute):
-``qv``, ``attention_chunk`` other than 0, ``seqused_q``, ``rotary_seqlens`` and
-``cu_seqlens_k_new``. FA3's hopper
+``qv``, ``attention_chunk`` other than 0, ``rotary_seqlens`` and ``cu_seqlens_k_new``. FA3's hopper
 interface has no sink argument (vLLM's build adds ``s_aux``: flash_cann.api.vllm_flash_attn).
 """
 
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contract.checks import require_tensor
+from ..contract.checks import reads_values, require_tensor
 from . import interface
 from .interface import _flag, _num_splits
 
@@ -48,8 +50,6 @@ from .interface import _flag, _num_splits
 _UNSERVED = {
     "qv": "FA3's second query-value product (MLA's absorbed heads) is not computed; pass "
           "None",
-    "seqused_q": "each sequence's query rows are cu_seqlens_q's: pass None and cu_seqlens_q "
-                 "delimiting the rows used",
     "rotary_seqlens": "rotary positions are cache_seqlens' (flash-attn 2's rule); pass None",
     "cu_seqlens_k_new": "ragged new keys are not appended; pass None (and k, v of shape "
                         "(batch, seqlen_new, nheads_k, headdim) without cu_seqlens_q)",
@@ -136,6 +136,23 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     return (out, lse) if _flag(return_attn_probs, "return_attn_probs") else out
 
 
+def used_segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    """(cu_seqlens_q, cu_seqlens_k) of 3 sequences per sequence b of the given ones, on
+    the device (no host read): (its first seqused_q[b] rows, its first seqused_k[b] keys),
+    (its other rows, no key), (no row, its other keys). None: all of them are used."""
+    starts_q, ends_q = cu_seqlens_q[:-1], cu_seqlens_q[1:]
+    starts_k, ends_k = cu_seqlens_k[:-1], cu_seqlens_k[1:]
+    used_q = ends_q if seqused_q is None else starts_q + seqused_q
+    used_k = ends_k if seqused_k is None else starts_k + seqused_k
+    if reads_values(used_q) and reads_values(used_k) and bool(
+            ((used_q < starts_q) | (used_q > ends_q) | (used_k < starts_k)
+             | (used_k > ends_k)).any()):
+        raise ValueError("flash_cann: seqused_q / seqused_k must be in [0, the sequence's "
+                         "length in cu_seqlens_q / cu_seqlens_k]")
+    return (torch.cat((torch.stack((starts_q, used_q, ends_q), 1).flatten(), ends_q[-1:])),
+            torch.cat((torch.stack((starts_k, used_k, used_k), 1).flatten(), ends_k[-1:])))
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
@@ -143,15 +160,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            pack_gqa=None, deterministic=False, sm_margin=0,
                            return_attn_probs=False):
     """FA3's flash_attn_varlen_func: as flash_cann.flash_attn_varlen_func without dropout
-    and ALiBi (seqused_k: sequence b attends to its first seqused_k[b] keys, forward
-    only). Returns out, or (out, softmax_lse) with return_attn_probs."""
-    refuse_unserved(attention_chunk, qv=qv, seqused_q=seqused_q)
+    and ALiBi, with seqused_q / seqused_k (module docstring). Returns out, or (out,
+    softmax_lse) with return_attn_probs."""
+    refuse_unserved(attention_chunk, qv=qv)
     check_descale(q, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(pack_gqa, sm_margin, num_splits)
+    if seqused_q is not None or seqused_k is not None:
+        cu_seqlens_q, cu_seqlens_k = used_segments(
+            *(require_tensor(t, n) for t, n in ((cu_seqlens_q, "cu_seqlens_q"),
+                                                (cu_seqlens_k, "cu_seqlens_k"))),
+            *(None if t is None else require_tensor(t, n)
+              for t, n in ((seqused_q, "seqused_q"), (seqused_k, "seqused_k"))))
     out, lse = interface.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-        causal, window_size, softcap, None, deterministic, seqused_k=seqused_k,
-        return_softmax_lse=True)
+        causal, window_size, softcap, None, deterministic, return_softmax_lse=True)
     return (out, lse) if _flag(return_attn_probs, "return_attn_probs") else out
 
 
