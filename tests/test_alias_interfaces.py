@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import flash_cann
-from flash_cann.api import flash_attn_3, flash_attn_npu, interface, vllm_flash_attn
+from flash_cann.api import flash_attn_3, flash_attn_npu, interface, rotary, vllm_flash_attn
 from native_build import built
 from test_flash_attn_alias import alias  # noqa: F401 (fixture)
 from test_serving import oracle, paged_cache
@@ -251,6 +251,24 @@ def test_fa3_kvcache_paged_ragged_queries_and_return_convention(alias):
                                                max_seqlen_q=4, causal=True), out)
 
 
+def test_fa3_rotary_seqlens_start_the_rotary_positions(alias):
+    """FA3's rotary_seqlens: the rotation of the new keys (and q) starts there instead of
+    at cache_seqlens; equal to flash-attn 2's call with cache_seqlens = rotary_seqlens
+    on the rotation, which a cache read back shows."""
+    from flash_attn_interface import flash_attn_with_kvcache
+
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = _qkv(gen, seqlen_q=1, seqlen_k=1)
+    cos, sin = torch.rand(16, 8, generator=gen), torch.rand(16, 8, generator=gen)
+    cache = [torch.zeros(2, 12, 2, 16) for _ in range(2)]
+    seqlens, starts = (torch.tensor(n, dtype=torch.int32) for n in ([3, 6], [1, 9]))
+    flash_attn_with_kvcache(q, *cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                            cache_seqlens=seqlens, rotary_seqlens=starts, causal=True)
+    rotated = rotary.apply_rotary_emb(k, cos, sin, interleaved=True, seqlen_offsets=starts)
+    torch.testing.assert_close(cache[0][[0, 1], [3, 6]], rotated[:, 0])
+    assert torch.equal(cache[1][[0, 1], [3, 6]], v[:, 0])  # values are not rotated
+
+
 def test_fa3_kvcache_batched_append_is_flash_attn_2s(alias):
     from flash_attn_interface import flash_attn_with_kvcache
 
@@ -290,7 +308,6 @@ def test_fa3_combine_merges_split_partials(alias):
 @pytest.mark.parametrize("argument, value, message", [
     ("qv", torch.zeros(1), "qv is not supported"),
     ("attention_chunk", 128, "attention_chunk=128 is not supported"),
-    ("rotary_seqlens", torch.zeros(2, dtype=torch.int32), "rotary_seqlens is not supported"),
     ("cu_seqlens_k_new", torch.zeros(3, dtype=torch.int32), "cu_seqlens_k_new is not supported"),
     ("pack_gqa", "yes", "pack_gqa must be a bool"),
     ("sm_margin", -1, "sm_margin must be an int >= 0"),

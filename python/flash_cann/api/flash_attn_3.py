@@ -34,7 +34,7 @@ with float16 / bfloat16 inputs they are taken and ignored, as there (vLLM passes
 every call); FP8 inputs are refused until flash_cann takes quantised inputs.
 
 Refused with an error naming the argument (FA3 features flash_cann does not compute):
-``qv``, ``attention_chunk`` other than 0, ``rotary_seqlens`` and ``cu_seqlens_k_new``. FA3's hopper
+``qv``, ``attention_chunk`` other than 0 and ``cu_seqlens_k_new``. FA3's hopper
 interface has no sink argument (vLLM's build adds ``s_aux``: flash_cann.api.vllm_flash_attn).
 """
 
@@ -50,7 +50,6 @@ from .interface import _flag, _num_splits
 _UNSERVED = {
     "qv": "FA3's second query-value product (MLA's absorbed heads) is not computed; pass "
           "None",
-    "rotary_seqlens": "rotary positions are cache_seqlens' (flash-attn 2's rule); pass None",
     "cu_seqlens_k_new": "ragged new keys are not appended; pass None (and k, v of shape "
                         "(batch, seqlen_new, nheads_k, headdim) without cu_seqlens_q)",
 }
@@ -186,11 +185,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
                             pack_gqa=None, sm_margin=0, return_softmax_lse=False):
     """FA3's flash_attn_with_kvcache: flash_cann.flash_attn_with_kvcache with
-    page_table as block_table, and ragged queries (cu_seqlens_q, max_seqlen_q; nothing
-    appended). Returns out, or (out, softmax_lse, out_accum, softmax_lse_accum) with
+    page_table as block_table, ragged queries (cu_seqlens_q, max_seqlen_q; nothing
+    appended) and rotary_seqlens (the rotary positions' start, default cache_seqlens). Returns out, or (out, softmax_lse, out_accum, softmax_lse_accum) with
     return_softmax_lse, the last two empty (module docstring)."""
-    refuse_unserved(attention_chunk, qv=qv, rotary_seqlens=rotary_seqlens,
-                    cu_seqlens_k_new=cu_seqlens_k_new)
+    refuse_unserved(attention_chunk, qv=qv, cu_seqlens_k_new=cu_seqlens_k_new)
     check_descale(q, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     check_hints(pack_gqa, sm_margin, num_splits)
     if scheduler_metadata is not None:
@@ -199,7 +197,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, None, num_splits, True, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=max_seqlen_q)
+        max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens)
     if not _flag(return_softmax_lse, "return_softmax_lse"):
         return out
     no_partials = torch.empty(0, dtype=torch.float32, device=out.device)

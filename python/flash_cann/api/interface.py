@@ -366,8 +366,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         With block_table or seqused_k the call reads a KV cache: forward only (inputs that
         require grad are taken, as by flash-attn, but a backward through the output raises
         a RuntimeError naming block_table / seqused_k), no dropout nor return_attn_probs,
-        and nothing is appended; causal masks, windows and ALiBi are bottom-right aligned to each
-        sequence's key count (vLLM's chunked prefill and decode rows).
+        and nothing is appended; causal masks, windows and ALiBi are bottom-right aligned
+        to each sequence's key count (vLLM's chunked prefill and decode rows).
         Causal masks, windows and ALiBi positions are per sequence (bottom-right aligned
         to each sequence's own lengths). sinks (nheads,) are shared by every sequence
         (vLLM's s_aux). The rest as in flash_attn_func.
@@ -572,7 +572,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, sinks=None, cu_seqlens_q=None,
-                            max_seqlen_q=None):
+                            max_seqlen_q=None, rotary_seqlens=None):
     """Attention over a KV cache, for decoding (forward only), as flash-attn's.
 
     If k and v are given, they are written into k_cache and v_cache IN PLACE, after each
@@ -623,6 +623,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             integer tensor, read on the host). cache_seqlens is then required and nothing
             is appended (no k, v: ragged new keys are FA3's cu_seqlens_k_new, not taken);
             out is (total_q, nheads, headdim) and lse (nheads, total_q).
+        rotary_seqlens (keyword-only; FA3's): (batch_size,) int32: each sequence's first
+            rotary position, in place of cache_seqlens (only with rotary_cos / rotary_sin).
     Return:
         out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
     """
@@ -641,8 +643,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     window_left, window_right = _window(window_size)
     causal = _flag(causal, "causal")
     if rotary_cos is not None or rotary_sin is not None:
-        q, k = _rotated(q, k, v, k_cache, rotary_cos, rotary_sin, cache_seqlens, block_table,
-                        interleaved, causal, window_left, window_right)
+        first_positions = cache_seqlens if rotary_seqlens is None else _int32_vector(
+            rotary_seqlens, "rotary_seqlens", q.shape[0], q.device)
+        q, k = _rotated(q, k, v, k_cache, rotary_cos, rotary_sin, first_positions,
+                        block_table, interleaved, causal, window_left, window_right)
     out, lse = torch.ops.flash_cann.fwd_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
@@ -655,7 +659,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def _rotated(q, k, v, k_cache, cos, sin, cache_seqlens, block_table, interleaved: bool,
              causal: bool, window_left: int, window_right: int):
     """(q, k) with flash-attn's rotary embeddings for a KV cache step (see
-    flash_attn_with_kvcache): positions from cache_seqlens on the device, no host read."""
+    flash_attn_with_kvcache): positions from cache_seqlens (or FA3's rotary_seqlens) on the
+    device, no host read."""
     if cos is None or sin is None:
         raise ValueError("flash_cann: rotary_cos and rotary_sin must be given together")
     if k is None or v is None:
