@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _forget_alias():
     sys.meta_path[:] = [f for f in sys.meta_path
                         if not isinstance(f, flash_attn_alias.FlashAttnAlias)]
-    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+    for name in [n for n in sys.modules if n in flash_attn_alias.MODULES]:
         del sys.modules[name]
 
 
@@ -48,10 +48,12 @@ def test_flash_attn_modules_resolve_to_flash_cann(alias):
                                                  flash_attn_varlen_qkvpacked_func)
     from flash_attn.layers.rotary import apply_rotary_emb
 
-    assert flash_attn_func is interface.flash_attn_func
-    assert flash_attn_varlen_func is interface.flash_attn_varlen_func
+    # flash_cann's functions; those with S_dmask return flash-attn's layout of it
+    assert flash_attn_func.__wrapped__ is interface.flash_attn_func
+    assert flash_attn_varlen_func.__wrapped__ is interface.flash_attn_varlen_func
     assert flash_attn_with_kvcache is interface.flash_attn_with_kvcache
-    assert flash_attn_varlen_qkvpacked_func is interface.flash_attn_varlen_qkvpacked_func
+    assert (flash_attn_varlen_qkvpacked_func.__wrapped__
+            is interface.flash_attn_varlen_qkvpacked_func)
     assert (unpad_input, pad_input, index_first_axis) == (
         bert_padding.unpad_input, bert_padding.pad_input, bert_padding.index_first_axis)
     assert apply_rotary_emb is rotary.apply_rotary_emb
@@ -103,7 +105,7 @@ def _python(code: str, **env):
 
 def test_the_environment_variable_installs_it_at_import():
     code = ("import flash_cann, flash_attn.bert_padding, importlib.metadata as m; "
-            "print(flash_attn.flash_attn_func is flash_cann.flash_attn_func, "
+            "print(flash_attn.flash_attn_func.__wrapped__ is flash_cann.flash_attn_func, "
             "m.version('flash_attn'))")
     run = _python(code, FLASH_CANN_AS_FLASH_ATTN="1")
     assert run.returncode == 0, run.stderr
@@ -178,7 +180,7 @@ def test_transformers_flash_attention_2_runs_on_the_alias(transformers_flash):
     with torch.no_grad():
         logits = [m(input_ids=ids, attention_mask=mask).logits[mask.bool()] for m in (flash, sdpa)]
     torch.testing.assert_close(logits[0], logits[1], **TOLERANCE)
-    assert fa_utils._flash_varlen_fn is interface.flash_attn_varlen_func  # really ours
+    assert fa_utils._flash_varlen_fn.__wrapped__ is interface.flash_attn_varlen_func  # ours
 
 
 def test_transformers_packed_sequences_via_position_ids(transformers_flash):

@@ -298,17 +298,27 @@ def test_rotary_positions_ignore_leftpad(gen):
     assert torch.equal(with_pad[0], without[0])
 
 
-def test_vllm_call_is_forward_only(gen):
+@pytest.mark.parametrize("what", ["block_table", "seqused_k"])
+def test_vllm_call_is_forward_only(gen, what):
+    """flash-attn runs its paged varlen forward with q requiring grad (its tests do);
+    only a backward through the output is refused, naming the argument."""
     q, cache = torch.randn(3, 2, 8, requires_grad=True), torch.randn(4, 16, 2, 8)
-    call = dict(cu_seqlens_q=_cu([1, 2], "cpu"), max_seqlen_q=2, max_seqlen_k=16,
-                seqused_k=torch.tensor([3, 16], dtype=torch.int32),
-                block_table=torch.tensor([[0], [3]], dtype=torch.int32))
-    with pytest.raises(ValueError, match="with block_table .* is forward only, but q "
-                                         "requires grad"):
-        flash_cann.flash_attn_varlen_func(q, cache, cache, **call)
+    seqused_k = torch.tensor([3, 16], dtype=torch.int32)
+    if what == "block_table":
+        call = dict(cu_seqlens_q=_cu([1, 2], "cpu"), max_seqlen_q=2, max_seqlen_k=16,
+                    seqused_k=seqused_k, block_table=torch.tensor([[0], [3]], dtype=torch.int32))
+        k = v = cache
+    else:
+        k = v = cache[:2].flatten(0, 1)
+        call = dict(cu_seqlens_q=_cu([1, 2], "cpu"), cu_seqlens_k=_cu([16, 16], "cpu"),
+                    max_seqlen_q=2, max_seqlen_k=16, seqused_k=seqused_k)
+    out = flash_cann.flash_attn_varlen_func(q, k, v, **call)
     with torch.no_grad():
-        out = flash_cann.flash_attn_varlen_func(q, cache, cache, **call)
-    assert out.shape == q.shape and torch.isfinite(out).all()
+        plain = flash_cann.flash_attn_varlen_func(q, k, v, **call)
+    assert out.requires_grad and not plain.requires_grad
+    assert torch.equal(out, plain) and torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match=f"with {what} .* has no backward"):
+        out.sum().backward()
 
 
 def test_opcheck_fwd_kvcache_with_packed_queries(gen):

@@ -33,35 +33,9 @@ from .interface import _dropout_probs, _flag, _real, _rng_state, _softmax_scale
 
 _ROUND = 128  # flash-attn pads softmax_d's rows to its kernels' block of 128
 
-# flash-attn's ROCm switch, which its tests import beside _get_block_size_n: flash_cann's
-# kernels are not flash-attn's Triton-on-ROCm ones.
+# flash-attn's ROCm switch, which its tests import beside _get_block_size_n
+# (flash_attn_s_dmask): flash_cann's kernels are not flash-attn's Triton-on-ROCm ones.
 USE_TRITON_ROCM = False
-
-
-def _get_block_size_n(device, head_dim, is_dropout, is_causal):
-    """flash-attn 2.8's key-block size of its forward kernel (its tests split S_dmask's
-    columns by it): the table of flash_attn_interface._get_block_size_n, whose only device
-    dependence is sm86 / sm89 (compute capability 8.x, x > 0) at head_dim 97..128. Any
-    device other than such a CUDA GPU (cpu, npu, sm80, sm90) takes the other branch."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 0 < head_dim <= 256:
-        raise ValueError(f"flash_cann: _get_block_size_n: head_dim must be an int in [1, 256] "
-                         f"(got {head_dim!r})")
-    device = torch.device(device) if isinstance(device, (str, int)) else device
-    is_sm8x = False
-    if device is not None and device.type == "cuda" and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(device)
-        is_sm8x = major == 8 and minor > 0
-    if head_dim <= 32:
-        return 128
-    if head_dim <= 64:
-        return 64 if is_dropout else 128
-    if head_dim <= 96:
-        return 64
-    if head_dim <= 128:
-        if is_sm8x:
-            return 64 if (not is_dropout and is_causal) else 32
-        return 32 if is_dropout else 64
-    return 64
 
 
 def _options(q, dropout_p, softmax_scale, causal, window_size_left, window_size_right,

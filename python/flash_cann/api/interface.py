@@ -42,7 +42,7 @@ from ..contract import layout as layouts
 from ..contract.checks import (check_fp16_scores, key_padding_mask_as_bool, reads_values,
                                require_tensor)
 from ..contract.variant import Variant, keep_mask, window_bounds
-from . import rotary
+from . import flash_attn_s_dmask, rotary
 
 
 def _is_numpy_bool(value) -> bool:
@@ -117,13 +117,14 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
                softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
                generator=None, return_probs=False, cu_seqlens_q=None, cu_seqlens_k=None,
                max_seqlen_q=0, max_seqlen_k=0, sinks=None, fp16_scores=False,
-               scale_name="softmax_scale"):
+               s_dmask="probabilities", scale_name="softmax_scale"):
     """Every public function's one call of torch.ops.flash_cann.fwd: (out, lse, S_dmask).
 
     S_dmask (``return_probs`` with dropout): a debug output that materialises
     (batch, heads_q, seqlen_q, seqlen_k) -- for TND max_seqlen_q x max_seqlen_k, zero
     outside each sequence -- holding the softmax probabilities, negated where dropout
-    dropped them (test with torch.signbit), as flash-attn's S_dmask marks them."""
+    dropped them (test with torch.signbit), as flash-attn's S_dmask marks them; with
+    ``s_dmask="flash_attn"`` flash-attn's own layout (flash_attn_s_dmask)."""
     # A plain call (every feature argument its default, strict types) in eager mode:
     # straight to the op's kernel functions (flash_cann.contract.eager), before any other work.
     if (type(causal) is bool and type(deterministic) is bool
@@ -153,21 +154,24 @@ def _attention(q, k, v, key_padding_mask, *, layout, softmax_scale, causal, wind
         deterministic=_flag(deterministic, "deterministic"),
         fp16_scores=_flag(fp16_scores, "fp16_scores"), **options)
     probs = None
+    flash_attn_s_dmask.check_layout(s_dmask)
     if _flag(return_probs, "return_attn_probs") and rng_state is not None:
         capture.refuse_host_read(q.device, "the dropout seed (return_attn_probs=True with "
                                            "dropout builds S_dmask, a debug output, on the host)",
                                  "capture without return_attn_probs")
         probs = _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q,
-                               cu_seqlens_k, alibi_slopes, sinks, **options)
+                               cu_seqlens_k, alibi_slopes, sinks, s_dmask=s_dmask, **options)
     return out, lse, probs
 
 
 @torch.no_grad()
 def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlens_k,
                    alibi_slopes, sinks, *, scale, causal, layout, max_seqlen_q, max_seqlen_k,
-                   window_left, window_right, softcap, dropout_p) -> torch.Tensor:
+                   window_left, window_right, softcap, dropout_p,
+                   s_dmask="probabilities") -> torch.Tensor:
     """S_dmask (see _attention): the oracle's probabilities, signed by the Philox mask the
-    kernels drew (flash_cann.contract.variant.keep_mask, same counter, same seed)."""
+    kernels drew (flash_cann.contract.variant.keep_mask, same counter, same seed), in the
+    ``s_dmask`` layout (flash_attn_s_dmask)."""
     from ..contract import reference
 
     heads_q = q.shape[-2] if layout in ("BSND", layouts.PACKED) else q.shape[1]
@@ -186,6 +190,8 @@ def _dropout_probs(q, k, v, key_padding_mask, rng_state, cu_seqlens_q, cu_seqlen
     keep = keep_mask(rng_state.cpu(), dropout_p, b.view(-1, 1, 1, 1).cpu(),
                      h.view(1, -1, 1, 1).cpu(), i.view(1, 1, -1, 1).cpu(),
                      j.view(1, 1, 1, -1).cpu()).to(q.device)
+    if s_dmask == "flash_attn":
+        return flash_attn_s_dmask.flash_attn_layout(probs, keep, q.shape[-1], causal).to(q.dtype)
     return torch.where(keep, probs, -probs).to(q.dtype)
 
 
@@ -197,7 +203,7 @@ def _returned(out, lse, probs, return_attn_probs):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False, *, sinks=None,
-                    generator=None, fp16_scores=False):
+                    generator=None, fp16_scores=False, s_dmask="probabilities"):
     """dropout_p should be set to 0.0 during evaluation.
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in KV with
     fewer heads than Q. Note that the number of heads in Q must be divisible by the
@@ -259,17 +265,23 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         out: (batch_size, seqlen, nheads, headdim).
         softmax_lse [optional, if return_attn_probs=True]: (batch_size, nheads, seqlen),
             float32. The logsumexp of each row of the matrix QK^T * scaling.
+        s_dmask: str, keyword-only (flash_cann's extension). The layout of S_dmask:
+            "probabilities" (default) or "flash_attn", flash-attn's kernel's own (the
+            unnormalised exp(S - m_j) per key block of _get_block_size_n, m_j the running
+            row maximum in its right-to-left block order, padded to multiples of 128; what
+            flash-attn's tests re-normalise, and what the ``flash_attn`` alias returns).
         S_dmask [optional, if return_attn_probs=True]: with dropout_p > 0, (batch_size,
             nheads, seqlen, seqlen_k): the softmax probabilities, negative where dropout
-            dropped them (torch.signbit; a debug path that materialises); else None.
+            dropped them (torch.signbit; a debug path that materialises), in the s_dmask
+            layout; else None.
     """
     q, k, v = (require_tensor(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     return _returned(*_attention(
         q, k, v, None, layout="BSND", softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         dropout_p=dropout_p, deterministic=deterministic, generator=generator,
-        return_probs=return_attn_probs, sinks=sinks, fp16_scores=fp16_scores),
-        return_attn_probs)
+        return_probs=return_attn_probs, sinks=sinks, fp16_scores=fp16_scores,
+        s_dmask=s_dmask), return_attn_probs)
 
 
 def _unpacked(packed, name: str, count: int, shape: str, dim: int):
@@ -283,23 +295,23 @@ def _unpacked(packed, name: str, count: int, shape: str, dim: int):
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False, *, sinks=None,
-                              generator=None, fp16_scores=False):
+                              generator=None, fp16_scores=False, s_dmask="probabilities"):
     """As :func:`flash_attn_func`, with qkv: (batch_size, seqlen, 3, nheads, headdim)."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(batch_size, seqlen, 3, nheads, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
-                           generator=generator, fp16_scores=fp16_scores)
+                           generator=generator, fp16_scores=fp16_scores, s_dmask=s_dmask)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False, *, sinks=None,
-                             generator=None, fp16_scores=False):
+                             generator=None, fp16_scores=False, s_dmask="probabilities"):
     """As :func:`flash_attn_func`, with kv: (batch_size, seqlen_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)", 4)
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, sinks=sinks,
-                           generator=generator, fp16_scores=fp16_scores)
+                           generator=generator, fp16_scores=fp16_scores, s_dmask=s_dmask)
 
 
 def _max_seqlen(value, name: str) -> int:
@@ -324,7 +336,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            seqused_k=None, return_softmax_lse=False, out=None, num_splits=0,
-                           sinks=None, generator=None, fp16_scores=False):
+                           sinks=None, generator=None, fp16_scores=False,
+                           s_dmask="probabilities"):
     """As :func:`flash_attn_func`, for a batch of sequences of different lengths packed
     one after another (layout TND; nothing is padded). Also vLLM's call over a paged KV
     cache (block_table, seqused_k): mixed prefill and decode rows in one call, forward
@@ -351,9 +364,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
             block_table, sequence b's keys are rows cu_seqlens_k[b] .. cu_seqlens_k[b] +
             seqused_k[b] - 1 of k and v.
         With block_table or seqused_k the call reads a KV cache: forward only (inputs that
-        require grad are refused), no dropout nor return_attn_probs, and nothing is
-        appended; causal masks, windows and ALiBi are bottom-right aligned to each
-        sequence's key count (vLLM's chunked prefill and decode rows).
+        require grad are taken, as by flash-attn, but a backward through the output raises
+        a RuntimeError naming block_table / seqused_k), no dropout nor return_attn_probs,
+        and nothing is appended; causal masks, windows and ALiBi are bottom-right aligned
+        to each sequence's key count (vLLM's chunked prefill and decode rows).
         Causal masks, windows and ALiBi positions are per sequence (bottom-right aligned
         to each sequence's own lengths). sinks (nheads,) are shared by every sequence
         (vLLM's s_aux). The rest as in flash_attn_func.
@@ -393,7 +407,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         cu_seqlens_k=None if cu_seqlens_k is None else require_tensor(cu_seqlens_k,
                                                                        "cu_seqlens_k"),
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, sinks=sinks,
-        fp16_scores=fp16_scores)
+        fp16_scores=fp16_scores, s_dmask=s_dmask)
     return _varlen_returned(*result, out, return_attn_probs, return_softmax_lse)
 
 
@@ -444,13 +458,8 @@ def _cache_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         raise ValueError(f"flash_cann: return_attn_probs=True is not taken with {what} (a KV "
                          f"cache call has no dropout mask to return; use "
                          f"return_softmax_lse=True for the lse)")
-    if torch.is_grad_enabled():
-        for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)):
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                raise ValueError(f"flash_cann: flash_attn_varlen_func with {what} (a KV cache "
-                                 f"read) is forward only, but {name} requires grad; run it "
-                                 f"under torch.no_grad(), or pass cu_seqlens_k without "
-                                 f"block_table / seqused_k to train")
+    grads = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, sinks))
     batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else -1
     if cu_seqlens_k is not None:
         cu_seqlens_k = _int32_vector(cu_seqlens_k, "cu_seqlens_k", batch + 1, q.device)
@@ -486,14 +495,34 @@ def _cache_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     window_left, window_right = window_bounds(*_window(window_size), causal, max_seqlen_k)
     if alibi_slopes is not None:
         require_tensor(alibi_slopes, "alibi_slopes")
-    return torch.ops.flash_cann.fwd_kvcache(
-        q, cache["k_cache"], cache["v_cache"], None, None, cache["cache_seqlens"],
-        cache["cache_batch_idx"], cache["block_table"], cache["cache_leftpad"],
-        scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal, layout="TND",
-        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, alibi_slopes=alibi_slopes,
-        sinks=None if sinks is None else require_tensor(sinks, "sinks"),
-        window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
-        num_splits=num_splits)
+    with torch.no_grad():  # the KV cache op has no backward
+        out, lse = torch.ops.flash_cann.fwd_kvcache(
+            q, cache["k_cache"], cache["v_cache"], None, None, cache["cache_seqlens"],
+            cache["cache_batch_idx"], cache["block_table"], cache["cache_leftpad"],
+            scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal,
+            layout="TND", cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+            alibi_slopes=alibi_slopes,
+            sinks=None if sinks is None else require_tensor(sinks, "sinks"),
+            window_left=window_left, window_right=window_right,
+            softcap=_real(softcap, "softcap"), num_splits=num_splits)
+    return (_NoBackward.apply(out, what, q, k, v, sinks) if grads else out), lse
+
+
+class _NoBackward(torch.autograd.Function):
+    """The output of a forward-only call made with inputs that require grad, as
+    flash-attn's paged varlen forward runs then: the forward is served, and a backward
+    through it raises, naming the argument that made the call forward only."""
+
+    @staticmethod
+    def forward(ctx, out, what, *inputs):
+        ctx.what = what
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"flash_cann: flash_attn_varlen_func with {ctx.what} (a KV cache "
+                           f"read) has no backward: it ran forward only. Pass cu_seqlens_k "
+                           f"without block_table / seqused_k to train")
 
 
 def _int32_vector(t, name: str, length: int, device) -> torch.Tensor:
@@ -511,14 +540,15 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False, *, sinks=None, generator=None,
-                                     fp16_scores=False):
+                                     fp16_scores=False, s_dmask="probabilities"):
     """As :func:`flash_attn_varlen_func`, with qkv: (total, 3, nheads, headdim) and one
     cu_seqlens / max_seqlen for queries and keys."""
     q, k, v = _unpacked(qkv, "qkv", 3, "(total, 3, nheads, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs,
-                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores)
+                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores,
+                                  s_dmask=s_dmask)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -526,13 +556,14 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
                                     return_attn_probs=False, *, sinks=None, generator=None,
-                                    fp16_scores=False):
+                                    fp16_scores=False, s_dmask="probabilities"):
     """As :func:`flash_attn_varlen_func`, with kv: (total_k, 2, nheads_k, headdim)."""
     k, v = _unpacked(kv, "kv", 2, "(total_k, 2, nheads_k, headdim)", 3)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores)
+                                  sinks=sinks, generator=generator, fp16_scores=fp16_scores,
+                                  s_dmask=s_dmask)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -540,7 +571,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, sinks=None):
+                            return_softmax_lse=False, *, sinks=None, cu_seqlens_q=None,
+                            max_seqlen_q=None, rotary_seqlens=None):
     """Attention over a KV cache, for decoding (forward only), as flash-attn's.
 
     If k and v are given, they are written into k_cache and v_cache IN PLACE, after each
@@ -585,6 +617,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             order. The result equals the unsplit one up to rounding and repeats bitwise;
             the CPU backend and the Triton backend on NPUs ignore it.
         return_softmax_lse: also return the logsumexp (batch_size, nheads, seqlen), fp32.
+        cu_seqlens_q, max_seqlen_q (keyword-only; FA3's ragged queries): q is (total_q,
+            nheads, headdim), sequence b's rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
+            ((batch_size + 1,) int32), max_seqlen_q an int >= the longest (or a 0-d
+            integer tensor, read on the host). cache_seqlens is then required and nothing
+            is appended (no k, v: ragged new keys are FA3's cu_seqlens_k_new, not taken);
+            out is (total_q, nheads, headdim) and lse (nheads, total_q).
+        rotary_seqlens (keyword-only; FA3's): (batch_size,) int32: each sequence's first
+            rotary position, in place of cache_seqlens (only with rotary_cos / rotary_sin).
     Return:
         out: (batch_size, seqlen, nheads, headdim); with return_softmax_lse, (out, lse).
     """
@@ -592,27 +632,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     interleaved = _flag(rotary_interleaved, "rotary_interleaved")
     q, k_cache, v_cache = (require_tensor(t, n) for t, n in
                            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    packed = {}
+    if cu_seqlens_q is not None:
+        cu_seqlens_q = require_tensor(cu_seqlens_q, "cu_seqlens_q")
+        packed = dict(layout="TND", cu_seqlens_q=cu_seqlens_q,
+                      max_seqlen_q=_max_seqlen(max_seqlen_q, "max_seqlen_q"))
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
-                                   device=q.device)
+        batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     window_left, window_right = _window(window_size)
     causal = _flag(causal, "causal")
     if rotary_cos is not None or rotary_sin is not None:
-        q, k = _rotated(q, k, v, k_cache, rotary_cos, rotary_sin, cache_seqlens, block_table,
-                        interleaved, causal, window_left, window_right)
+        first_positions = cache_seqlens if rotary_seqlens is None else _int32_vector(
+            rotary_seqlens, "rotary_seqlens", q.shape[0], q.device)
+        q, k = _rotated(q, k, v, k_cache, rotary_cos, rotary_sin, first_positions,
+                        block_table, interleaved, causal, window_left, window_right)
     out, lse = torch.ops.flash_cann.fwd_kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad,
         alibi_slopes=alibi_slopes, sinks=None if sinks is None else require_tensor(sinks, "sinks"),
         scale=_softmax_scale(softmax_scale, q, "softmax_scale"), causal=causal,
         window_left=window_left, window_right=window_right, softcap=_real(softcap, "softcap"),
-        num_splits=num_splits)
+        num_splits=num_splits, **packed)
     return (out, lse) if _flag(return_softmax_lse, "return_softmax_lse") else out
 
 
 def _rotated(q, k, v, k_cache, cos, sin, cache_seqlens, block_table, interleaved: bool,
              causal: bool, window_left: int, window_right: int):
     """(q, k) with flash-attn's rotary embeddings for a KV cache step (see
-    flash_attn_with_kvcache): positions from cache_seqlens on the device, no host read."""
+    flash_attn_with_kvcache): positions from cache_seqlens (or FA3's rotary_seqlens) on the
+    device, no host read."""
     if cos is None or sin is None:
         raise ValueError("flash_cann: rotary_cos and rotary_sin must be given together")
     if k is None or v is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import capture
 from . import layout as layouts
 from .spec import BackendSpec, load
 from .variant import PLAIN, Variant, window_bounds
@@ -148,6 +149,22 @@ def reads_values(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return t.device.type == "cpu" and not is_fake(t)
+
+
+def reads_capacity(cache_seqlens: torch.Tensor, paged_batched: bool) -> bool:
+    """Whether check_kvcache reads cache_seqlens on the host to check the capacity at the
+    call: on CPU always (free); on a device for flash_attn_with_kvcache's paged call
+    (a block table, batched queries) in eager mode, as flash-attn 2.8.4's does (its issue
+    2709: one device-to-host read per call) -- not under a graph capture, where a host
+    read is not allowed, nor on fake tensors (tracing). There, for contiguous caches and
+    for packed (TND) queries on a device (vLLM's varlen call, which flash-attn's varlen
+    path does not check either), kvcache.append's flag guards instead."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if reads_values(cache_seqlens):
+        return True
+    return (paged_batched and not is_fake(cache_seqlens) and cache_seqlens.device.type != "meta"
+            and not capture.capturing(cache_seqlens.device))
 
 
 def _check_scores(scale, window_left, window_right, softcap) -> None:
@@ -573,12 +590,13 @@ def check_kvcache(query, k_cache, v_cache, key, value, cache_seqlens, cache_batc
                                      f"the batch ({batch}): sequence b uses cache row b unless "
                                      f"cache_batch_idx maps it"))
         capacity = k_cache.shape[1]
-    if cache_seqlens is not None and reads_values(cache_seqlens):
-        # On a device kvcache.append guards this instead (no host read); see kvcache.py.
-        if int(cache_seqlens.min()) < 0:
-            raise ValueError(_prefix(f"cache_seqlens must be >= 0 (got "
-                                     f"{int(cache_seqlens.min())})"))
-        longest = int(cache_seqlens.max()) + seqlen_new
+    if (cache_seqlens is not None and cache_seqlens.numel()
+            and reads_capacity(cache_seqlens, block_table is not None and not packed)):
+        # Otherwise kvcache.append guards this (no host read); see kvcache.py.
+        shortest, longest = torch.stack((cache_seqlens.min(), cache_seqlens.max())).tolist()
+        if shortest < 0:
+            raise ValueError(_prefix(f"cache_seqlens must be >= 0 (got {shortest})"))
+        longest += seqlen_new
         if longest > capacity:
             holder = (f"block_table's {block_table.shape[1]} blocks x page_block_size "
                       f"{page_size}" if block_table is not None else "k_cache's seqlen")

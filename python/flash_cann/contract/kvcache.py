@@ -1,7 +1,8 @@
 """The KV cache's bookkeeping for ``torch.ops.flash_cann.fwd_kvcache``, shared by every
 backend: appending the new keys and values in place, and how many keys each sequence
-then has. Device tensor ops only (an index_put per cache), so a decoding step never
-waits for the device.
+then has. Device tensor ops only (an index_put per cache): the one host read of a
+decoding step is the capacity check below, for flash_attn_with_kvcache's paged call in
+eager mode.
 
 The capacity guard. A sequence holds at most ``capacity`` keys: block_table's
 max_num_blocks_per_seq x page_block_size for a paged cache, k_cache's seqlen otherwise.
@@ -9,12 +10,19 @@ cache_seqlens (+ the new tokens) beyond it, or below 0, is the caller's error:
 
 - CPU tensors: check_kvcache reads cache_seqlens (free on the host) and raises a
   RuntimeError naming block_table (or k_cache), cache_seqlens and the capacity.
-- Device tensors: reading them would make every decoding step wait for the device (as
-  cu_seqlens are taken on trust, checks._check_cu_seqlens). So :func:`append` keeps
-  every access in range on the device instead -- writes go to positions clamped into
-  [0, capacity), each carrying the value its clamped position would get anyway, and each
-  sequence attends to at most its capacity -- and records the overflow in a per-device
-  flag. Nothing is read or written out of range, so there is no device assert (which
+- A paged cache with batched queries (flash_attn_with_kvcache's call) on a device in
+  eager mode: the same check at the call, as flash-attn 2.8.4 makes it (its issue
+  2709), at the price of one device-to-host read of cache_seqlens per call
+  (checks.reads_capacity).
+- Otherwise (a contiguous cache or packed queries -- vLLM's varlen call, which
+  flash-attn's varlen path does not check either -- on a device; any device cache under
+  a graph capture, where a host read is not allowed, or while tracing): reading
+  cache_seqlens would make every decoding step wait for the device, or break the
+  capture (as cu_seqlens are taken on trust, checks._check_cu_seqlens). So
+  :func:`append` keeps every access in range on the device instead -- writes go to
+  positions clamped into [0, capacity), each carrying the value its clamped position
+  would get anyway, and each sequence attends to at most its capacity -- and records the
+  overflow in a per-device flag. Nothing is read or written out of range, so there is no device assert (which
   would poison the CUDA context), but that call's result for the sequence is wrong: the
   error surfaces as a RuntimeError naming block_table from
   :func:`check_kvcache_capacity` (``flash_cann.check_kvcache_capacity``), the one host

@@ -16,20 +16,32 @@ The alias wins over a real flash-attn installed beside it (the finder comes firs
 cannot replace one already imported: that is refused. ``flash_attn.flash_attn_interface``
 also serves flash-attn's private block-level entry points (``_flash_attn_forward``,
 ``_flash_attn_backward`` and their varlen twins, flash_cann.api.flash_attn_private),
-which ring-flash-attn and yunchang import.
+which ring-flash-attn and yunchang import. flash-attn's functions return S_dmask in
+flash-attn's own layout here (``s_dmask="flash_attn"``, flash_cann.api.flash_attn_s_dmask);
+flash_cann's keep the probabilities.
+
+The same finder serves the other interfaces written against flash-attn's, each a module
+of flash_cann.api: FA3's ``flash_attn_interface`` (also as ``hopper.flash_attn_interface``;
+api.flash_attn_3), flash-attention-npu's ``flash_attn_npu``, ``flash_attn_npu_3`` /
+``flash_attn_npu_v3`` and ``flash_attn_npu_4`` (api.flash_attn_npu, what vllm-ascend's FA3
+backend imports) and vLLM's adapter as ``vllm_flash_attn`` (api.vllm_flash_attn). Only
+the mapping lives here: the semantics are those modules'.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
+import inspect
 import importlib.metadata
 import os
 import re
 import sys
 from pathlib import Path
 
-from ..api import bert_padding, flash_attn_private, interface, rotary
+from ..api import (bert_padding, flash_attn_3, flash_attn_npu, flash_attn_private,
+                   flash_attn_s_dmask, interface, rotary, vllm_flash_attn)
 
 ENV_VAR = "FLASH_CANN_AS_FLASH_ATTN"
 # The flash-attn release whose API flash_cann follows; reported to version checks.
@@ -41,19 +53,67 @@ _FUNCTIONS = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpack
 # flash-attn's private block-level entry points (ring-flash-attn, yunchang call them)
 _PRIVATE = ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward",
             "_flash_attn_varlen_backward")
+# FA3's interface (hopper/flash_attn_interface.py) and flash_attn_npu_3's
+_FA3 = ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+        "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata")
+_NPU_V3 = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")
+_VLLM = ("flash_attn_varlen_func", "get_scheduler_metadata", "is_fa_version_supported",
+         "fa_version_unsupported_reason")
+
+
+def _with_flash_attn_s_dmask(function):
+    """``function``, returning S_dmask in flash-attn's layout by default where it returns
+    one: its keyword ``s_dmask`` defaults to "flash_attn" (and its signature says so)."""
+    signature = inspect.signature(function)
+    if "s_dmask" not in signature.parameters:
+        return function
+
+    @functools.wraps(function)
+    def aliased(*args, **kwargs):
+        kwargs.setdefault("s_dmask", "flash_attn")
+        return function(*args, **kwargs)
+
+    aliased.__signature__ = signature.replace(parameters=[
+        p.replace(default="flash_attn") if p.name == "s_dmask" else p
+        for p in signature.parameters.values()])
+    return aliased
+
+
+def _named(module, names) -> dict:
+    return {name: getattr(module, name) for name in names}
+
+
+FLASH_ATTN_FUNCTIONS = {name: _with_flash_attn_s_dmask(getattr(interface, name))
+                        for name in _FUNCTIONS}
+_FA3_MODULE = _named(flash_attn_3, _FA3)
+_NPU_V3_MODULE = {**_named(flash_attn_npu, _NPU_V3),
+                  "get_scheduler_metadata": flash_attn_3.get_scheduler_metadata}
+_VLLM_MODULE = _named(vllm_flash_attn, _VLLM)
 # module name -> (is a package, {attribute: object}); submodules are attached on import.
 MODULES = {
-    "flash_attn": (True, {name: getattr(interface, name) for name in _FUNCTIONS}),
+    "flash_attn": (True, FLASH_ATTN_FUNCTIONS),
     "flash_attn.flash_attn_interface": (False, {
-        **{name: getattr(interface, name) for name in _FUNCTIONS},
-        **{name: getattr(flash_attn_private, name) for name in _PRIVATE},
+        **FLASH_ATTN_FUNCTIONS, **_named(flash_attn_private, _PRIVATE),
         # what flash-attn's tests/test_flash_attn.py imports from here besides the functions
-        "_get_block_size_n": flash_attn_private._get_block_size_n,
+        "_get_block_size_n": flash_attn_s_dmask._get_block_size_n,
         "USE_TRITON_ROCM": flash_attn_private.USE_TRITON_ROCM}),
-    "flash_attn.bert_padding": (False, {name: getattr(bert_padding, name) for name in (
-        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")}),
+    "flash_attn.bert_padding": (False, _named(bert_padding, (
+        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input"))),
     "flash_attn.layers": (True, {}),
     "flash_attn.layers.rotary": (False, {"apply_rotary_emb": rotary.apply_rotary_emb}),
+    # FA3's interface, as its build installs it and as its repository's hopper/ holds it
+    "flash_attn_interface": (False, _FA3_MODULE),
+    "hopper": (True, {}),
+    "hopper.flash_attn_interface": (False, _FA3_MODULE),
+    # flash-attention-npu: v2, v3 (and its earlier name, vllm-ascend's import), v4
+    "flash_attn_npu": (True, FLASH_ATTN_FUNCTIONS),
+    "flash_attn_npu_3": (True, _NPU_V3_MODULE),
+    "flash_attn_npu_v3": (True, _NPU_V3_MODULE),
+    "flash_attn_npu_4": (True, {"flash_attn_varlen_func":
+                                flash_attn_npu.flash_attn_varlen_func_v4}),
+    # vLLM's adapter, under the standalone package's name
+    "vllm_flash_attn": (True, _VLLM_MODULE),
+    "vllm_flash_attn.flash_attn_interface": (False, _VLLM_MODULE),
 }
 _ORIGIN = "flash_cann alias"
 
