@@ -20,7 +20,9 @@ selected, the workers share one pristine build. For each mutant it takes:
 2. a mutant of native code (C/C++, CMake) rebuilds the copy's host build incrementally
    (only what includes the file recompiles; a kernel header recompiles the twin's kernel
    units, minutes in Release: FLASH_CANN_BUILD_TYPE=Debug builds about 5x faster and runs
-   the tests slower). A native mutant that does not build is an error, not a catch;
+   the tests slower). A native mutant that does not build is an error, not a catch --
+   unless its entry's build_fails_with names the compile-time guard that must stop it
+   (a -Werror diagnostic, a static_assert) and the build log shows that message;
 3. pytest with PYTHONPATH=<copy>/python and CI=true (missing native tools fail instead of
    skipping), stopping at the first failure: exit status 1 = caught, 0 = survived,
    anything else (collection error, no tests, timeout) = error;
@@ -62,7 +64,7 @@ LAYERS = ("kernel", "race-detector", "triton", "cpu", "checks", "kvcache", "host
           "planner", "model", "packaging", "api", "integrations", "layout")
 NATIVE_SUFFIXES = {".c", ".cc", ".cpp", ".h", ".hpp", ".cmake"}
 FIELDS = {"id", "layer", "file", "original", "replacement", "tests", "why"}
-OPTIONAL = {"env", "timeout"}
+OPTIONAL = {"env", "timeout", "build_fails_with"}
 
 
 class ListError(Exception):
@@ -80,6 +82,10 @@ class Mutant:
     why: str
     env: dict[str, str] = field(default_factory=dict)
     timeout: int = 1800
+    # A compile-time guard's message (a -Werror diagnostic, a static_assert): a native
+    # mutant whose build fails with it is caught by the build CI runs; any other build
+    # failure stays an error (a replacement that does not compile proves nothing).
+    build_fails_with: str = ""
 
     @property
     def native(self) -> bool:
@@ -261,7 +267,8 @@ class Worker:
                 self.stale_build = True
                 ok, log = native_build(self.tree, self.build, self.jobs)
                 if not ok:
-                    return "error (does not build)", log
+                    caught = bool(m.build_fails_with) and m.build_fails_with in log
+                    return ("caught (build)" if caught else "error (does not build)"), log
             return pytest(self.tree, self.build, m.tests, m.env, self.python, m.timeout)
         finally:
             (self.tree / m.file).write_text(pristine)
@@ -411,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json:  # as it goes: a run stopped from outside keeps what it did
                     write_json(args.json, rows)
                 print(f"{m.id:40} {m.layer:14} {state:10} {row['seconds']:6.0f} s", flush=True)
-                if args.verbose or state != "caught":
+                if args.verbose or not state.startswith("caught"):
                     print("    " + log.strip().replace("\n", "\n    ")[-2000:], flush=True)
             return row
 
@@ -428,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| id | layer | result | seconds |\n|---|---|---|---:|")
     for row in rows:
         print(f"| {row['id']} | {row['layer']} | {row['result']} | {row['seconds']:.0f} |")
-    caught = sum(r["result"] == "caught" for r in rows)
+    caught = sum(r["result"].startswith("caught") for r in rows)
     survived = sum(r["result"] == "survived" for r in rows)
     not_run = sum(r["result"].startswith("not run") for r in rows)
     errors = len(rows) - caught - survived - not_run
@@ -445,8 +452,8 @@ def write_json(path: Path, rows: list[dict]) -> None:
     counts = {"caught": 0, "survived": 0, "not_run": 0, "errors": 0}
     for row in rows:
         result = row["result"]
-        key = ("not_run" if result.startswith("not run")
-               else result if result in ("caught", "survived") else "errors")
+        key = ("not_run" if result.startswith("not run") else "caught" if result.startswith("caught")
+               else "survived" if result == "survived" else "errors")
         counts[key] += 1
     path.write_text(json.dumps({"rows": rows, **counts}, indent=1))
 

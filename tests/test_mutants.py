@@ -5,6 +5,7 @@ runs them (README, "Tests and benchmarks")."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shlex
 import subprocess
@@ -165,3 +166,21 @@ def test_the_json_counts_each_result_once(tmp_path):
     written = yaml.safe_load(path.read_text())
     assert (written["caught"], written["survived"], written["not_run"], written["errors"]) == (2, 1, 1, 2)
     assert written["rows"] == rows
+
+
+def test_a_build_stopped_by_its_named_guard_is_a_catch(tmp_path, monkeypatch):
+    """build_fails_with: the build failing with that message catches the mutant (a
+    compile-time guard); failing with any other message is still an error."""
+    root = _fake_repo(tmp_path)
+    monkeypatch.setattr(mutate, "native_build", lambda tree, build, jobs: (
+        (tree / "k.cpp").read_text() == "int x = 1;\n", "k.cpp: error: x is deprecated"))
+    monkeypatch.setattr(mutate, "pytest", lambda *a: pytest.fail("must not run the tests"))
+    worker = mutate.Worker(root, ["python/a.py", "k.cpp"], tmp_path / "w", 1, sys.executable)
+    guarded = mutate.Mutant(id="n", layer="kernel", file="k.cpp", original="x = 1",
+                            replacement="x = 2", tests=["t"], why="w",
+                            build_fails_with="x is deprecated")
+    assert worker.run(guarded)[0] == "caught (build)"
+    other = dataclasses.replace(guarded, build_fails_with="static assertion failed")
+    assert worker.run(other)[0] == "error (does not build)"
+    mutate.write_json(tmp_path / "m.json", [{"result": "caught (build)"}])
+    assert yaml.safe_load((tmp_path / "m.json").read_text())["caught"] == 1
