@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from flash_cann.backends.twin import launcher as twin
-from flash_cann.backends.twin import timing, traced
+from flash_cann.ascend import planner
+from flash_cann.backends.twin import calibration, timing, traced
 
 from conftest import make_qkv, random_key_padding_mask
 from native_build import built, run
@@ -111,7 +112,7 @@ def test_trace_is_valid_and_busy_fits_the_makespan(gen):
     assert end_us <= report["makespan_cycles"] / (report["clock_ghz"] * 1e3) * (1 + 1e-9)
     for unit in report["units"]:
         assert all(b <= report["makespan_cycles"] * (1 + 1e-12) for b in unit["busy_cycles"].values())
-    assert report["label"] == "unfitted (sourced rates)"
+    assert report["label"] == timing.LABELS["fitted"]
     assert report["binding_pipe"].split()[1] in timing.PIPES
     assert sum(report["critical_path_shares"].values()) == pytest.approx(1.0)
     assert report["total_cycles"] == report["makespan_cycles"] + report["launch_cycles"]
@@ -129,6 +130,37 @@ def test_cost_table_names_every_figure_and_its_source():
         for name, entry in figures.items():
             assert isinstance(entry["value"], (int, float)) and entry["value"] >= 0, name
             assert entry["source"].strip(), name
+            if "fitted" in entry:
+                assert entry["fitted"]["value"] >= 0 and entry["fitted"]["fit"].strip(), name
+
+
+def test_fitted_entries_are_the_committed_fits():
+    """The cost table's fitted entries are the schedule model's committed fit carried over
+    (calibration.py), the unfitted values stay, and ``rates`` picks between them."""
+    table = json.loads(timing.cost_table_path().read_text())["Ascend910B2"]
+    expected = calibration.fitted_entries()
+    assert {n for n, e in table.items() if "fitted" in e} == set(expected)
+    for name, entry in expected.items():
+        assert table[name]["fitted"] == entry, name
+    fitted, unfitted = timing.cost_table("Ascend910B2"), timing.cost_table("Ascend910B2", "unfitted")
+    assert {n for n in fitted if fitted[n] != unfitted[n]} <= set(expected)
+    assert fitted["bytes_per_cycle.l0c_to_gm"] == pytest.approx(
+        unfitted["bytes_per_cycle.l0c_to_gm"] * planner.model_fit()["figures"]["fixpipe_scale"], rel=1e-6)
+    with pytest.raises(timing.TimingError, match="rates: must be one of"):
+        timing.cost_table("Ascend910B2", "measured")
+
+
+def test_fitted_rates_shorten_a_fixpipe_bound_trace():
+    """The fitted rates reach the trace: the same launch's kernel time (the launch cost
+    apart) is shorter at the fitted Fixpipe rate (x1.32) than at the unfitted one, the
+    launch is the fit's, and each report says which rates it ran at."""
+    reports = {}
+    for rates in timing.LABELS:
+        row = traced.trace(traced.Problem("forward", 1, 2, 512, 512, 128), rates=rates)
+        assert row["label"] == timing.LABELS[rates]
+        reports[rates] = row["report"]
+    assert reports["fitted"]["makespan_cycles"] < reports["unfitted"]["makespan_cycles"]
+    assert reports["fitted"]["launch_cycles"] == planner.model_fit()["figures"]["launch_cycles"]
 
 
 def test_unknown_soc_is_named():
@@ -171,7 +203,7 @@ def test_plan_traced_prints_the_traced_time_beside_the_models(tmp_path, capsys):
     out = tmp_path / "trace.json"
     assert cli.main(["plan", "--shape", "1,3,256,64", "--causal", "--traced", "--trace-out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "TRACED" in printed and "unfitted (sourced rates)" in printed
+    assert "TRACED" in printed and timing.LABELS["fitted"] in printed
     assert re.search(r"time +[\d.]+ ms traced vs [\d.]+ ms modelled \(model [+-][\d.]+ %\)", printed)
     assert json.loads(out.read_text())["traceEvents"]
     assert cli.main(["plan", "--shape", "1,3,256,64", "--traced", "--json"]) == 2

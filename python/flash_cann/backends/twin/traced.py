@@ -20,7 +20,7 @@ import torch
 from ...ascend import planner
 from ...contract.variant import Variant
 from . import launcher
-from .timing import LABEL, Timing
+from .timing import LABELS, Timing
 
 KERNELS = ("forward", "backward", "backward-deterministic", "decode")
 # The features by name, and the values ``Problem.with_feature`` takes them at.
@@ -159,14 +159,15 @@ def _launch(p: Problem, cores: int, timing: Timing) -> None:
 
 
 def trace(p: Problem, soc: str = "Ascend910B2", cores: int = 0, *, scaled: bool = True,
-          trace_core: int = -1) -> dict:
-    """Time ``p`` on the twin (timing only) and predict it with the model: a row with
-    ``model_ms``, ``traced_ms``, ``binding_pipe``, ``traced_as`` and the twin's report."""
+          trace_core: int = -1, rates: str = "fitted") -> dict:
+    """Time ``p`` on the twin (timing only, the cost table at ``rates``) and predict it
+    with the model: a row with ``model_ms``, ``traced_ms``, ``binding_pipe``,
+    ``traced_as`` and the twin's report."""
     total = cores or next(x["aic_cores"] for x in planner.platforms()
                           if x["name"] == planner.soc_name(soc))
     run, run_cores = stand_in(p, total) if scaled else (p, total)
     timing = Timing(soc=planner.soc_name(soc), trace_core=trace_core, timing_only=True,
-                    share_cores=total)
+                    share_cores=total, rates=rates)
     _launch(run, run_cores, timing)
     model = modelled_seconds(p, soc, cores)
     return {
@@ -176,5 +177,5 @@ def trace(p: Problem, soc: str = "Ascend910B2", cores: int = 0, *, scaled: bool 
         "traced_ms": timing.report["time_ms"], "binding_pipe": timing.report["binding_pipe"],
         "traced_as": {"shape": [run.batch, run.heads, run.seqlen_q, run.seqlen_k, run.head_dim],
                       "cores": run_cores, "l2_share_cores": total},
-        "label": LABEL, "report": timing.report, "trace": timing.trace,
+        "label": LABELS[rates], "report": timing.report, "trace": timing.trace,
     }
