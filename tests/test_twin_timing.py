@@ -212,7 +212,8 @@ def test_plan_traced_prints_the_traced_time_beside_the_models(tmp_path, capsys):
 
 def test_cost_table_holds_the_models_sourced_figures():
     """Where the schedule model uses a sourced figure unfitted (the clock, L1 -> L0A/L0B,
-    UB -> GM, the cross-core flag), the twin's table says the same."""
+    UB -> GM, the cross-core flag) or an assumed one (the transfers' arrival), the twin's
+    table says the same."""
     from flash_cann.ascend import planner
     soc = next(p for p in planner.platforms() if p["name"] == "Ascend910B2")
     rates, table = soc["engine_rates"], timing.cost_table("Ascend910B2")
@@ -221,3 +222,7 @@ def test_cost_table_holds_the_models_sourced_figures():
     for figure, rate in (("l1_to_l0a", "l1_to_l0a"), ("l1_to_l0b", "l1_to_l0b"), ("ub_to_gm", "ub_to_l2")):
         assert table[f"bytes_per_cycle.{figure}"] * clock == pytest.approx(rates[rate], rel=1e-4)
     assert table["cross_core_flag_cycles"] / clock == pytest.approx(rates["cross_core_flag_seconds"])
+    # the model waits out the same assumed arrivals as the trace's latencies
+    for figure, arrival in (("gm_to_l1", "l2_to_l1"), ("l1_to_l0a", "l1_to_l0"), ("l1_to_l0b", "l1_to_l0"),
+                            ("l0c_to_gm", "fixpipe"), ("gm_to_ub", "l2_to_ub"), ("ub_to_gm", "ub_to_l2")):
+        assert table[f"latency_cycles.{figure}"] / clock == pytest.approx(rates[f"{arrival}_arrival_seconds"])

@@ -8,6 +8,18 @@
 #include <utility>
 
 namespace flash_cann {
+
+EngineSeconds ArrivalOf(const EngineRates& r)
+{
+    EngineSeconds a{};
+    a[static_cast<uint32_t>(Engine::kCubeMte2)] = r.l2ToL1Arrival;
+    a[static_cast<uint32_t>(Engine::kCubeMte1)] = r.l1ToL0Arrival;
+    a[static_cast<uint32_t>(Engine::kFixpipe)] = r.fixpipeArrival;
+    a[static_cast<uint32_t>(Engine::kVecMte2)] = r.l2ToUbArrival;
+    a[static_cast<uint32_t>(Engine::kVecMte3)] = r.ubToL2Arrival;
+    return a;
+}
+
 namespace {
 
 constexpr double kFloatsPerRepeat = 64;   // 256 bytes of fp32
@@ -117,8 +129,8 @@ class ScheduleBuilder {
 public:
     ScheduleBuilder(const KernelDesign& d, const std::vector<TileWork>& tiles,
                     const std::vector<RoundCosts>& costs, const std::vector<RoundCosts>& leadCosts,
-                    double flag)
-        : d_(d), costs_(costs), leadCosts_(leadCosts), flag_(flag)
+                    double flag, const EngineSeconds& arrival)
+        : d_(d), costs_(costs), leadCosts_(leadCosts), flag_(flag), timeline_(arrival)
     {
         for (uint32_t t = 0; t < tiles.size(); ++t) {
             for (uint32_t j = 0; j < tiles[t].rounds; ++j) {
@@ -421,7 +433,7 @@ private:
     {
         const std::vector<RoundCosts> costs(tiles.size(), CostRound(d_, tiles[0].rows, hasMask_, r_));
         const std::vector<RoundCosts> lead(tiles.size(), CostRound(LeadDesign(d_), tiles[0].rows, hasMask_, r_));
-        return ScheduleBuilder(d_, tiles, costs, lead, r_.crossCoreFlag).Run();
+        return ScheduleBuilder(d_, tiles, costs, lead, r_.crossCoreFlag, ArrivalOf(r_)).Run();
     }
 
     TileCost Simulate(const TileWork& tile)
