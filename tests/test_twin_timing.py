@@ -226,3 +226,18 @@ def test_cost_table_holds_the_models_sourced_figures():
     for figure, arrival in (("gm_to_l1", "l2_to_l1"), ("l1_to_l0a", "l1_to_l0"), ("l1_to_l0b", "l1_to_l0"),
                             ("l0c_to_gm", "fixpipe"), ("gm_to_ub", "l2_to_ub"), ("ub_to_gm", "ub_to_l2")):
         assert table[f"latency_cycles.{figure}"] / clock == pytest.approx(rates[f"{arrival}_arrival_seconds"])
+
+
+# Rows of benchmarks/npu_model.py --traced small enough for CI (910B2, fp16, batch 1,
+# 16 heads, 4k, blockDim-scaled stand-ins): the schedule model within +-10 % of the trace.
+PINNED_ROWS = [traced.Problem("forward", 1, 16, 4096, 4096, 128),
+               traced.Problem("forward", 1, 16, 4096, 4096, 256, causal=True),
+               traced.Problem("backward", 1, 16, 4096, 4096, 128, causal=True)]
+
+
+@pytest.mark.parametrize("problem", PINNED_ROWS, ids=lambda p: f"{p.kernel}-D{p.head_dim}-{'causal' if p.causal else 'full'}")
+def test_model_is_within_ten_percent_of_the_trace(problem):
+    """The analytic schedule model held to the twin's trace of the same plan at the
+    fitted rates (docs/schedule-model.md, "The model held to the trace")."""
+    row = traced.trace(problem)
+    assert row["model_ms"] == pytest.approx(row["traced_ms"], rel=0.10), (row["model_ms"], row["traced_ms"])
