@@ -241,3 +241,19 @@ def test_model_is_within_ten_percent_of_the_trace(problem):
     fitted rates (docs/schedule-model.md, "The model held to the trace")."""
     row = traced.trace(problem)
     assert row["model_ms"] == pytest.approx(row["traced_ms"], rel=0.10), (row["model_ms"], row["traced_ms"])
+
+
+def test_traced_time_is_at_least_the_hbm_floor():
+    """The twin does not model HBM per transfer: a traced time is at least the launch
+    plus the problem's tensors once over HBM, and a decode that streams a long cache is
+    held there (binding "HBM")."""
+    problem = traced.Problem("decode", 1, 16, 1, 32768, 128)
+    row = traced.trace(problem)
+    hbm = next(p["hbm_gb_per_s"] for p in planner.platforms() if p["name"] == "Ascend910B2") * 1e9
+    cache = 2 * 32768 * 16 * 128 * 2
+    assert row["hbm_floor_ms"] == pytest.approx(traced.hbm_bytes(problem) / hbm * 1e3)
+    assert traced.hbm_bytes(problem) > cache
+    assert row["binding_pipe"] == "HBM"
+    launch_ms = row["report"]["launch_cycles"] / (row["report"]["clock_ghz"] * 1e6)
+    assert row["traced_ms"] == pytest.approx(launch_ms + row["hbm_floor_ms"])
+    assert row["traced_ms"] > row["report"]["time_ms"]
