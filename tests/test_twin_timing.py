@@ -238,7 +238,7 @@ PINNED_ROWS = [traced.Problem("forward", 1, 16, 4096, 4096, 128),
 @pytest.mark.parametrize("problem", PINNED_ROWS, ids=lambda p: f"{p.kernel}-D{p.head_dim}-{'causal' if p.causal else 'full'}")
 def test_model_is_within_ten_percent_of_the_trace(problem):
     """The analytic schedule model held to the twin's trace of the same plan at the
-    fitted rates (docs/schedule-model.md, "The model held to the trace")."""
+    fitted rates (docs/schedule-model.md, "The model held to the twin's trace")."""
     row = traced.trace(problem)
     assert row["model_ms"] == pytest.approx(row["traced_ms"], rel=0.10), (row["model_ms"], row["traced_ms"])
 

@@ -1,4 +1,4 @@
-"""The twin's cost table calibrated on public measurements (docs/twin.md, "Calibration").
+"""The twin's cost table calibrated on public measurements (docs/twin.md, "Timing mode").
 
 The measurements are of other kernels: PTO's hand kernel (hw-native-sys/pto-isa
 ``kernels/manual/common/flash_atten/README.md``: 1/2-core marginal times, the 24-core
@@ -24,7 +24,7 @@ FIT_COMMAND = "python benchmarks/npu_model.py --fit-trace"
 # peak). A measured 910B2 fp16 GEMM reaches ~314.5 TFLOP/s (cann-notes section 8), 89 % of
 # it; the trace and the model charge Mmad at the engine's rate and price the GEMM's other
 # engines separately, so the 11 % is not taken off the cube here (the fit's points are
-# Fixpipe- and L2-bound and cannot tell the two apart: docs/twin.md, "Calibration").
+# Fixpipe- and L2-bound and cannot tell the two apart: docs/twin.md, "Timing mode").
 CUBE_NOTE = ("cube peak 353.9 TFLOP/s (ini, one 16x16x16 product a cycle); the measured GEMM "
              "peak ~314.5 TFLOP/s (zzc0721/torch-performance-test-data issue 109) is a whole "
              "kernel's rate, not the engine's")
