@@ -4,7 +4,8 @@ docs/schedule-model.md; nothing here ran on an NPU).
     python benchmarks/npu_model.py [--out benchmarks/results/npu_model.json]
     python benchmarks/npu_model.py --calibration    # the calibration table (markdown)
     python benchmarks/npu_model.py --fit            # rerun the model's fit, print it
-    python benchmarks/npu_model.py --traced         # the model beside the twin's trace
+    python benchmarks/npu_model.py --fit-trace      # carry the fit into the twin's cost table
+    python benchmarks/npu_model.py --traced [--rates unfitted]  # the model beside the trace
 
 For 910B2 and 910B4, fp16/bf16, head_dim 64/128, seqlen 1k-32k, causal or not, batch 1
 with 1 head (the shape of the published figures) and 16 heads (the issue-10 target
@@ -183,12 +184,33 @@ def traced_grid() -> list:
     return problems
 
 
-def traced_rows(problems) -> list[dict]:
+def print_fit_trace(fit: dict) -> None:
+    """The twin's fitted cost-table entries, the points they rest on (the incumbent's
+    held out), and what the data say of the per-instruction costs."""
+    from flash_cann.backends.twin import calibration
+    print(f"the twin's cost table ({calibration.SOC}) calibrated by the schedule model's fit to "
+          f"PTO's published tables; {calibration.CUBE_NOTE}")
+    for name, entry in calibration.fitted_entries(fit).items():
+        print(f"  {name:<28} {entry['value']:>12.6g}  ({entry['from']})")
+    print(f"{'table':<20} {'point':<11} {'measured us':>11} {'model us':>9} {'error':>7}  role")
+    for held_out in (False, True):
+        for p in fit["points"]:
+            if p["table"].startswith("incumbent") == held_out:
+                print(f"{p['table']:<20} {p['what']:<11} {p['measured_us']:>11.2f} "
+                      f"{p['modelled_us']:>9.2f} {100 * p['error']:>+6.1f}%  {p['role']}")
+    print("per-transfer / per-instruction cycles: the fit's cost and its fitted points' errors")
+    for row in calibration.issue_profile(fit):
+        errors = " ".join(f"{100 * e:+.1f}" for e in row["fitted_errors"])
+        print(f"  {row['transfer_cycles']:>4} / {row['issue_cycles']:>2}  cost {row['cost']:.4f}  "
+              f"errors % {errors}")
+
+
+def traced_rows(problems, rates: str = "fitted") -> list[dict]:
     """Each problem's model time beside its traced time (the twin's report summarised)."""
     from flash_cann.backends.twin.traced import trace
     rows = []
     for problem in problems:
-        row = trace(problem)
+        row = trace(problem, rates=rates)
         report = row.pop("report")
         row.pop("trace")
         row["model_vs_traced"] = (None if row["model_ms"] is None else
@@ -211,18 +233,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="print only the calibration table (markdown, as in docs/schedule-model.md)")
     parser.add_argument("--fit", action="store_true",
                         help="rerun the model's fit to PTO's published tables and print it")
+    parser.add_argument("--fit-trace", action="store_true",
+                        help="write the committed fit's figures into the twin's cost table "
+                             "(twin/timing/costs.json, the 'fitted' entries) and print the points")
     parser.add_argument("--traced", action="store_true",
                         help="hold the model to the twin's timing mode: write "
                              "benchmarks/results/npu-traced.json (or --out)")
+    parser.add_argument("--rates", choices=("fitted", "unfitted"), default="fitted",
+                        help="with --traced: the cost table's figures the twin runs at")
     args = parser.parse_args(argv)
+    if args.fit_trace:
+        from flash_cann.backends.twin import calibration
+        fit = planner.model_fit()
+        calibration.write_fitted(fit)
+        print_fit_trace(fit)
+        return 0
     if args.traced:
         out = Path(args.out or Path(__file__).parent / "results" / "npu-traced.json")
         print(f"{'kernel':<23} {'shape (B, N, Sq, Sk, D)':<28} {'':<6} {'feature':<8} "
               f"{'model ms':>9} {'traced ms':>9} {'model':>7}  binding (traced)")
-        rows = traced_rows(traced_grid())
+        from flash_cann.backends.twin.timing import LABELS
+        rows = traced_rows(traced_grid(), args.rates)
         out.write_text(json.dumps({
-            "label": "model: PREDICTIONS of the schedule model (fitted rates); traced: the twin's "
-                     "timing mode, unfitted (sourced rates); nothing ran on an NPU",
+            "label": f"model: PREDICTIONS of the schedule model (fitted rates); traced: the twin's "
+                     f"timing mode, {LABELS[args.rates]}; nothing ran on an NPU",
             "soc": "Ascend910B2", "rows": rows}, indent=1) + "\n")
         print(f"\nwrote {out}")
         return 0

@@ -30,6 +30,7 @@ struct StepCosts {
     double fixScores, fixDp, fixDq, fixUnit;    // S; dP; dQ (atomic); dK + dV (dQ) per unit
     double vecIn, vecCompute, vecOut;           // one vector core
     double l2BytesStep, l2BytesUnit;
+    EngineSeconds arrival;                      // ArrivalOf the rates
 };
 
 // The fraction of a windowed call's steps whose tile a band edge crosses (BandMasking's
@@ -59,6 +60,7 @@ StepCosts CostStep(const BackwardDesign& d, const BackwardProblem& pr, const Eng
     const double productRows = d.productRows > 0 ? d.productRows : bq;
     const double dqColumns = d.dqColumns > 0 ? d.dqColumns : dim;
     StepCosts c{};
+    c.arrival = ArrivalOf(r);
     // One transfer per operand, one Mmad and its LoadDatas per product (pieces: one
     // Mmad and one Fixpipe each, engine_rates' per-instruction and per-transfer costs).
     const double pieces = std::ceil(bq / productRows);
@@ -169,16 +171,20 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
         Id vecIn = Timeline::kNone, vecCompute = Timeline::kNone, vecOut = Timeline::kNone;
         Id lastAcc = Timeline::kNone;
     };
-    Timeline t;
+    Timeline t(c.arrival);
     const uint64_t n = units * steps;
     std::vector<StepIds> ids(n);
     std::vector<Id> unitLoad(units), unitFix(units);
     std::vector<std::pair<Id, Id>> scratch;  // (mmad, fix) of each use of the L0C scratch
+    Id operandsFreed = Timeline::kNone;  // the last Mmad that read L0A/L0B
     // One L1 -> L0 load, then `pieces` Mmads of 1/pieces of `mmad` each; with `fix`, each
-    // piece leaves L0C through Fixpipe from one of the L0C scratch copies.
+    // piece leaves L0C through Fixpipe from one of the L0C scratch copies. L0A and L0B
+    // hold one operand each (the kernel's aQue_/bQue_ have one buffer): the load waits
+    // for the previous product's last Mmad.
     auto product = [&](double mte1, double mmad, uint32_t pieces, double fix, Id input) {
         const Id m1 = t.Add(Engine::kCubeMte1, mte1);
         t.After(m1, input);
+        t.After(m1, operandsFreed);
         Id mm = Timeline::kNone, fx = Timeline::kNone;
         for (uint32_t p = 0; p < pieces; ++p) {
             const Id previous = mm;
@@ -193,6 +199,7 @@ Run Simulate(const BackwardDesign& d, const StepCosts& c, uint64_t units, uint64
                 scratch.emplace_back(mm, fx);
             }
         }
+        operandsFreed = mm;
         return std::make_pair(mm, fx);
     };
     auto scores = [&](uint64_t i) {

@@ -73,6 +73,14 @@ struct EngineRates {
     double mte2Latency = 0;       // one DataCopy GM/L2 -> L1 or UB
     double mte3Latency = 0;       // one DataCopy UB -> GM/L2
     double fixpipeLatency = 0;    // one Fixpipe L0C -> GM/L2
+    // Arrival: seconds from a transfer's end on its engine to its data being usable by
+    // another engine (assumed, the CPU twin's latency_cycles in twin/timing/costs.json:
+    // no public figure; the twin's trace waits them out, so the model does too).
+    double l2ToL1Arrival = 0;     // GM/L2 -> L1 (cube MTE2)
+    double l1ToL0Arrival = 0;     // L1 -> L0A/L0B (MTE1)
+    double fixpipeArrival = 0;    // L0C -> GM/L2
+    double l2ToUbArrival = 0;     // GM/L2 -> UB (vector MTE2)
+    double ubToL2Arrival = 0;     // UB -> GM/L2 (MTE3)
     VecOpCost vector[static_cast<uint32_t>(VecOp::kCount)];
 
     const VecOpCost& Cost(VecOp op) const { return vector[static_cast<uint32_t>(op)]; }

@@ -86,6 +86,11 @@ void WritePlatform(std::ostringstream& out, const Platform& p, bool withRates = 
         e.Key("mte2_latency_seconds") << r.mte2Latency;
         e.Key("mte3_latency_seconds") << r.mte3Latency;
         e.Key("fixpipe_latency_seconds") << r.fixpipeLatency;
+        e.Key("l2_to_l1_arrival_seconds") << r.l2ToL1Arrival;
+        e.Key("l1_to_l0_arrival_seconds") << r.l1ToL0Arrival;
+        e.Key("fixpipe_arrival_seconds") << r.fixpipeArrival;
+        e.Key("l2_to_ub_arrival_seconds") << r.l2ToUbArrival;
+        e.Key("ub_to_l2_arrival_seconds") << r.ubToL2Arrival;
         e.Key("vector_cycles");
         out << '[';
         for (uint32_t op = 0; op < static_cast<uint32_t>(VecOp::kCount); ++op) {

@@ -8,6 +8,18 @@
 #include <utility>
 
 namespace flash_cann {
+
+EngineSeconds ArrivalOf(const EngineRates& r)
+{
+    EngineSeconds a{};
+    a[static_cast<uint32_t>(Engine::kCubeMte2)] = r.l2ToL1Arrival;
+    a[static_cast<uint32_t>(Engine::kCubeMte1)] = r.l1ToL0Arrival;
+    a[static_cast<uint32_t>(Engine::kFixpipe)] = r.fixpipeArrival;
+    a[static_cast<uint32_t>(Engine::kVecMte2)] = r.l2ToUbArrival;
+    a[static_cast<uint32_t>(Engine::kVecMte3)] = r.ubToL2Arrival;
+    return a;
+}
+
 namespace {
 
 constexpr double kFloatsPerRepeat = 64;   // 256 bytes of fp32
@@ -22,6 +34,7 @@ struct RoundCosts {
     double loadQ, loadK, loadV, loadP, mte1Scores, mte1Output, mmad, fixScores, fixOutput;
     uint32_t passes;  // the cube's row passes over the tile (KernelDesign::cubeRows): the
                       // P.V costs above are for all of them, each pass taking its share
+    uint32_t scorePieces;  // S's Mmad + Fixpipe pairs per round: sub-blocks x passes
     // one vector core (the busier one), per slice of a round / per round / per tile
     double inScores, softmax, outProbs, diagonalExtra, maskExtra;
     double inOutput, updateOutput, epilogue, outFinal;
@@ -44,6 +57,7 @@ RoundCosts CostRound(const KernelDesign& d, uint32_t rows, bool hasMask, const E
     const double valueLoads = d.valuesPerPass ? passes : 1;
     RoundCosts c{};
     c.passes = std::max(passes, 1u);
+    c.scorePieces = static_cast<uint32_t>(subBlocks) * c.passes;
     c.loadQ = r.L2ToL1(rows * dim * e, c.passes);
     c.loadK = r.L2ToL1(k * dim * e, subBlocks);
     c.loadV = r.L2ToL1(k * dim * e * valueLoads, subBlocks * valueLoads);
@@ -115,8 +129,8 @@ class ScheduleBuilder {
 public:
     ScheduleBuilder(const KernelDesign& d, const std::vector<TileWork>& tiles,
                     const std::vector<RoundCosts>& costs, const std::vector<RoundCosts>& leadCosts,
-                    double flag)
-        : d_(d), costs_(costs), leadCosts_(leadCosts), flag_(flag)
+                    double flag, const EngineSeconds& arrival)
+        : d_(d), costs_(costs), leadCosts_(leadCosts), flag_(flag), timeline_(arrival)
     {
         for (uint32_t t = 0; t < tiles.size(); ++t) {
             for (uint32_t j = 0; j < tiles[t].rounds; ++j) {
@@ -147,8 +161,8 @@ private:
         bool lead;  // one of the tile's fp32LeadRounds (KernelDesign)
     };
     struct RoundIds {
-        Id loadK = Timeline::kNone, mte1S = Timeline::kNone, mmadS = Timeline::kNone,
-           fixS = Timeline::kNone;
+        Id loadK = Timeline::kNone;
+        std::vector<Id> mte1S, mmadS, fixS;  // one round task, or per piece (Scores)
         Id loadP = Timeline::kNone, loadV = Timeline::kNone;
         std::vector<Id> mte1O, mmadO, fixO;  // per row pass of the cube
         std::vector<Id> inS, softmax, outP;
@@ -175,13 +189,21 @@ private:
         ids_[g].loadK = timeline_.Add(Engine::kCubeMte2, Cost(g).loadK);
     }
 
+    // S of round g. With one S buffer in L0C each piece's Mmad waits for the previous
+    // piece's Fixpipe, and the cube's in-order M pipe holds the round's P.V behind that
+    // chain: S is then modelled piece by piece (the L0C ring in Connect). With a deeper
+    // ring the pieces stream and one task per engine stands for the round.
     void Scores(size_t g)
     {
         RoundIds& i = ids_[g];
-        i.mte1S = timeline_.Add(Engine::kCubeMte1, Cost(g).mte1Scores);
-        i.mmadS = timeline_.Add(Engine::kCube, Cost(g).mmad);
-        i.fixS = timeline_.Add(Engine::kFixpipe, Cost(g).fixScores);
-        matmuls_.push_back({i.mte1S, i.mmadS, i.fixS, false});
+        const RoundCosts& c = Cost(g);
+        const uint32_t pieces = d_.l0cBuffers == 1 ? c.scorePieces : 1;
+        for (uint32_t p = 0; p < pieces; ++p) {
+            i.mte1S.push_back(timeline_.Add(Engine::kCubeMte1, c.mte1Scores / pieces));
+            i.mmadS.push_back(timeline_.Add(Engine::kCube, c.mmad / pieces));
+            i.fixS.push_back(timeline_.Add(Engine::kFixpipe, c.fixScores / pieces));
+            matmuls_.push_back({i.mte1S.back(), i.mmadS.back(), i.fixS.back(), false});
+        }
     }
 
     // P.V of round g: one product per cube pass, each into the one O buffer, so a pass's
@@ -284,12 +306,14 @@ private:
         const size_t n = rounds_.size();
         for (size_t g = 0; g < n; ++g) {
             RoundIds& i = ids_[g];
-            t.After(i.mte1S, i.loadK);
-            t.After(i.mte1S, tileIds_[rounds_[g].tile].loadQ);
-            t.After(i.mmadS, i.mte1S);
-            t.After(i.fixS, i.mmadS);
+            t.After(i.mte1S.front(), i.loadK);
+            t.After(i.mte1S.front(), tileIds_[rounds_[g].tile].loadQ);
+            for (size_t p = 0; p < i.mmadS.size(); ++p) {
+                t.After(i.mmadS[p], i.mte1S[p]);
+                t.After(i.fixS[p], i.mmadS[p]);
+            }
             if (g >= d_.scoreSlots) {  // the S slot is free once the vector has read it
-                t.After(i.fixS, ids_[g - d_.scoreSlots].inS.back(), flag_);
+                t.After(i.fixS.front(), ids_[g - d_.scoreSlots].inS.back(), flag_);
             }
             t.After(i.loadP, i.outP.back(), flag_);
             for (size_t pass = 0; pass < i.mte1O.size(); ++pass) {
@@ -302,7 +326,7 @@ private:
                 t.After(i.fixO.front(), ids_[g - d_.outputSlots].inO, flag_);
             }
             for (uint32_t s = 0; s < d_.vectorSlices; ++s) {
-                t.After(i.inS[s], i.fixS, flag_);
+                t.After(i.inS[s], i.fixS.back(), flag_);
                 t.After(i.softmax[s], i.inS[s]);
                 t.After(i.outP[s], i.softmax[s]);
                 if (g >= d_.probSlots) {
@@ -409,7 +433,7 @@ private:
     {
         const std::vector<RoundCosts> costs(tiles.size(), CostRound(d_, tiles[0].rows, hasMask_, r_));
         const std::vector<RoundCosts> lead(tiles.size(), CostRound(LeadDesign(d_), tiles[0].rows, hasMask_, r_));
-        return ScheduleBuilder(d_, tiles, costs, lead, r_.crossCoreFlag).Run();
+        return ScheduleBuilder(d_, tiles, costs, lead, r_.crossCoreFlag, ArrivalOf(r_)).Run();
     }
 
     TileCost Simulate(const TileWork& tile)

@@ -75,6 +75,9 @@ struct DropoutDraw {
 VecProgram DropoutMaskProgram(double rows, double keys, double passElements,
                               const DropoutDraw& draw = DropoutDraw());
 
+// Per engine of the timeline, `rates`' arrival of a transfer's data (EngineRates).
+EngineSeconds ArrivalOf(const EngineRates& rates);
+
 struct KernelDesign {
     std::string name;
     // One round on one AI core.

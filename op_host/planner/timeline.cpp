@@ -51,12 +51,13 @@ double Timeline::Run()
                 double start = free[e];
                 bool ready = true;
                 for (const Dependency& d : task.dependencies) {
-                    const double end = tasks_[static_cast<size_t>(d.task)].end;
-                    if (end < 0) {
+                    const Task& before = tasks_[static_cast<size_t>(d.task)];
+                    if (before.end < 0) {
                         ready = false;
                         break;
                     }
-                    start = std::max(start, end + d.latency);
+                    const double arrival = before.engine == task.engine ? 0 : arrival_[static_cast<uint32_t>(before.engine)];
+                    start = std::max(start, before.end + d.latency + arrival);
                 }
                 if (!ready) {
                     break;

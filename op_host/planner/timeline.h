@@ -1,8 +1,9 @@
 // A timeline of one AI core's engines: tasks issued in program order on each engine
 // (an engine runs its tasks in order, one at a time, as an Ascend pipe does), a task
 // starting when its engine is free and every task it depends on has finished (plus
-// the dependency's latency, e.g. a cross-core flag). The schedule model builds the task
-// graph of a kernel's rounds; this runs it.
+// the dependency's latency, e.g. a cross-core flag, and its engine's arrival: a transfer's
+// data is usable a while after the transfer leaves its engine). The schedule model
+// builds the task graph of a kernel's rounds; this runs it.
 #ifndef FLASH_CANN_PLANNER_TIMELINE_H
 #define FLASH_CANN_PLANNER_TIMELINE_H
 
@@ -27,6 +28,10 @@ public:
     using TaskId = int32_t;
     static constexpr TaskId kNone = -1;
 
+    // `arrival`: per engine, the seconds a dependent task on another engine waits after
+    // a task of that engine ends (ArrivalOf: a rate table's transfer arrivals).
+    explicit Timeline(const EngineSeconds& arrival = {}) : arrival_(arrival) {}
+
     // A task of `seconds` on `engine`, after the engine's previous task.
     TaskId Add(Engine engine, double seconds);
     // `task` starts no earlier than `latency` seconds after `dependency` ends (kNone: no-op).
@@ -49,6 +54,7 @@ private:
         double end = -1;
     };
     std::vector<Task> tasks_;
+    EngineSeconds arrival_;
     EngineSeconds busy_{};
 };
 

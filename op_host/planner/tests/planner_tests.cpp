@@ -491,11 +491,12 @@ void TestRoundWidth()
     EXPECT(keys(8192, true, 128) == 512 && keys(2048, false, 128) == 512 && keys(8192, false, 64) == 512,
            "causal, short or head_dim 64: %u / %u / %u-key rounds", keys(8192, true, 128),
            keys(2048, false, 128), keys(8192, false, 64));
-    // 160-row tiles for long key sequences at head_dim 128, 128 rows below 16k keys.
+    // 256-row tiles in two cube passes for long key sequences at head_dim 128 (the 160-row
+    // tile's single S buffer in L0C serialises Mmad and Fixpipe), 128 rows below 16k keys.
     const auto rows = [&](int64_t seqlen, bool causal) {
         return MakePlan(Square(16, seqlen, causal), b2).plan.tiling.blockQ;
     };
-    EXPECT(rows(16384, false) == 160 && rows(16384, true) == 160 && rows(8192, false) == 128,
+    EXPECT(rows(16384, false) == 256 && rows(16384, true) == 256 && rows(8192, false) == 128,
            "query tiles at 16k / 16k causal / 8k: %u / %u / %u rows", rows(16384, false),
            rows(16384, true), rows(8192, false));
 }
@@ -537,8 +538,10 @@ void TestCubePasses()
     EXPECT(CubeInPasses(MakePlan(packed, b2).plan.tiling) == densePasses && densePasses,
            "TND causal 1k, 32 heads: passes as the dense plan");
     // Over a sweep of shapes MakePlan takes the passes exactly where the model predicts
-    // them faster: at a few (causal 1k with many heads), by under 2 %, inside its error;
-    // a larger predicted gain fails here, so that the docs' account of the rule is revisited.
+    // them faster: at a few (causal 1k with many heads) by under 2 %, and at 16k-32k keys
+    // at head_dim 128, where the whole tile is the 160-row one whose single S buffer in
+    // L0C serialises Mmad and Fixpipe, by up to 30 %; a larger predicted gain fails here,
+    // so that the docs' account of the rule is revisited.
     int faster = 0, swept = 0;
     double bestGain = 0;
     for (const int64_t headDim : {80, 96, 112, 128}) {
@@ -570,7 +573,7 @@ void TestCubePasses()
             }
         }
     }
-    EXPECT(bestGain < 0.02, "the model now predicts the passes %.1f%% faster: docs/kernel.md's "
+    EXPECT(bestGain < 0.30, "the model now predicts the passes %.1f%% faster: docs/kernel.md's "
            "account of where they are taken is stale", 100 * bestGain);
     std::printf("cube passes: %d shapes swept (head_dim 80-128, 1k-32k, 1-32 heads, batch 1-4): "
                 "predicted faster and planned at %d, by at most %.1f%%\n", swept, faster, 100 * bestGain);

@@ -98,7 +98,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw plan as JSON")
     parser.add_argument("--traced", action="store_true",
                         help="also time the plan on the CPU twin's timing mode (the kernel's own "
-                             "instruction stream, unfitted sourced rates) and print the traced "
+                             "instruction stream, the cost table's fitted rates) and print the traced "
                              "time beside the model's")
     parser.add_argument("--trace-out", metavar="PATH",
                         help="with --traced: write AI core 0's timeline there as Chrome-trace JSON "

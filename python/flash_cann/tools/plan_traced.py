@@ -7,7 +7,6 @@ import json
 
 from ..ascend import plan_report
 from ..backends.twin import traced
-from ..backends.twin.timing import LABEL
 
 
 def _problem(args) -> traced.Problem:
@@ -33,7 +32,7 @@ def print_traced(args) -> None:
                        trace_core=0 if args.trace_out else -1)
     report, ran = row["report"], row["traced_as"]
     print(f"\nTRACED (the CPU twin's timing mode: the kernel's own instruction stream, timing "
-          f"only, {LABEL} from twin/timing/costs.json; not a measurement)")
+          f"only, {row['label']} from twin/timing/costs.json; not a measurement)")
     model = row["model_ms"]
     versus = (f" vs {model:.3f} ms modelled (model {100 * (model / row['traced_ms'] - 1):+.1f} %)"
               if model is not None else " (the model makes no prediction here)")

@@ -3,8 +3,10 @@ instruction by instruction from a per-SoC cost table (twin/timing/costs.json).
 
 Pass a ``Timing`` to a launcher call (``launcher.forward(..., timing=Timing())``); after
 the call its ``report`` holds the launch's timeline summary, and ``trace`` the
-Chrome-trace JSON ("traceEvents") of the traced core. Every time is labelled
-``LABEL``: the table's figures are sourced or assumed, never fitted.
+Chrome-trace JSON ("traceEvents") of the traced core. ``Timing.rates`` picks the table's
+figures: "fitted" (the default) takes an entry's "fitted" value where the calibration
+(calibration.py) set one and its sourced or assumed value elsewhere; "unfitted" takes
+the sourced or assumed values only. Every time is labelled ``LABELS[rates]``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import json
 
 from ...ascend import native
 
-LABEL = "unfitted (sourced rates)"
+LABELS = {"fitted": "fitted (the schedule model's fit to PTO's published tables)",
+          "unfitted": "unfitted (sourced rates)"}
 PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX")
 
 
@@ -34,12 +37,13 @@ class Timing:
     the race detector is off; the instruction stream is the same, since the kernels'
     control flow depends on shapes, not values); ``share_cores``: the cores the L2
     bandwidth is shared by (0: the launch's; more lets a launch on fewer cores stand in
-    for one core's share of a full one)."""
+    for one core's share of a full one); ``rates``: "fitted" or "unfitted" (LABELS)."""
 
     soc: str = "Ascend910B2"
     trace_core: int = 0
     timing_only: bool = False
     share_cores: int = 0
+    rates: str = "fitted"
     report: dict | None = None
     trace: dict | None = None
 
@@ -49,13 +53,16 @@ def cost_table_path():
 
 
 @functools.lru_cache(maxsize=None)
-def cost_table(soc: str) -> dict[str, float]:
-    """The figures of ``soc``'s cost table by name."""
+def cost_table(soc: str, rates: str = "fitted") -> dict[str, float]:
+    """The figures of ``soc``'s cost table by name, at ``rates`` (LABELS)."""
+    if rates not in LABELS:
+        raise TimingError(f"rates: must be one of {sorted(LABELS)} (got {rates!r})")
     table = json.loads(cost_table_path().read_text())
     if soc not in table:
         socs = sorted(k for k in table if not k.startswith("_"))
         raise TimingError(f"soc: no cost table for {soc!r} in {cost_table_path()} (has {socs})")
-    return {name: float(entry["value"]) for name, entry in table[soc].items()}
+    pick = (lambda e: e.get("fitted", e)) if rates == "fitted" else (lambda e: e)
+    return {name: float(pick(entry)["value"]) for name, entry in table[soc].items()}
 
 
 def _read(function) -> str:
@@ -92,7 +99,7 @@ def timed(lib, timing: Timing | None):
         yield
         return
     names = figure_names(lib)
-    table = cost_table(timing.soc)
+    table = cost_table(timing.soc, timing.rates)
     if sorted(names) != sorted(table):
         raise TimingError(f"the cost table of {timing.soc} names {sorted(set(table) ^ set(names))} "
                           f"that the twin does not take or lacks")
@@ -104,11 +111,11 @@ def timed(lib, timing: Timing | None):
         yield
     finally:
         lib.flash_cann_twin_timing(None, 0, -1, 0, 0)
-    timing.report = summarise(json.loads(_read(lib.flash_cann_twin_timing_report)))
+    timing.report = summarise(json.loads(_read(lib.flash_cann_twin_timing_report)), timing.rates)
     timing.trace = json.loads(_read(lib.flash_cann_twin_timing_trace))
 
 
-def summarise(raw: dict) -> dict:
+def summarise(raw: dict, rates: str = "fitted") -> dict:
     """The twin's raw report with what it shows: total time, the slowest core, its
     binding pipe (the unit and pipe busiest there) and the critical path in shares."""
     clock_hz = raw["clock_ghz"] * 1e9
@@ -121,7 +128,7 @@ def summarise(raw: dict) -> dict:
     path_total = sum(path["cycles"].values()) + path["sync_cycles"]
     return {
         **raw,
-        "label": LABEL,
+        "label": LABELS[rates],
         "total_cycles": total,
         "time_ms": total / clock_hz * 1e3,
         "slowest_core": slowest["core"],

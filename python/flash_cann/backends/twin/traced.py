@@ -8,6 +8,11 @@ their common factor g, so every core gets the same tiles as in the full launch, 
 L2 bandwidth still shared by all the SoC's cores (Timing.share_cores). The traced time is
 the stand-in's; ``traced_as`` says what ran. (The split of causal work over cores may
 balance differently on fewer cores.)
+
+The twin shares the L2 among the cores but does not model HBM per transfer, so a traced
+time is at least the HBM floor: the launch plus the problem's tensors once (inputs read,
+outputs written) over the SoC's HBM bandwidth, the floor the schedule model takes too.
+Decode, which streams the whole cache, is where it binds.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from ...ascend import planner
 from ...contract.variant import Variant
 from . import launcher
-from .timing import LABEL, Timing
+from .timing import LABELS, Timing
 
 KERNELS = ("forward", "backward", "backward-deterministic", "decode")
 # The features by name, and the values ``Problem.with_feature`` takes them at.
@@ -102,6 +107,18 @@ def modelled_seconds(p: Problem, soc: str = "Ascend910B2", cores: int = 0) -> fl
     return None if prediction is None else prediction["seconds"]
 
 
+def hbm_bytes(p: Problem) -> float:
+    """The bytes of ``p``'s tensors once: what the kernel must move through HBM at least."""
+    e = torch.finfo(getattr(torch, p.dtype)).bits // 8
+    rows_q, rows_k = p.batch * p.heads * p.seqlen_q * p.head_dim, p.batch * p.heads_kv * p.seqlen_k * p.head_dim
+    lse = 4 * p.batch * p.heads * p.seqlen_q
+    if p.kernel == "decode":  # the query and output, the K and V cache
+        return 2 * rows_q * e + 2 * rows_k * e
+    if p.kernel == "forward":  # q, out; k, v; lse; the key mask
+        return 2 * rows_q * e + 2 * rows_k * e + lse + (p.batch * p.seqlen_k if p.mask else 0)
+    return 4 * rows_q * e + 4 * rows_k * e + lse  # q, out, dout, dq; k, v, dk, dv; lse
+
+
 def stand_in(p: Problem, cores: int) -> tuple[Problem, int]:
     """The blockDim-scaled stand-in of ``p`` on ``cores`` AI cores: (problem, cores)."""
     if p.kernel == "decode":
@@ -159,22 +176,29 @@ def _launch(p: Problem, cores: int, timing: Timing) -> None:
 
 
 def trace(p: Problem, soc: str = "Ascend910B2", cores: int = 0, *, scaled: bool = True,
-          trace_core: int = -1) -> dict:
-    """Time ``p`` on the twin (timing only) and predict it with the model: a row with
-    ``model_ms``, ``traced_ms``, ``binding_pipe``, ``traced_as`` and the twin's report."""
-    total = cores or next(x["aic_cores"] for x in planner.platforms()
-                          if x["name"] == planner.soc_name(soc))
+          trace_core: int = -1, rates: str = "fitted") -> dict:
+    """Time ``p`` on the twin (timing only, the cost table at ``rates``) and predict it
+    with the model: a row with ``model_ms``, ``traced_ms``, ``binding_pipe``,
+    ``traced_as`` and the twin's report."""
+    platform = next(x for x in planner.platforms() if x["name"] == planner.soc_name(soc))
+    total = cores or platform["aic_cores"]
     run, run_cores = stand_in(p, total) if scaled else (p, total)
     timing = Timing(soc=planner.soc_name(soc), trace_core=trace_core, timing_only=True,
-                    share_cores=total)
+                    share_cores=total, rates=rates)
     _launch(run, run_cores, timing)
     model = modelled_seconds(p, soc, cores)
+    report = timing.report
+    clock_hz = report["clock_ghz"] * 1e9
+    floor_cycles = hbm_bytes(p) / (platform["hbm_gb_per_s"] * 1e9) * clock_hz
+    hbm_bound = floor_cycles > report["makespan_cycles"]
+    traced_ms = (report["launch_cycles"] + max(floor_cycles, report["makespan_cycles"])) / clock_hz * 1e3
     return {
         "kernel": p.kernel, "shape": [p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.head_dim],
         "dtype": p.dtype, "causal": p.causal, "features": p.features,
         "model_ms": None if model is None else model * 1e3,
-        "traced_ms": timing.report["time_ms"], "binding_pipe": timing.report["binding_pipe"],
+        "traced_ms": traced_ms, "binding_pipe": "HBM" if hbm_bound else report["binding_pipe"],
+        "hbm_floor_ms": floor_cycles / clock_hz * 1e3,
         "traced_as": {"shape": [run.batch, run.heads, run.seqlen_q, run.seqlen_k, run.head_dim],
                       "cores": run_cores, "l2_share_cores": total},
-        "label": LABEL, "report": timing.report, "trace": timing.trace,
+        "label": LABELS[rates], "report": timing.report, "trace": timing.trace,
     }
